@@ -1,0 +1,5 @@
+import sys
+
+from trainguard.cli import main
+
+sys.exit(main())

@@ -1,0 +1,197 @@
+"""The run directory: how a training process talks to the supervisor and the agent, through files.
+
+Torch-free and documented so that any trainer (PyTorch, JAX, a shell script) can speak it::
+
+    $TRAINGUARD_RUN_DIR/
+      heartbeat/rank<R>.jsonl   one JSON object per line, appended by rank R:
+                                {"rank": R, "step": S, "time": unix_s, "loss": float|null,
+                                 "step_time": s|null, "pid": P, "attempt": A, "phase": "train"}
+                                phase is one of init | train | checkpoint | exit.
+                                Readers take the last complete line.
+      errors/rank<R>.json       written once, atomically, when rank R dies of an uncaught exception:
+                                {"rank", "time", "pid", "attempt", "step", "exc_type", "message",
+                                 "traceback"}. The earliest "time" across ranks is the root cause.
+      dumps/rank<R>-<unix>.txt  hang dumps: every thread's Python stack (+ .fr flight recorder)
+
+The supervisor sets TRAINGUARD_RUN_DIR and TRAINGUARD_ATTEMPT for every worker it starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RUN_DIR_ENV = "TRAINGUARD_RUN_DIR"
+ATTEMPT_ENV = "TRAINGUARD_ATTEMPT"
+
+_TAIL_BYTES = 4096  # a heartbeat line is ~150 bytes; the last one always fits
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    rank: int
+    step: int
+    time: float
+    loss: float | None = None
+    step_time: float | None = None
+    pid: int | None = None
+    attempt: int = 0
+    phase: str = "train"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorRecord:
+    rank: int
+    time: float
+    exc_type: str
+    message: str
+    traceback: str = ""
+    pid: int | None = None
+    attempt: int = 0
+    step: int | None = None
+
+
+def run_dir_from_env(environ: dict[str, str] | None = None) -> Path | None:
+    value = (os.environ if environ is None else environ).get(RUN_DIR_ENV)
+    return Path(value) if value else None
+
+
+def heartbeat_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "heartbeat" / f"rank{rank}.jsonl"
+
+
+def error_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "errors" / f"rank{rank}.json"
+
+
+def dumps_dir(run_dir: Path) -> Path:
+    return run_dir / "dumps"
+
+
+class HeartbeatWriter:
+    """Appends heartbeats for one rank. One unbuffered write per beat: cheap, and a reader
+    never sees half a line unless the process died mid-write (then the line is skipped)."""
+
+    def __init__(self, run_dir: Path, rank: int, attempt: int = 0) -> None:
+        path = heartbeat_path(run_dir, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._rank, self._attempt, self._pid = rank, attempt, os.getpid()
+
+    def beat(
+        self,
+        step: int,
+        loss: float | None = None,
+        step_time: float | None = None,
+        phase: str = "train",
+        now: float | None = None,
+    ) -> None:
+        record = {
+            "rank": self._rank,
+            "step": step,
+            "time": time.time() if now is None else now,
+            "loss": loss,
+            "step_time": step_time,
+            "pid": self._pid,
+            "attempt": self._attempt,
+            "phase": phase,
+        }
+        os.write(self._fd, (json.dumps(record, allow_nan=True) + "\n").encode())
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def read_last_heartbeat(path: Path) -> Heartbeat | None:
+    """The last complete heartbeat in a file, or None if there is none (missing, empty, torn)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - _TAIL_BYTES))
+            tail = f.read()
+    except OSError:
+        return None
+    for line in reversed(tail.split(b"\n")):
+        record = _parse(line)
+        if record is not None:
+            try:
+                return Heartbeat(**{k: record[k] for k in record if k in Heartbeat.__slots__})
+            except TypeError:
+                continue
+    return None
+
+
+def read_heartbeats(path: Path) -> list[Heartbeat]:
+    """Every complete heartbeat in a file, oldest first (for reports and straggler analysis)."""
+    beats: list[Heartbeat] = []
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return beats
+    for line in data.split(b"\n"):
+        record = _parse(line)
+        if record is None:
+            continue
+        try:
+            beats.append(Heartbeat(**{k: record[k] for k in record if k in Heartbeat.__slots__}))
+        except TypeError:
+            continue
+    return beats
+
+
+def write_error(run_dir: Path, record: ErrorRecord) -> Path:
+    """Write a rank's error file atomically (temp file, fsync, rename): it is read after a crash."""
+    path = error_path(run_dir, record.rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps({s: getattr(record, s) for s in ErrorRecord.__slots__}, indent=1)
+    atomic_write_bytes(path, data.encode())
+    return path
+
+
+def read_errors(run_dir: Path) -> list[ErrorRecord]:
+    """Every rank's error record, earliest first: the first is the root cause."""
+    records: list[ErrorRecord] = []
+    for path in sorted((run_dir / "errors").glob("rank*.json")):
+        try:
+            raw = json.loads(path.read_text())
+            records.append(ErrorRecord(**{k: raw[k] for k in raw if k in ErrorRecord.__slots__}))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(records, key=lambda r: r.time)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Temp file in the same directory, fsync, os.replace, fsync the directory."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    line = line.strip()
+    if not line.startswith(b"{") or not line.endswith(b"}"):
+        return None
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
