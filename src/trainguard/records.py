@@ -167,6 +167,7 @@ class Category(str, Enum):
     INTERCONNECT = "interconnect"  # NVLink / NVSwitch / PCIe
     THERMAL_POWER = "thermal_power"
     INFO = "info"  # a line worth keeping (e.g. a GPU map) that says nothing is wrong
+    NUMERICS = "numerics"  # NaN/Inf or a spike in the loss or gradients (trainguard.detect.numerics)
 
 
 class Severity(str, Enum):

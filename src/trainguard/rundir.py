@@ -12,6 +12,9 @@ Torch-free and documented so that any trainer (PyTorch, JAX, a shell script) can
                                 {"rank", "time", "pid", "attempt", "step", "exc_type", "message",
                                  "traceback"}. The earliest "time" across ranks is the root cause.
       dumps/rank<R>-<unix>.txt  hang dumps: every thread's Python stack (+ .fr flight recorder)
+      findings/rank<R>.jsonl    findings rank R raised in the loop (numerics, hang), one JSON per line:
+                                {"rank", "step", "rule", "health", "action", "reason", "gpu", "time",
+                                 "category", "evidence"}  (records.Finding plus rank and step)
 
 The supervisor sets TRAINGUARD_RUN_DIR and TRAINGUARD_ATTEMPT for every worker it starts.
 """
@@ -24,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trainguard.records import Action, Category, Finding, Health
 
 RUN_DIR_ENV = "TRAINGUARD_RUN_DIR"
 ATTEMPT_ENV = "TRAINGUARD_ATTEMPT"
@@ -70,6 +75,55 @@ def error_path(run_dir: Path, rank: int) -> Path:
 
 def dumps_dir(run_dir: Path) -> Path:
     return run_dir / "dumps"
+
+
+def findings_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "findings" / f"rank{rank}.jsonl"
+
+
+def append_finding(run_dir: Path, rank: int, finding: Finding, step: int | None = None) -> None:
+    """Append one finding of rank R (one O_APPEND write: a reader never sees half a line)."""
+    path = findings_path(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {"rank": rank, "step": step}
+    for name in Finding.__slots__:
+        value = getattr(finding, name)
+        record[name] = list(value) if isinstance(value, tuple) else value
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(record, allow_nan=True) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def read_findings(run_dir: Path) -> list[tuple[int, int | None, Finding]]:
+    """Every (rank, step, Finding) the ranks recorded, oldest first; bad lines are skipped."""
+    out: list[tuple[float, int, int | None, Finding]] = []
+    for path in sorted((run_dir / "findings").glob("rank*.jsonl")):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        for line in data.split(b"\n"):
+            r = _parse(line)
+            if r is None:
+                continue
+            try:
+                f = Finding(
+                    rule=r["rule"],
+                    health=Health(r["health"]),
+                    action=Action(r["action"]),
+                    reason=r["reason"],
+                    gpu=r.get("gpu"),
+                    time=r.get("time"),
+                    category=Category(r["category"]) if r.get("category") else None,
+                    evidence=tuple(r.get("evidence") or ()),
+                )
+                out.append((f.time or 0.0, int(r["rank"]), r.get("step"), f))
+            except (KeyError, TypeError, ValueError):
+                continue
+    out.sort(key=lambda t: t[0])
+    return [(rank, step, f) for _, rank, step, f in out]
 
 
 class HeartbeatWriter:

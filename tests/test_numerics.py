@@ -1,0 +1,130 @@
+"""The pure numerics policy: non-finite losses, robust spikes, data problem vs transient."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from trainguard.detect.numerics import (
+    Anomaly,
+    NumericsMonitor,
+    Policy,
+    SpikeConfig,
+    check_loss,
+    robust_zscore,
+)
+from trainguard.records import Action, Category, Health
+from trainguard.rundir import append_finding, read_findings
+
+
+def _noisy_losses(n: int, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    return [2.0 + rng.gauss(0, 0.05) for _ in range(n)]
+
+
+def _warm(monitor: NumericsMonitor, n: int = 40) -> int:
+    for step, loss in enumerate(_noisy_losses(n)):
+        assert monitor.observe(step, loss).action is Policy.PROCEED
+    return n
+
+
+def test_nan_and_inf_are_nonfinite_under_the_nan_policy():
+    m = NumericsMonitor(on_nan="skip", on_spike="stop")
+    for bad in (math.nan, math.inf, -math.inf):
+        d = m.observe(3, bad)
+        assert d.check.anomaly is Anomaly.NONFINITE
+        assert d.action is Policy.SKIP
+        assert d.findings[0].rule == "numerics.nonfinite_loss"
+        assert d.findings[0].category is Category.NUMERICS
+
+
+def test_nonfinite_gradients_with_a_finite_loss_are_reported_as_grad():
+    d = NumericsMonitor(on_nan="stop").observe(5, 1.0, grads_finite=False)
+    assert d.action is Policy.STOP
+    assert d.findings[0].rule == "numerics.nonfinite_grad"
+
+
+def test_a_tenfold_loss_jump_is_a_spike_and_noise_is_not():
+    m = NumericsMonitor(on_spike="rollback")
+    step = _warm(m, 200)
+    d = m.observe(step, 20.0)
+    assert d.check.anomaly is Anomaly.SPIKE and d.action is Policy.ROLLBACK
+    assert d.check.zscore is not None and d.check.zscore > 10
+    assert "loss spike" in d.findings[0].reason
+
+
+def test_no_spike_verdict_before_min_history():
+    m = NumericsMonitor(spike=SpikeConfig(min_history=20))
+    for step in range(5):
+        m.observe(step, 1.0)
+    assert m.observe(5, 1000.0).action is Policy.PROCEED
+
+
+def test_a_decreasing_loss_is_never_a_spike():
+    m = NumericsMonitor()
+    for step in range(300):
+        assert m.observe(step, 5.0 * math.exp(-step / 30)).action is Policy.PROCEED
+
+
+def test_near_zero_losses_need_a_relative_jump_not_just_a_high_z():
+    history = [0.001 + 0.0001 * (i % 3) for i in range(50)]
+    check = check_loss(50, 0.0012, history, SpikeConfig(min_rel_jump=0.5))
+    assert check.anomaly is Anomaly.NONE  # z is large but the loss barely moved
+    assert check_loss(50, 0.05, history, SpikeConfig()).anomaly is Anomaly.SPIKE
+
+
+def test_robust_zscore_survives_a_flat_history_and_bad_values():
+    z, mid = robust_zscore([1.0] * 10 + [math.nan], 2.0)
+    assert mid == 1.0 and z is not None and z > 1e3
+    assert robust_zscore([], 1.0) == (None, None)
+
+
+def test_spikes_do_not_enter_the_window():
+    m = NumericsMonitor(on_spike="skip")
+    step = _warm(m, 40)
+    for i in range(30):  # a plateau of spikes stays spikes: the window is not polluted
+        assert m.observe(step + i, 50.0).check.anomaly is Anomaly.SPIKE
+
+
+def test_a_spike_that_repeats_after_rollback_is_a_data_problem_and_is_skipped():
+    m = NumericsMonitor(on_spike="rollback")
+    step = _warm(m)
+    first = m.observe(step, 40.0)
+    assert first.action is Policy.ROLLBACK
+    m.rolled_back(first.check)
+    for s in range(step - 10, step):  # the replay of the steps before the bad one is clean
+        assert m.observe(s, 2.0).action is Policy.PROCEED
+    again = m.observe(step, 40.0)
+    assert again.action is Policy.SKIP  # not another rollback: that would loop forever
+    data = [f for f in again.findings if f.rule == "numerics.data_problem"]
+    assert data and "data problem" in data[0].reason and data[0].health is Health.OK
+
+
+def test_a_spike_that_does_not_repeat_after_rollback_is_a_transient_sdc_suspect():
+    m = NumericsMonitor(on_spike="rollback", gpu=3)
+    step = _warm(m)
+    first = m.observe(step, 40.0)
+    m.rolled_back(first.check)
+    clean = m.observe(step, 2.01)
+    assert clean.action is Policy.PROCEED
+    (finding,) = clean.findings
+    assert finding.rule == "numerics.transient"
+    assert finding.action is Action.RUN_DIAGNOSTICS and finding.category is Category.GPU_HARDWARE
+    assert finding.gpu == 3 and "silent data corruption" in finding.reason
+
+
+def test_bad_input_is_not_an_anomaly_and_does_not_raise():
+    m = NumericsMonitor()
+    assert m.observe(0, None).action is Policy.PROCEED
+    assert m.observe(1, "garbage").action is Policy.PROCEED  # type: ignore[arg-type]
+
+
+def test_findings_round_trip_through_the_run_dir(tmp_path):
+    m = NumericsMonitor(on_nan="skip", gpu=1)
+    d = m.observe(7, math.nan, time=123.0)
+    append_finding(tmp_path, 1, d.findings[0], step=7)
+    with open(tmp_path / "findings" / "rank1.jsonl", "a") as f:
+        f.write('{"torn": ')
+    [(rank, step, finding)] = read_findings(tmp_path)
+    assert (rank, step) == (1, 7)
+    assert finding == d.findings[0]
