@@ -17,6 +17,7 @@ Torch-free and documented so that any trainer (PyTorch, JAX, a shell script) can
                                  "category", "evidence"}  (records.Finding plus rank and step)
 
 The supervisor sets TRAINGUARD_RUN_DIR and TRAINGUARD_ATTEMPT for every worker it starts.
+A worker that leaves on purpose says why with its exit code (``ExitCode``; see docs/guard.md).
 """
 
 from __future__ import annotations
@@ -25,10 +26,22 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 from trainguard.records import Action, Category, Finding, Health
+
+
+class ExitCode(IntEnum):
+    """Exit codes of a worker that leaves on purpose (trainguard.torch.guard.Guard), so the
+    supervisor can tell a decision from a crash. Chosen clear of shells' 126-165 and sysexits."""
+
+    OK = 0
+    PREEMPTED = 83  # a preemption signal arrived: a checkpoint was saved, restart anywhere
+    HANG = 84  # the hang watchdog fired: stacks and the flight-recorder trace are in dumps/
+    NUMERICS_STOP = 85  # NaN/Inf or a loss spike under the "stop" policy (see findings/)
+
 
 RUN_DIR_ENV = "TRAINGUARD_RUN_DIR"
 ATTEMPT_ENV = "TRAINGUARD_ATTEMPT"
