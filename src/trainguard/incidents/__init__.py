@@ -1,1 +1,59 @@
-"""(filled in by its owner)"""
+"""Incidents: what interrupted a job, why (root cause), what was done, and what it cost.
+
+    telemetry -> detect -> diagnose -> [incidents] -> recover
+
+- `RootCause` and `root_cause_for(evidence)`: the interruption taxonomy and the pure rule
+  "the earliest causal failure is the root cause, not the loudest".
+- `Incident` and `IncidentStore(path)`: a SQLite (WAL) store that the supervisor and the node
+  agent write at once, and that `trainguard incidents` / `trainguard report` read.
+- `Interval`, `goodput()`: the per-job goodput ledger and ETTR (productive time / wall time).
+
+Stdlib only; the report's plot imports matplotlib inside `trainguard.incidents.plot`.
+"""
+
+from __future__ import annotations
+
+from trainguard.incidents.goodput import (
+    PRECEDENCE,
+    GoodputSummary,
+    Interval,
+    IntervalKind,
+    JobInfo,
+    ProgressPoint,
+    goodput,
+)
+from trainguard.incidents.incident import Incident
+from trainguard.incidents.stats import IncidentStats, incident_stats
+from trainguard.incidents.store import DB_ENV, IncidentStore, default_db_path
+from trainguard.incidents.taxonomy import (
+    Evidence,
+    RootCause,
+    as_evidence,
+    first_failure,
+    numerics_root_cause,
+    root_cause_for,
+    xid_root_cause,
+)
+
+__all__ = [
+    "DB_ENV",
+    "PRECEDENCE",
+    "Evidence",
+    "GoodputSummary",
+    "Incident",
+    "IncidentStats",
+    "IncidentStore",
+    "Interval",
+    "IntervalKind",
+    "JobInfo",
+    "ProgressPoint",
+    "RootCause",
+    "as_evidence",
+    "default_db_path",
+    "first_failure",
+    "goodput",
+    "incident_stats",
+    "numerics_root_cause",
+    "root_cause_for",
+    "xid_root_cause",
+]

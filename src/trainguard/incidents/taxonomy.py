@@ -1,0 +1,231 @@
+"""Root causes of training interruptions, and the pure rule that picks one from the evidence.
+
+Sits between detect and the store: the supervisor and the agent hand over what they saw
+(kernel-log Events, Findings, rank error files, or `Evidence` they build themselves) and get
+back the root cause to record. The taxonomy is the one Meta published for the unexpected
+interruptions of its Llama 3 405B pre-training run (faulty GPU 30%, HBM 17%, software 13%...).
+
+The root cause is the EARLIEST causal failure, not the loudest: a GPU that falls off the bus at
+t=10 makes every other rank time out in NCCL at t=600, and those hundreds of timeouts are
+symptoms. Symptoms (sympathetic Xid 45 / 154, NCCL watchdog timeouts, "connection reset by
+peer" on the survivors) only decide the cause when nothing causal was seen::
+
+    >>> from trainguard.records import Event, EventKind, Category
+    >>> xid = Event(EventKind.XID, "NVRM: Xid (PCI:0000:3b:00): 79, ...", time=10.0, xid=79)
+    >>> hang = Event(EventKind.TRAINING, "Watchdog caught collective operation timeout",
+    ...              time=600.0, category=Category.NCCL_TIMEOUT_HANG)
+    >>> root_cause_for([hang, hang, hang, xid]).value
+    'faulty_gpu'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from trainguard.records import Category, Event, EventKind, Finding
+from trainguard.rundir import ErrorRecord
+
+
+class RootCause(str, Enum):
+    """Why a run was interrupted (Llama 3 interruption taxonomy, adapted)."""
+
+    FAULTY_GPU = "faulty_gpu"  # fell off the bus, NVLink, GPU stopped processing
+    GPU_HBM_MEMORY = "gpu_hbm_memory"  # DRAM ECC, row remap / page retirement
+    GPU_SRAM = "gpu_sram"  # on-chip SRAM ECC (Xid 172)
+    GPU_SYSTEM_PROCESSOR = "gpu_system_processor"  # GSP / PMU / SEC2 firmware
+    GPU_THERMAL = "gpu_thermal"  # thermal interface, sensor, power brake
+    NETWORK_SWITCH_CABLE = "network_switch_cable"  # fabric: switch, cable, NVSwitch
+    NIC = "nic"  # the host's network adapter
+    HOST = "host"  # host maintenance, CPU, host memory, kernel, OOM killer
+    SOFTWARE_BUG = "software_bug"  # application or framework error, CUDA OOM
+    DEPENDENCY = "dependency"  # storage, data pipeline, scheduler, external service
+    NCCL_WATCHDOG_TIMEOUT = "nccl_watchdog_timeout"  # a collective timed out, nothing else seen
+    SILENT_DATA_CORRUPTION = "silent_data_corruption"  # numerics wrong, not reproducible
+    UNKNOWN = "unknown"
+
+
+# Xid code -> cause; codes not listed fall back to the event's category. None = a symptom.
+_XID_CAUSE: dict[int, RootCause | None] = {
+    **dict.fromkeys((48, 63, 64, 92, 94, 95, 140, 171), RootCause.GPU_HBM_MEMORY),
+    172: RootCause.GPU_SRAM,
+    **dict.fromkeys((46, 74, 79, 109, 136, 143, 155, 158, 167), RootCause.FAULTY_GPU),
+    **dict.fromkeys(range(144, 151), RootCause.FAULTY_GPU),  # NVLink5 errors
+    **dict.fromkeys((61, 62, 110, 119, 120, 169), RootCause.GPU_SYSTEM_PROCESSOR),
+    **dict.fromkeys((13, 31, 32, 43, 69), RootCause.SOFTWARE_BUG),  # application-class Xids
+    54: RootCause.HOST,  # auxiliary power not connected
+    45: None,  # preemptive cleanup after an earlier error
+    154: None,  # the driver restating the action an earlier error needs
+}
+
+_CATEGORY_CAUSE: dict[Category, RootCause] = {
+    Category.GPU_HARDWARE: RootCause.FAULTY_GPU,
+    Category.GPU_MEMORY_ECC: RootCause.GPU_HBM_MEMORY,
+    Category.NCCL_NETWORK: RootCause.NETWORK_SWITCH_CABLE,
+    Category.NCCL_TIMEOUT_HANG: RootCause.NCCL_WATCHDOG_TIMEOUT,
+    Category.CUDA_OOM: RootCause.SOFTWARE_BUG,
+    Category.APPLICATION_BUG: RootCause.SOFTWARE_BUG,
+    Category.DRIVER_SOFTWARE: RootCause.SOFTWARE_BUG,
+    Category.NODE_HOST: RootCause.HOST,
+    Category.INTERCONNECT: RootCause.FAULTY_GPU,
+    Category.THERMAL_POWER: RootCause.GPU_THERMAL,
+}
+
+# A network error names the adapter itself (not the fabric behind it).
+_NIC_TEXT = re.compile(r"mlx5|\bNIC\b|\bHCA\b|ibv_open_device|port \d+ (?:down|error)|ethtool", re.I)
+# Errors a surviving rank raises because a peer died or stalled: symptoms, never the cause.
+_PEER_TEXT = re.compile(
+    r"watchdog caught collective|collective operation timeout|timed out|connection reset|"
+    r"connection closed by (?:remote )?peer|broken pipe|DistNetworkError|DistBackendError|"
+    r"NCCL communicator was aborted|ProcessGroupNCCL.*abort",
+    re.I,
+)
+_DEPENDENCY_TEXT = re.compile(
+    r"no space left|stale file handle|input/output error|read-only file system|"
+    r"DataLoader worker .* (?:killed|exited)|quota exceeded",
+    re.I,
+)
+_HOST_TEXT = re.compile(r"out of memory: kill|oom-kill|MemoryError|machine check|segmentation fault", re.I)
+_CUDA_OOM_TEXT = re.compile(r"CUDA out of memory|OutOfMemoryError", re.I)
+
+# Among failures in the same burst (see `burst_s`), the more specific cause wins:
+# Xid 172 refines the Xid 48 printed with it to SRAM; hardware beats the software crash it caused.
+_SPECIFICITY = [
+    RootCause.GPU_SRAM,
+    RootCause.GPU_HBM_MEMORY,
+    RootCause.GPU_SYSTEM_PROCESSOR,
+    RootCause.FAULTY_GPU,
+    RootCause.GPU_THERMAL,
+    RootCause.NIC,
+    RootCause.NETWORK_SWITCH_CABLE,
+    RootCause.HOST,
+    RootCause.SILENT_DATA_CORRUPTION,
+    RootCause.DEPENDENCY,
+    RootCause.SOFTWARE_BUG,
+    RootCause.NCCL_WATCHDOG_TIMEOUT,
+    RootCause.UNKNOWN,
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One observation reduced to what the root-cause rule needs.
+
+    ``symptom`` marks downstream effects (peer timeouts, sympathetic Xids): they decide the
+    cause only when nothing causal was seen. ``source`` says what saw it (kernel_log,
+    training_log, error_file, exit_code, heartbeat, numerics, telemetry...).
+    """
+
+    cause: RootCause
+    time: float | None = None
+    text: str = ""
+    symptom: bool = False
+    source: str = ""
+    category: str | None = None
+    gpu: int | None = None
+    rank: int | None = None
+    node: str | None = None
+
+
+EvidenceLike = Evidence | Event | Finding | ErrorRecord
+
+
+def xid_root_cause(code: int) -> RootCause | None:
+    """The cause an Xid points to; None for sympathetic Xids and codes the table leaves out."""
+    return _XID_CAUSE.get(code)
+
+
+def numerics_root_cause(reproduced_after_rollback: bool) -> RootCause:
+    """A NaN or loss spike that comes back at the same step after a rollback is the program's
+    (data, code, hyper-parameters); one that vanishes is silent data corruption."""
+    return RootCause.SOFTWARE_BUG if reproduced_after_rollback else RootCause.SILENT_DATA_CORRUPTION
+
+
+def as_evidence(item: EvidenceLike) -> Evidence | None:
+    """Reduce an Event / Finding / error record to Evidence; None when it says nothing is wrong."""
+    if isinstance(item, Evidence):
+        return item
+    if isinstance(item, Event):
+        return _from_event(item)
+    if isinstance(item, Finding):
+        return _from_finding(item)
+    if isinstance(item, ErrorRecord):
+        return _from_error(item)
+    return None
+
+
+def first_failure(items: Iterable[EvidenceLike], burst_s: float = 2.0) -> Evidence | None:
+    """The evidence that names the root cause: the earliest causal failure (within `burst_s` of
+    it, the most specific), else the earliest symptom, else None. Untimed evidence counts last."""
+    found = [e for e in map(as_evidence, items) if e is not None]
+    causal = [e for e in found if not e.symptom and e.cause is not RootCause.UNKNOWN]
+    pool = causal or [e for e in found if e.cause is not RootCause.UNKNOWN] or found
+    if not pool:
+        return None
+    timed = sorted((e for e in pool if e.time is not None), key=lambda e: e.time or 0.0)
+    if not timed:
+        return min(pool, key=lambda e: _SPECIFICITY.index(e.cause))
+    first_time = timed[0].time or 0.0
+    burst = [e for e in timed if (e.time or 0.0) - first_time <= burst_s]
+    return min(burst, key=lambda e: (_SPECIFICITY.index(e.cause), e.time or 0.0))
+
+
+def root_cause_for(items: Iterable[EvidenceLike], burst_s: float = 2.0) -> RootCause:
+    """The root cause of an interruption given everything seen around it (UNKNOWN if nothing)."""
+    first = first_failure(items, burst_s)
+    return first.cause if first is not None else RootCause.UNKNOWN
+
+
+def _from_event(ev: Event) -> Evidence | None:
+    if ev.kind is EventKind.GPU_MAP:
+        return None
+    source = "training_log" if ev.kind is EventKind.TRAINING else "kernel_log"
+    base = Evidence(RootCause.UNKNOWN, ev.time, ev.text, ev.sympathetic, source, ev.category.value)
+    if ev.kind is EventKind.GPU_LOST:
+        return replace(base, cause=RootCause.FAULTY_GPU)
+    if ev.kind is EventKind.SXID:
+        return replace(base, cause=RootCause.NETWORK_SWITCH_CABLE)
+    if ev.kind is EventKind.XID and ev.xid is not None and ev.xid in _XID_CAUSE:
+        cause = _XID_CAUSE[ev.xid]
+        if cause is None:
+            return replace(base, cause=_category_cause(ev.category, ev.text), symptom=True)
+        return replace(base, cause=cause)
+    if ev.category is Category.INFO:
+        return None
+    cause = _category_cause(ev.category, ev.text)
+    peer = cause is RootCause.NCCL_WATCHDOG_TIMEOUT or bool(_PEER_TEXT.search(ev.text))
+    return replace(base, cause=cause, symptom=ev.sympathetic or peer)
+
+
+def _from_finding(f: Finding) -> Evidence | None:
+    if f.category is None or f.category is Category.INFO:
+        return None
+    text = f"{f.rule}: {f.reason}"
+    cause = _category_cause(f.category, text)
+    symptom = cause is RootCause.NCCL_WATCHDOG_TIMEOUT
+    return Evidence(cause, f.time, text, symptom, "telemetry", f.category.value, gpu=f.gpu)
+
+
+def _from_error(rec: ErrorRecord) -> Evidence:
+    text = f"{rec.exc_type}: {rec.message}"
+    base = Evidence(RootCause.SOFTWARE_BUG, rec.time, text, source="error_file", rank=rec.rank)
+    if _PEER_TEXT.search(text):
+        return replace(base, cause=RootCause.NCCL_WATCHDOG_TIMEOUT, symptom=True)
+    if _CUDA_OOM_TEXT.search(text):
+        return replace(base, category=Category.CUDA_OOM.value)
+    if _DEPENDENCY_TEXT.search(text):
+        return replace(base, cause=RootCause.DEPENDENCY)
+    if _HOST_TEXT.search(text):
+        return replace(base, cause=RootCause.HOST, category=Category.NODE_HOST.value)
+    return replace(base, category=Category.APPLICATION_BUG.value)
+
+
+def _category_cause(category: Category, text: str) -> RootCause:
+    cause = _CATEGORY_CAUSE.get(category, RootCause.UNKNOWN)
+    if cause is RootCause.NETWORK_SWITCH_CABLE and _NIC_TEXT.search(text):
+        return RootCause.NIC
+    if cause is RootCause.SOFTWARE_BUG and _DEPENDENCY_TEXT.search(text):
+        return RootCause.DEPENDENCY
+    return cause
