@@ -20,6 +20,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -80,14 +81,30 @@ class IncidentStore:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             with self._mapped():
-                conn = sqlite3.connect(self.path, timeout=self._timeout_s, isolation_level=None)
+                # check_same_thread=False only so close() can close every thread's connection.
+                conn = sqlite3.connect(
+                    self.path, timeout=self._timeout_s, isolation_level=None, check_same_thread=False
+                )
                 conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
-                conn.execute("PRAGMA journal_mode = WAL")
+                self._enable_wal(conn)
                 conn.execute("PRAGMA synchronous = FULL")
             self._local.conn = conn
             with self._lock:
                 self._conns.append(conn)
         return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+        # Switching a fresh file to WAL needs an exclusive lock and SQLite does not call the busy
+        # handler for it: when another process is opening the same new file, retry.
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     @contextmanager
     def _mapped(self) -> Iterator[None]:

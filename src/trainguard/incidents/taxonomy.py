@@ -71,6 +71,13 @@ _CATEGORY_CAUSE: dict[Category, RootCause] = {
     Category.NODE_HOST: RootCause.HOST,
     Category.INTERCONNECT: RootCause.FAULTY_GPU,
     Category.THERMAL_POWER: RootCause.GPU_THERMAL,
+    # A NaN or spike is an SDC suspect until a rollback tells (numerics.data_problem/transient).
+    Category.NUMERICS: RootCause.SILENT_DATA_CORRUPTION,
+}
+# Rules whose conclusion is more specific than their category.
+_RULE_CAUSE: dict[str, RootCause] = {
+    "numerics.transient": RootCause.SILENT_DATA_CORRUPTION,
+    "numerics.data_problem": RootCause.SOFTWARE_BUG,
 }
 
 # A network error names the adapter itself (not the fabric behind it).
@@ -203,9 +210,10 @@ def _from_finding(f: Finding) -> Evidence | None:
     if f.category is None or f.category is Category.INFO:
         return None
     text = f"{f.rule}: {f.reason}"
-    cause = _category_cause(f.category, text)
+    cause = _RULE_CAUSE.get(f.rule) or _category_cause(f.category, text)
     symptom = cause is RootCause.NCCL_WATCHDOG_TIMEOUT
-    return Evidence(cause, f.time, text, symptom, "telemetry", f.category.value, gpu=f.gpu)
+    source = "numerics" if f.rule.startswith("numerics.") else "telemetry"
+    return Evidence(cause, f.time, text, symptom, source, f.category.value, gpu=f.gpu)
 
 
 def _from_error(rec: ErrorRecord) -> Evidence:
