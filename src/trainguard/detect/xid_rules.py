@@ -1,0 +1,348 @@
+"""Stateful rules over kernel-log events (Xid, SXid, fallen-off-the-bus): ``Event`` -> ``Finding``.
+
+Sits in the detect step beside ``detect.rules``. A single Xid line means little on its own: Xid 45
+is usually the echo of another Xid in the same burst, one Xid 13 is the application's bug while a
+run of them on one GPU points at the hardware, and a GPU that keeps failing needs support. So this
+module remembers recent events per GPU (``XidState``) and derives the findings that hold *now*::
+
+    >>> from trainguard.records import Event, EventKind, Gpu
+    >>> state = XidState()
+    >>> state.set_gpus([Gpu(3, pci="0000:3b:00")])
+    >>> state.observe(Event(EventKind.XID, "NVRM: Xid (PCI:0000:3b:00): 79, ...", xid=79, pci="0000:3b:00"), now=5.0)
+    >>> [(f.gpu, f.health.value, f.action.value) for f in state.findings(now=6.0)]
+    [(3, 'failed', 'reboot_node')]
+
+Times: windows between events use each line's own timestamp (``Event.time``) when it has one;
+how long a finding is held uses the caller's clock (``now``). A GPU that re-initialises (the driver
+prints its ``GPU at PCI:...`` line again) starts with a clean slate, except for the 24-hour count
+of fatal bursts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from trainguard.detect.rules import RECOVERY_VERDICTS
+from trainguard.detect.thresholds import Thresholds
+from trainguard.records import (
+    Action,
+    Category,
+    Event,
+    EventKind,
+    Finding,
+    Gpu,
+    Health,
+    RecoveryAction,
+    Severity,
+)
+
+_MAX_KEPT = 256  # records per GPU; a log storm must not grow memory without bound
+_NOISE = re.compile(r"^.*?\bS?Xid\b\s*(?:\([^)]*\))?:?\s*\d+,?\s*(?:pid=[^,]*,\s*)?(?:name=[^,]*,\s*)?", re.I)
+_RA_CODE = re.compile(r"to\s+0x([0-9a-f]+)", re.I)
+_RA_BY_CODE = {
+    0: RecoveryAction.NONE,
+    1: RecoveryAction.GPU_RESET,
+    2: RecoveryAction.NODE_REBOOT,
+    3: RecoveryAction.DRAIN_P2P,
+    4: RecoveryAction.DRAIN_AND_RESET,
+}
+_RA_BY_WORDS = (
+    ("drain and reset", RecoveryAction.DRAIN_AND_RESET),
+    ("drain p2p", RecoveryAction.DRAIN_P2P),
+    ("node reboot", RecoveryAction.NODE_REBOOT),
+    ("gpu reset", RecoveryAction.GPU_RESET),
+    ("none", RecoveryAction.NONE),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rec:
+    """One remembered event: its code, its own time ``t``, when we saw it, and its verdict."""
+
+    event: Event
+    code: int | None
+    t: float
+    seen: float
+    health: Health
+    action: Action
+
+
+def recovery_action_of(text: str) -> RecoveryAction | None:
+    """The action an Xid 154 line announces ("... changed from 0x0 (None) to 0x1 (GPU Reset Required)")."""
+    m = _RA_CODE.search(text)
+    if m:
+        return _RA_BY_CODE.get(int(m.group(1), 16))
+    tail = text.lower().rsplit(" to ", 1)[-1]
+    return next((ra for words, ra in _RA_BY_WORDS if words in tail), None)
+
+
+def _message(ev: Event) -> str:
+    text = _NOISE.sub("", ev.text.strip(), count=1)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class XidState:
+    """Remembers kernel-log events per GPU and derives the Xid findings that hold at a given time."""
+
+    def __init__(self, thresholds: Thresholds | None = None) -> None:
+        self.th = thresholds or Thresholds()
+        self._by_pci: dict[str, int] = {}
+        self._by_uuid: dict[str, int] = {}
+        self._pci_uuid: dict[str, str] = {}  # from the driver's "GPU at PCI:... : GPU-<uuid>" lines
+        self._recs: dict[int | None, list[_Rec]] = {}  # None: node-scoped (SXid, unmapped GPUs)
+        self._fatal_times: dict[int, list[float]] = {}  # survives re-init: the 24 h burst count
+        self.skipped = 0  # events that could not be used
+
+    def set_gpus(self, gpus: Iterable[Gpu]) -> None:
+        for g in gpus:
+            if g.pci:
+                self._by_pci[g.pci] = g.index
+            if g.uuid:
+                self._by_uuid[g.uuid] = g.index
+
+    def gpu_of(self, ev: Event) -> int | None:
+        """The GPU index an event is about, from its PCI address or UUID; None when unknown."""
+        if ev.pci is not None:
+            index = self._by_pci.get(ev.pci)
+            if index is not None:
+                return index
+            uuid = self._pci_uuid.get(ev.pci)
+            if uuid is not None:
+                return self._by_uuid.get(uuid)
+        return self._by_uuid.get(ev.uuid) if ev.uuid else None
+
+    def observe(self, ev: Event, now: float) -> None:
+        """Remember one event. Never raises: an event that makes no sense is counted and skipped."""
+        try:
+            self._observe(ev, now)
+        except Exception:
+            self.skipped += 1
+
+    def _observe(self, ev: Event, now: float) -> None:
+        t = ev.time if ev.time is not None else now
+        if ev.kind is EventKind.GPU_MAP:
+            if ev.pci and ev.uuid:
+                self._pci_uuid[ev.pci] = ev.uuid
+            index = self.gpu_of(ev)
+            if index is not None:
+                self._recs.pop(index, None)  # the GPU (re)initialised: earlier errors are behind it
+            return
+        if ev.kind is EventKind.XID and ev.xid is not None:
+            health, action = xid_policy(ev.xid, ev)
+            code: int | None = ev.xid
+        elif ev.kind is EventKind.GPU_LOST:
+            health, action, code = Health.FAILED, Action.REBOOT_NODE, None
+        elif ev.kind is EventKind.SXID:
+            health, action = _sxid_policy(ev)
+            code = ev.xid
+        else:
+            return  # training-log lines are not this module's business
+        index = None if ev.kind is EventKind.SXID else self.gpu_of(ev)
+        recs = self._recs.setdefault(index, [])
+        recs.append(_Rec(ev, code, t, now, health, action))
+        if len(recs) > _MAX_KEPT:
+            del recs[: len(recs) - _MAX_KEPT]
+        if index is not None and health is Health.FAILED:
+            times = self._fatal_times.setdefault(index, [])
+            times.append(t)
+            cutoff = t - self.th.fatal_xid_support_window_s
+            times[:] = [x for x in times if x >= cutoff][-_MAX_KEPT:]
+
+    def findings(self, now: float) -> list[Finding]:
+        out: list[Finding] = []
+        for index, recs in self._recs.items():
+            live = [r for r in recs if now - r.seen <= self._hold(r.health)]
+            recs[:] = live
+            out.extend(self._gpu_findings(index, live))
+        for index, times in self._fatal_times.items():
+            found = self._fatal_repeat(index, times)
+            if found is not None:
+                out.append(found)
+        return out
+
+    def _hold(self, health: Health) -> float:
+        th = self.th
+        return th.xid_hold_s if health in (Health.FAILED, Health.DEGRADED) else th.app_xid_hold_s
+
+    def _gpu_findings(self, index: int | None, recs: list[_Rec]) -> list[Finding]:
+        th = self.th
+        out: list[Finding] = []
+        app = [r for r in recs if r.code in th.app_xids and r.event.kind is EventKind.XID]
+        others = [r for r in recs if r.code != 45 and r.event.kind is EventKind.XID]
+        app_ids = {id(r) for r in app} if len(app) >= th.app_xid_repeat else set()
+        latest_ra: _Rec | None = None
+        groups: dict[tuple[EventKind, int | None], list[_Rec]] = {}
+        for r in recs:
+            kind = r.event.kind
+            if kind is EventKind.XID and r.code == 154:
+                latest_ra = r if latest_ra is None or r.t >= latest_ra.t else latest_ra
+                continue
+            if kind is EventKind.XID and r.code == 45 and _has_company(r, others, th.xid_burst_window_s):
+                continue  # a sympathetic echo of another Xid in the same burst adds nothing
+            if id(r) in app_ids:
+                continue  # reported together below
+            groups.setdefault((kind, r.code), []).append(r)
+        for (kind, code), group in groups.items():
+            out.append(_group_finding(index, kind, code, group))
+        repeat = _app_repeat(index, app, th)
+        if repeat is not None:
+            out.append(repeat)
+        if latest_ra is not None:
+            found = _recovery_finding(index, latest_ra)
+            if found is not None:
+                out.append(found)
+        return out
+
+    def _fatal_repeat(self, index: int, times: list[float]) -> Finding | None:
+        th = self.th
+        if len(times) < th.fatal_xid_support_bursts:
+            return None
+        bursts, last = 0, None
+        for t in sorted(times):
+            if last is None or t - last > th.xid_burst_window_s:
+                bursts += 1
+            last = t
+        if bursts < th.fatal_xid_support_bursts:
+            return None
+        hours = th.fatal_xid_support_window_s / 3600
+        why = f"{bursts} separate fatal Xid bursts within {hours:g} h: this GPU keeps failing"
+        return Finding(
+            "xid_fatal_repeat",
+            Health.FAILED,
+            Action.CONTACT_SUPPORT,
+            why,
+            gpu=index,
+            time=last,
+            category=Category.GPU_HARDWARE,
+        )
+
+
+def _has_company(r: _Rec, others: list[_Rec], window: float) -> bool:
+    return any(abs(o.t - r.t) <= window for o in others)
+
+
+def _group_finding(index: int | None, kind: EventKind, code: int | None, group: list[_Rec]) -> Finding:
+    last = group[-1]
+    ev = last.event
+    times = f" (x{len(group)})" if len(group) > 1 else ""
+    where = f" on {ev.pci}" if index is None and ev.pci else ""
+    if kind is EventKind.GPU_LOST:
+        rule, why = "gpu_lost_log", f"kernel log: GPU has fallen off the bus{where}{times}"
+    elif kind is EventKind.SXID:
+        rule, why = "sxid", f"NVSwitch SXid {code}{times}: {_message(ev)}"
+    else:
+        rule, why = "xid", f"Xid {code}{where}{times}: {_message(ev)}"
+    category = ev.category if ev.category is not Category.INFO else Category.GPU_HARDWARE
+    return Finding(
+        rule, last.health, last.action, why, gpu=index, time=last.t, category=category, evidence=(ev.text,)
+    )
+
+
+def _app_repeat(index: int | None, app: list[_Rec], th: Thresholds) -> Finding | None:
+    if len(app) < th.app_xid_repeat:
+        return None
+    app = sorted(app, key=lambda r: r.t)
+    best = max(sum(1 for o in app if 0 <= r.t - o.t <= th.app_xid_window_s) for r in app)
+    codes = ", ".join(str(c) for c in sorted({r.code for r in app if r.code is not None}))
+    if best < th.app_xid_repeat:
+        why = f"{len(app)} application Xids ({codes}), spread out: the application's problem"
+        return Finding(
+            "xid_app",
+            Health.OK,
+            Action.RESTART_APP,
+            why,
+            gpu=index,
+            time=app[-1].t,
+            category=Category.APPLICATION_BUG,
+        )
+    why = (
+        f"{best} application Xids ({codes}) on one GPU within {th.app_xid_window_s / 60:g} min: "
+        "possible hardware fault, run diagnostics"
+    )
+    return Finding(
+        "xid_app_repeat",
+        Health.DEGRADED,
+        Action.RUN_DIAGNOSTICS,
+        why,
+        gpu=index,
+        time=app[-1].t,
+        category=Category.GPU_HARDWARE,
+        evidence=tuple(r.event.text for r in app[-5:]),
+    )
+
+
+def _recovery_finding(index: int | None, r: _Rec) -> Finding | None:
+    ra = recovery_action_of(r.event.text)
+    if ra is None or ra is RecoveryAction.NONE:
+        return None
+    health, action, text = RECOVERY_VERDICTS[ra]
+    return Finding(
+        "xid_recovery_action",
+        health,
+        action,
+        f"Xid 154: {text}",
+        gpu=index,
+        time=r.t,
+        category=Category.GPU_HARDWARE,
+        evidence=(r.event.text,),
+    )
+
+
+# The project's verdict per Xid, where NVIDIA's catalog bucket alone would be too weak or too
+# strong for a training fleet. Fatal hardware Xids fail the GPU; the action is the catalog's.
+_FAILED_RESET = (Health.FAILED, Action.RESET_GPU)
+_XID_POLICY: dict[int, tuple[Health, Action]] = {
+    45: (Health.OK, Action.RESTART_APP),  # alone: the channel was torn down; see XidState
+    46: _FAILED_RESET,  # GPU timeout
+    48: _FAILED_RESET,  # double-bit ECC error
+    62: _FAILED_RESET,  # PMU halt
+    63: (Health.OK, Action.IGNORE),  # row remap / page retirement recorded (telemetry says if pending)
+    64: (Health.FAILED, Action.CONTACT_SUPPORT),  # row remap / retirement failure: replace the GPU
+    74: (Health.DEGRADED, Action.RUN_DIAGNOSTICS),  # NVLink error
+    79: (Health.FAILED, Action.REBOOT_NODE),  # fallen off the bus
+    92: (Health.FAILED, Action.CONTACT_SUPPORT),  # excessive single-bit errors
+    94: _FAILED_RESET,  # contained ECC error: the app died, a remap waits for reset
+    95: _FAILED_RESET,  # uncontained ECC error
+    109: _FAILED_RESET,  # context-switch timeout
+    110: _FAILED_RESET,  # security fault
+    119: _FAILED_RESET,  # GSP RPC timeout
+    120: _FAILED_RESET,  # GSP error
+    136: _FAILED_RESET,  # link training failure
+    140: _FAILED_RESET,  # ECC error escaped containment
+    143: _FAILED_RESET,  # GPU init error
+    154: (Health.OK, Action.NONE),  # recovery action changed: handled from its text
+    155: _FAILED_RESET,  # NVLink software-defined error
+    156: (Health.DEGRADED, Action.RESET_GPU),  # resource retirement: reset to apply
+    158: _FAILED_RESET,  # GPU fatal timeout
+    171: _FAILED_RESET,  # uncorrectable DRAM error
+    172: _FAILED_RESET,  # uncorrectable SRAM error
+}
+_BY_SEVERITY = {
+    Severity.FATAL: Health.FAILED,
+    Severity.ERROR: Health.DEGRADED,
+    Severity.WARNING: Health.OK,
+    Severity.INFO: Health.OK,
+}
+
+
+def xid_policy(code: int, ev: Event | None = None) -> tuple[Health, Action]:
+    """Health and action for one Xid seen alone: the table above, else the parser's classification."""
+    found = _XID_POLICY.get(code)
+    if found is not None:
+        return found
+    if code in Thresholds().app_xids:
+        return Health.OK, Action.RESTART_APP
+    if ev is None:
+        return Health.DEGRADED, Action.RUN_DIAGNOSTICS
+    return _BY_SEVERITY.get(ev.severity, Health.DEGRADED), ev.action
+
+
+def _sxid_policy(ev: Event) -> tuple[Health, Action]:
+    """NVSwitch errors are the node's (the fabric's), never one GPU's."""
+    if ev.severity is Severity.FATAL:
+        return Health.FAILED, Action.REBOOT_NODE  # a fatal NVSwitch error takes the fabric down
+    if ev.severity is Severity.ERROR:
+        return Health.DEGRADED, Action.RUN_DIAGNOSTICS
+    return Health.OK, Action.IGNORE
