@@ -194,3 +194,22 @@ def test_unknown_xid_falls_back_to_the_parsers_severity():
     assert xid_policy(
         9999, Event(EventKind.XID, "x", xid=9999, severity=Severity.FATAL, action=Action.RESET_GPU)
     ) == (Health.FAILED, Action.RESET_GPU)
+
+
+def test_one_xid_13_printed_as_two_lines_counts_once():
+    found = state(
+        xid(13, 10.0, text="Graphics SM Warp Exception"),
+        xid(13, 10.0, text="Graphics Exception: ESR"),
+        xid(13, 50.0),
+        xid(13, 50.0),
+    ).findings(now=60.0)
+    assert [(f.health, f.action) for f in found] == [(Health.OK, Action.RESTART_APP)]
+    assert "(x2)" in found[0].reason
+
+
+def test_fallen_off_the_bus_line_after_xid_79_is_not_reported_twice():
+    lost = Event(
+        EventKind.GPU_LOST, "NVRM: GPU 0000:1b:00.0: GPU has fallen off the bus.", time=5.0, pci="0000:1b:00"
+    )
+    found = state(xid(79, 5.0), lost).findings(now=6.0)
+    assert [f.rule for f in found] == ["xid"]

@@ -114,7 +114,7 @@ def thermal(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
     t, slow, shut, thr = s.temperature_c, s.temp_slowdown_c, s.temp_shutdown_c, s.throttle
     if t is not None and shut is not None and t >= shut - th.shutdown_margin_c:
         why = f"temperature {t:g} C at or past the shutdown threshold {shut:g} C"
-        return _f("thermal", s, Health.FAILED, Action.DRAIN, why, _HEAT)
+        return _f("thermal", s, Health.DEGRADED, Action.DRAIN, why, _HEAT)  # lost next: then failed
     hot = t is not None and slow is not None and t >= slow - th.thermal_margin_c
     active = bool(thr and Throttle.HW_THERMAL in thr)
     if not hot and not active:

@@ -44,6 +44,7 @@ class Thresholds:
     #                                one replay seen 1 s apart is not "60 per minute"
 
     # --- kernel-log (Xid) rules ---
+    xid_same_event_s: float = 1.0  # lines of one code on one GPU this close are one occurrence
     xid_burst_window_s: float = 30.0  # Xids on one GPU closer than this are one burst (Xid 45 echo)
     app_xids: tuple[int, ...] = (13, 31, 43)  # application-class Xids: the app's problem when alone
     app_xid_repeat: int = 3  # this many application Xids on one GPU ...

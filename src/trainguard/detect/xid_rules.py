@@ -141,6 +141,15 @@ class XidState:
             return  # training-log lines are not this module's business
         index = None if ev.kind is EventKind.SXID else self.gpu_of(ev)
         recs = self._recs.setdefault(index, [])
+        last = recs[-1] if recs else None
+        if (
+            last is not None
+            and last.code == code
+            and last.event.kind is ev.kind
+            and last.event.pci == ev.pci
+            and abs(t - last.t) <= self.th.xid_same_event_s
+        ):
+            return  # the driver prints one error as several lines (Xid 13: warp + ESR): one occurrence
         recs.append(_Rec(ev, code, t, now, health, action))
         if len(recs) > _MAX_KEPT:
             del recs[: len(recs) - _MAX_KEPT]
@@ -174,8 +183,11 @@ class XidState:
         app_ids = {id(r) for r in app} if len(app) >= th.app_xid_repeat else set()
         latest_ra: _Rec | None = None
         groups: dict[tuple[EventKind, int | None], list[_Rec]] = {}
+        off_bus = any(r.code == 79 for r in others)
         for r in recs:
             kind = r.event.kind
+            if kind is EventKind.GPU_LOST and off_bus:
+                continue  # the Xid 79 already says it
             if kind is EventKind.XID and r.code == 154:
                 latest_ra = r if latest_ra is None or r.t >= latest_ra.t else latest_ra
                 continue
