@@ -1,1 +1,35 @@
-"""(filled in by its owner)"""
+"""The simulated GPU fleet: a product feature (demo, scenarios, chaos drills, tests), not a mock.
+
+``SimFleet`` is a ``TelemetryBackend``; faults scripted on it (``fleet.at(t).xid(79, gpu=3)``,
+``fleet.inject_now(faults.DoubleBitEcc(gpu=2))``) produce NVML-shaped readings and real-format
+kernel-log lines. ``SCENARIOS`` are the named scripts with the verdict each must produce.
+
+    >>> from trainguard.clock import VirtualClock
+    >>> from trainguard.telemetry.sim import SimFleet, run_scenario
+    >>> fleet = SimFleet(clock=VirtualClock(), kmsg_path="/tmp/kmsg.log")
+    >>> run_scenario("dbe", fleet).expected.value
+    'failed'
+"""
+
+from __future__ import annotations
+
+from trainguard.telemetry.sim import faults
+from trainguard.telemetry.sim.fleet import SimFleet
+from trainguard.telemetry.sim.kmsg import dmesg_line, format_xid, write_xid_line
+from trainguard.telemetry.sim.profiles import PROFILES, GpuProfile
+from trainguard.telemetry.sim.scenarios import SCENARIOS, Scenario, run_scenario
+from trainguard.telemetry.sim.script import At
+
+__all__ = [
+    "PROFILES",
+    "SCENARIOS",
+    "At",
+    "GpuProfile",
+    "Scenario",
+    "SimFleet",
+    "dmesg_line",
+    "faults",
+    "format_xid",
+    "run_scenario",
+    "write_xid_line",
+]

@@ -1,0 +1,313 @@
+"""Faults a simulated GPU can suffer, each leaving the evidence the real one leaves.
+
+A fault is a frozen value; ``fire(ctx, at)`` applies it once, at virtual time ``at``: it changes
+the NVML-shaped state of the GPU (counters, a lost GPU, a lasting ``Condition``) and, where the
+real driver or kernel logs something, appends those exact lines to the fleet's kernel log.
+
+    >>> fleet.inject_now(FallOffBus(gpu=3))            # or fleet.at(30).xid(79, gpu=3)
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from trainguard.records import RecoveryAction
+from trainguard.telemetry.sim import kmsg, state
+from trainguard.telemetry.sim.state import FaultContext
+
+__all__ = [
+    "RECOVERY_CODES",
+    "DoubleBitEcc",
+    "FallOffBus",
+    "Fault",
+    "GpuReset",
+    "NvlinkCrcStorm",
+    "NvlinkDown",
+    "PcieDowntrain",
+    "PcieReplayStorm",
+    "PowerBrake",
+    "RecoveryActionChange",
+    "RowRemapFailure",
+    "Straggler",
+    "ThermalRunaway",
+    "Uncontained",
+    "Xid",
+    "xid_messages",
+]
+
+# NVML_GPU_RECOVERY_ACTION_* value and the name Xid 154 prints for it.
+RECOVERY_CODES: dict[RecoveryAction, tuple[int, str]] = {
+    RecoveryAction.NONE: (0, "None"),
+    RecoveryAction.GPU_RESET: (1, "GPU Reset Required"),
+    RecoveryAction.NODE_REBOOT: (2, "Node Reboot Required"),
+    RecoveryAction.DRAIN_P2P: (3, "Drain P2P"),
+    RecoveryAction.DRAIN_AND_RESET: (4, "Drain and Reset"),
+}
+
+
+def xid_messages(code: int, rng: random.Random) -> list[str]:
+    """The text(s) after ``pid=..., name=...,`` that the driver prints for an Xid, with
+    plausible details (GPC/TPC, channel, addresses) drawn from ``rng``."""
+    ch = f"Ch {rng.choice((8, 9, 10, 16, 24)):08x}"
+    addr = rng.randrange(0x10000000, 0x13FFFFFFF) & ~0x1F
+    if code == 13:
+        gpc, tpc, sm = rng.randrange(8), rng.randrange(9), rng.randrange(2)
+        esr = 0x504648 + gpc * 0x8000 + tpc * 0x800
+        return [
+            f"Graphics SM Warp Exception on (GPC {gpc}, TPC {tpc}, SM {sm}): Out Of Range Address",
+            f"Graphics Exception: ESR 0x{esr:x}=0x102000e 0x{esr + 8:x}=0x20 "
+            f"0x{esr - 4:x}=0xd3eff2 0x{esr + 4:x}=0x17f",
+        ]
+    if code == 31:
+        return [
+            f"{ch}, intr 00000000. MMU Fault: ENGINE GRAPHICS GPC{rng.randrange(8)} "
+            f"GPCCLIENT_T1_{rng.randrange(16)} faulted @ 0x7f{rng.randrange(0x10, 0xFF):02x}_"
+            f"{rng.randrange(1 << 32) & ~0xFFF:08x}. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ"
+        ]
+    texts = {
+        48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at "
+        f"physAddr 0x{addr:x} partition {rng.randrange(16)}, subpartition {rng.randrange(4)}.",
+        63: f"Row Remapper: New row (0x{addr:016x}) marked for remapping, reset gpu to activate.",
+        64: f"Row Remapper Error: (0x{addr:016x}) - All reserved rows for bank are remapped",
+        74: f"NVLink: fatal error detected on link {rng.randrange(18)}(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+        79: "GPU has fallen off the bus.",
+        94: "Contained: SM (0x1). RST: No, D-RST: No",
+        95: "Uncontained: LTC TAG (0x2,0x0). RST: Yes, D-RST: No",
+        119: "Timeout after 6s of waiting for RPC response from GPU0 GSP! "
+        "Expected function 76 (GSP_RM_CONTROL) (0x20802a02 0x8).",
+    }
+    return [texts.get(code, ch)]
+
+
+_HARDWARE = {48, 63, 64, 74, 79, 94, 95, 119}  # raised by the GPU, not by a process
+
+
+@dataclass(frozen=True, slots=True)
+class Xid:
+    """Any Xid as a kernel line only (application Xids 13/31/43/45 and codes with no NVML trace).
+
+    ``text`` overrides the driver text; ``pid``/``name`` name the process (``'<unknown>'`` if None).
+    """
+
+    code: int
+    gpu: int
+    text: str | None = None
+    pid: int | None = None
+    name: str | None = None
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        texts = [self.text] if self.text else xid_messages(self.code, ctx.rng("xid", self.gpu, self.code, at))
+        _log_xid(ctx, at, self.gpu, self.code, texts, self.pid, self.name)
+
+
+def _log_xid(
+    ctx: FaultContext, at: float, gpu: int, code: int, texts: list[str], pid: int | None, name: str | None
+) -> None:
+    pci = ctx.identity(gpu).pci or "0000:00:00"
+    if code in _HARDWARE and pid is None:
+        ctx.kernel(at, [kmsg.format_xid(pci, code, t) for t in texts])
+    else:
+        pid = pid if pid is not None else ctx.rng("pid", gpu).randrange(2000, 400000)
+        ctx.kernel(at, [kmsg.format_xid(pci, code, t, pid=pid, name=name or "python") for t in texts])
+
+
+@dataclass(frozen=True, slots=True)
+class FallOffBus:
+    """Xid 79: the GPU stops answering on PCIe. NVML reports it lost from now on."""
+
+    gpu: int
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        st = ctx.state(self.gpu)
+        st.lost_at, st.lost_error = at, "GPU is lost (Xid 79: GPU has fallen off the bus)"
+        pci = ctx.identity(self.gpu).pci or "0000:00:00"
+        ctx.kernel(
+            at,
+            [
+                kmsg.format_xid(pci, 79, "GPU has fallen off the bus."),
+                f"NVRM: GPU {pci}.0: GPU has fallen off the bus.",
+                "NVRM: A GPU crash dump has been created. If possible, please run",
+                "NVRM: nvidia-bug-report.sh as root to collect this data before",
+                "NVRM: the NVIDIA kernel module is unloaded.",
+            ],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DoubleBitEcc:
+    """Xid 48 (+ Xid 63): an uncorrectable ECC error in HBM; the row is marked for remapping,
+    which takes effect at the next GPU reset (remap pending)."""
+
+    gpu: int
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        st = ctx.state(self.gpu)
+        st.ecc_dbe_volatile += 1
+        st.ecc_dbe_aggregate += 1
+        st.remap_uncorrectable += 1
+        st.remap_pending = True
+        rng = ctx.rng("dbe", self.gpu, at)
+        row = xid_messages(48, rng)[0]
+        addr = int(row.split("physAddr ")[1].split()[0], 16)
+        remap = f"Row Remapper: New row (0x{addr:016x}) marked for remapping, reset gpu to activate."
+        _log_xid(ctx, at, self.gpu, 48, [row], None, None)
+        _log_xid(ctx, at + 0.0231, self.gpu, 63, [remap], None, None)
+
+
+@dataclass(frozen=True, slots=True)
+class RowRemapFailure:
+    """Xid 64: a failing row could not be remapped (bank out of spare rows): replace the GPU."""
+
+    gpu: int
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        ctx.state(self.gpu).remap_failure = True
+        _log_xid(ctx, at, self.gpu, 64, xid_messages(64, ctx.rng("xid64", self.gpu, at)), None, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Uncontained:
+    """Xid 95: an uncontained (here: L2 cache ECC) error; every process on the GPU is affected and
+    the GPU must be reset. The uncorrectable error shows in the ECC counters."""
+
+    gpu: int
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        st = ctx.state(self.gpu)
+        st.ecc_dbe_volatile += 1
+        st.ecc_dbe_aggregate += 1
+        _log_xid(ctx, at, self.gpu, 95, xid_messages(95, ctx.rng("xid95", self.gpu)), None, None)
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryActionChange:
+    """Xid 154: the driver announces the action it needs; NVML's GPU_RECOVERY_ACTION follows."""
+
+    gpu: int
+    action: RecoveryAction = RecoveryAction.GPU_RESET
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        st = ctx.state(self.gpu)
+        (old, old_name), (new, new_name) = RECOVERY_CODES[st.recovery_action], RECOVERY_CODES[self.action]
+        st.recovery_action = self.action
+        text = f"GPU recovery action changed from 0x{old:x} ({old_name}) to 0x{new:x} ({new_name})"
+        ctx.kernel(at, [kmsg.format_xid(ctx.identity(self.gpu).pci or "0000:00:00", 154, text, who=False)])
+
+
+@dataclass(frozen=True, slots=True)
+class ThermalRunaway:
+    """Cooling lost (fan wall, blocked airflow): temperature climbs past the slowdown threshold,
+    SW then HW thermal slowdown engage and the clocks drop. No kernel line, as on real boards."""
+
+    gpu: int
+    rate_c_per_s: float = 1.5
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        ctx.state(self.gpu).conditions.append(state.ThermalRunaway(at, self.rate_c_per_s))
+
+
+@dataclass(frozen=True, slots=True)
+class PowerBrake:
+    """External power brake (PSU/chassis): HW_POWER_BRAKE + HW_SLOWDOWN, clocks cut to ~30%."""
+
+    gpu: int
+    duration_s: float | None = None
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        until = None if self.duration_s is None else at + self.duration_s
+        ctx.state(self.gpu).conditions.append(state.PowerBrake(at, until))
+
+
+@dataclass(frozen=True, slots=True)
+class PcieReplayStorm:
+    """A marginal PCIe link: the replay counter climbs fast; the kernel's AER driver logs
+    corrected Data Link Layer errors (Replay Timer Timeout)."""
+
+    gpu: int
+    rate_per_s: float = 200.0
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        ctx.state(self.gpu).conditions.append(state.ReplayStorm(at, self.rate_per_s))
+        pci = ctx.identity(self.gpu).pci or "0000:00:00"
+        domain, bus, _ = pci.split(":")
+        bridge = f"{domain}:{max(int(bus, 16) - 1, 0):02x}:00.0"
+        for k in range(3):
+            ctx.kernel(at + 0.5 * k, kmsg.aer_corrected_lines(pci, ctx.profile.device_id, bridge))
+
+
+@dataclass(frozen=True, slots=True)
+class PcieDowntrain:
+    """The link retrained below its capability (e.g. Gen5 x16 -> x8)."""
+
+    gpu: int
+    gen: int | None = None
+    width: int | None = 8
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        ctx.state(self.gpu).conditions.append(state.Downtrain(at, self.gen, self.width))
+
+
+@dataclass(frozen=True, slots=True)
+class NvlinkCrcStorm:
+    """NVLink CRC errors climbing fast (a bad cable/connector or NVSwitch port). Correctable:
+    the counters move, the driver logs nothing."""
+
+    gpu: int
+    rate_per_s: float = 500.0
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        ctx.state(self.gpu).conditions.append(state.NvlinkCrcStorm(at, self.rate_per_s))
+
+
+@dataclass(frozen=True, slots=True)
+class NvlinkDown:
+    """Xid 74: a fatal NVLink error takes a link down."""
+
+    gpu: int
+    links: int = 1
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        ctx.state(self.gpu).conditions.append(state.NvlinkDown(at, self.links))
+        _log_xid(ctx, at, self.gpu, 74, xid_messages(74, ctx.rng("xid74", self.gpu, at)), None, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    """SM clock stuck low under full load with no throttle reason (default: half of max)."""
+
+    gpu: int
+    sm_clock_mhz: float | None = None
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        clock = self.sm_clock_mhz or round(ctx.profile.sm_clock_max_mhz * 0.5 / 15) * 15
+        ctx.state(self.gpu).conditions.append(state.Straggler(at, clock))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReset:
+    """A GPU reset (``nvidia-smi -r``): clears volatile errors, activates pending remaps, lifts
+    transient conditions. A GPU that fell off the bus stays lost (that needs a node reboot)."""
+
+    gpu: int
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        ctx.state(self.gpu).reset()
+
+
+Fault = (
+    Xid
+    | FallOffBus
+    | DoubleBitEcc
+    | RowRemapFailure
+    | Uncontained
+    | RecoveryActionChange
+    | ThermalRunaway
+    | PowerBrake
+    | PcieReplayStorm
+    | PcieDowntrain
+    | NvlinkCrcStorm
+    | NvlinkDown
+    | Straggler
+    | GpuReset
+)

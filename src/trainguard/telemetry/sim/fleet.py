@@ -1,0 +1,206 @@
+"""``SimFleet``: a simulated node of N GPUs, a ``TelemetryBackend`` driven by a clock.
+
+Readings are realistic and deterministic: a function of the seed, the clock time and the faults
+scripted so far. Faults are scheduled in seconds after the fleet started and fire when the
+clock passes them (checked on every ``sample()``, ``gpus()`` or ``poll()``); each leaves the
+NVML-shaped evidence and kernel lines (appended to ``kmsg_path``) a real one does::
+
+    >>> from trainguard.clock import VirtualClock
+    >>> clock = VirtualClock()
+    >>> fleet = SimFleet(n_gpus=8, seed=0, clock=clock, kmsg_path="/tmp/kmsg.log")
+    >>> fleet.at(30).xid(79, gpu=3)
+    >>> _ = clock.advance(31); fleet.sample()[3].lost
+    True
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from trainguard.clock import Clock, RealClock, VirtualClock
+from trainguard.errors import ConfigError
+from trainguard.records import Gpu, Sample
+from trainguard.telemetry.sim import kmsg, profiles
+from trainguard.telemetry.sim.faults import Fault
+from trainguard.telemetry.sim.profiles import GpuProfile
+from trainguard.telemetry.sim.script import At
+from trainguard.telemetry.sim.state import GpuState
+
+__all__ = ["SimFleet"]
+
+
+class SimFleet:
+    """N simulated GPUs of one model on one host.
+
+    ``clock`` defaults to the real clock; pass a ``VirtualClock`` for scripted runs. The kernel
+    log's dmesg timestamps are seconds since "boot": the virtual time itself on a VirtualClock,
+    the monotonic clock (what printk uses) on a real one. ``load`` (0..1) is how busy the GPUs are.
+    """
+
+    def __init__(
+        self,
+        n_gpus: int = 8,
+        seed: int = 0,
+        clock: Clock | None = None,
+        kmsg_path: str | os.PathLike[str] | None = None,
+        hostname: str = "node0",
+        model: str = "NVIDIA H100 80GB HBM3",
+        load: float = 0.97,
+        driver_version: str = "550.90.07",
+    ) -> None:
+        if n_gpus < 1:
+            raise ConfigError(f"a simulated fleet needs at least one GPU (n_gpus={n_gpus})")
+        if not 0.0 <= load <= 1.0:
+            raise ConfigError(f"load is a fraction between 0 and 1 (load={load})")
+        self.seed, self.hostname, self.load = seed, hostname, load
+        self.clock: Clock = clock if clock is not None else RealClock()
+        self.kmsg_path = os.fspath(kmsg_path) if kmsg_path is not None else None
+        self._profile = profiles.profile_for(model)
+        self.start_time = self.clock.time()
+        virtual = isinstance(self.clock, VirtualClock)
+        self._boot = 0.0 if virtual else self.start_time - time.monotonic()
+        self._gpus = [
+            Gpu(i, profiles.uuid(seed, hostname, i), profiles.pci_address(i), self._profile.name)
+            for i in range(n_gpus)
+        ]
+        self._quirks = [profiles.Quirks.draw(seed, hostname, i) for i in range(n_gpus)]
+        self._states = [GpuState() for _ in range(n_gpus)]
+        self._queue: list[tuple[float, int, Fault]] = []
+        self._seq = itertools.count()
+        self._lock = threading.RLock()
+        self.kernel_log: deque[str] = deque(maxlen=100_000)  # every line written, also without a path
+        boot_lines = [kmsg.driver_banner(driver_version)]
+        for gpu in self._gpus:
+            boot_lines += kmsg.gpu_map_lines(
+                gpu.pci or "", gpu.uuid or "", profiles.serial(seed, hostname, gpu.index)
+            )
+        self.kernel(self.start_time, boot_lines)
+
+    # -- TelemetryBackend -------------------------------------------------------------------
+    def gpus(self) -> list[Gpu]:
+        self.poll()
+        return list(self._gpus)
+
+    def sample(self) -> list[Sample]:
+        with self._lock:
+            now = self.clock.time()
+            self._fire_due(now)
+            return [self._read(i, now) for i in range(len(self._gpus))]
+
+    def close(self) -> None:
+        """Nothing to release; kept for the protocol."""
+
+    def __enter__(self) -> SimFleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- scripting --------------------------------------------------------------------------
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the fleet started (the time base of ``at``)."""
+        return self.clock.time() - self.start_time
+
+    def at(self, t: float) -> At:
+        """Script faults ``t`` seconds after the fleet started: ``fleet.at(10).dbe(gpu=2)``."""
+        return At(self, t)
+
+    def now(self) -> At:
+        """Script faults to fire at once: ``fleet.now().xid(13, gpu=1)``."""
+        return At(self, self.elapsed)
+
+    def schedule(self, t: float, fault: Fault) -> None:
+        """Queue ``fault`` for ``t`` seconds after start; one already due fires immediately."""
+        gpu = getattr(fault, "gpu", None)
+        if gpu is not None and not 0 <= gpu < len(self._gpus):
+            raise ConfigError(
+                f"no GPU {gpu} in a fleet of {len(self._gpus)} (indices 0..{len(self._gpus) - 1})"
+            )
+        with self._lock:
+            self._queue.append((self.start_time + t, next(self._seq), fault))
+            self._queue.sort(key=lambda item: (item[0], item[1]))
+        self.poll()
+
+    def inject_now(self, fault: Fault) -> None:
+        """Fire ``fault`` now (chaos drills, interactive demos)."""
+        self.schedule(self.elapsed, fault)
+
+    def poll(self) -> int:
+        """Fire every fault whose time has come; returns how many fired."""
+        with self._lock:
+            return self._fire_due(self.clock.time())
+
+    def pending(self) -> list[tuple[float, Fault]]:
+        """Faults not fired yet, as (seconds after start, fault)."""
+        with self._lock:
+            return [(t - self.start_time, f) for t, _, f in self._queue]
+
+    def set_load(self, load: float, gpu: int | None = None) -> None:
+        """Change how busy one GPU (or, with ``gpu=None``, the whole fleet) is."""
+        if not 0.0 <= load <= 1.0:
+            raise ConfigError(f"load is a fraction between 0 and 1 (load={load})")
+        with self._lock:
+            if gpu is None:
+                self.load = load
+            else:
+                self._states[gpu].load = load
+
+    # -- FaultContext -----------------------------------------------------------------------
+    @property
+    def n_gpus(self) -> int:
+        return len(self._gpus)
+
+    @property
+    def profile(self) -> GpuProfile:
+        return self._profile
+
+    def state(self, gpu: int) -> GpuState:
+        return self._states[gpu]
+
+    def identity(self, gpu: int) -> Gpu:
+        return self._gpus[gpu]
+
+    def uptime(self, at: float) -> float:
+        """The dmesg timestamp of clock time ``at``."""
+        return at - self._boot
+
+    def kernel(self, at: float, messages: list[str]) -> None:
+        lines = [kmsg.dmesg_line(self.uptime(at), m) for m in messages]
+        self.kernel_log.extend(lines)
+        if self.kmsg_path is not None:
+            kmsg.append_lines(self.kmsg_path, lines)
+
+    def rng(self, *key: object) -> random.Random:
+        return random.Random("/".join(map(str, (self.seed, self.hostname, *key))))
+
+    # -- internals --------------------------------------------------------------------------
+    def _fire_due(self, now: float) -> int:
+        fired = 0
+        while self._queue and self._queue[0][0] <= now:
+            when, _, fault = self._queue.pop(0)
+            fault.fire(self, when)
+            fired += 1
+        return fired
+
+    def _read(self, i: int, now: float) -> Sample:
+        gpu, st = self._gpus[i], self._states[i]
+        if st.lost_at is not None and now >= st.lost_at:
+            return Sample(gpu=gpu, time=now, lost=True, error=st.lost_error)
+        rng = random.Random(f"{self.seed}/{self.hostname}/{i}/{now:.6f}")
+        load = self.load if st.load is None else st.load
+        r: dict[str, Any] = profiles.baseline(self._profile, self._quirks[i], load, rng)
+        r.update(st.counters())
+        for condition in st.conditions:
+            condition.apply(r, now, self._profile, rng)
+        r["throttle"] = frozenset(r["throttle"])
+        return Sample(gpu=gpu, time=now, **r)
+
+    def __repr__(self) -> str:
+        return f"SimFleet(n_gpus={len(self._gpus)}, seed={self.seed}, model={self._profile.name!r})"

@@ -1,0 +1,133 @@
+"""What a healthy simulated GPU reads: per-model specs, identities, and the baseline reading.
+
+Numbers follow what ``nvidia-smi -q`` reports on real boards (H100 SXM5: 700 W, 1980 MHz SM,
+2619 MHz HBM3, slowdown at 89 C, shutdown at 92 C, PCIe Gen5 x16, 18 NVLinks, no fan).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from trainguard.records import RecoveryAction
+
+__all__ = ["PROFILES", "GpuProfile", "Quirks", "baseline", "pci_address", "profile_for", "serial", "uuid"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProfile:
+    name: str
+    device_id: str  # PCI vendor:device, as the kernel prints it
+    power_limit_w: float
+    idle_power_w: float
+    sm_clock_max_mhz: float
+    sm_clock_idle_mhz: float
+    mem_clock_max_mhz: float
+    mem_total_mib: float
+    temp_max_operating_c: float  # SW thermal slowdown target
+    temp_slowdown_c: float  # HW slowdown
+    temp_shutdown_c: float
+    pcie_gen_max: int
+    pcie_width_max: int
+    nvlinks: int
+    has_fan: bool = False  # SXM boards are cooled by the chassis: NVML says NotSupported
+
+
+PROFILES: dict[str, GpuProfile] = {
+    p.name: p
+    for p in (
+        GpuProfile(
+            "NVIDIA H100 80GB HBM3", "10de:2330", 700, 72, 1980, 345, 2619, 81559, 87, 89, 92, 5, 16, 18
+        ),
+        GpuProfile("NVIDIA H200", "10de:2335", 700, 75, 1980, 345, 3201, 143771, 87, 89, 92, 5, 16, 18),
+        GpuProfile(
+            "NVIDIA A100-SXM4-80GB", "10de:20b2", 400, 62, 1410, 210, 1593, 81920, 85, 89, 92, 4, 16, 12
+        ),
+        GpuProfile(
+            "NVIDIA A100 80GB PCIe", "10de:20b5", 300, 45, 1410, 210, 1512, 81920, 85, 89, 92, 4, 16, 0, True
+        ),
+    )
+}
+
+# GPU bus numbers of a DGX H100 baseboard; more GPUs continue in the next PCI domains.
+_DGX_BUSES = (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF)
+
+
+def profile_for(model: str) -> GpuProfile:
+    """The profile of a known model; an unknown name gets H100 numbers under that name."""
+    if model in PROFILES:
+        return PROFILES[model]
+    return dataclasses.replace(PROFILES["NVIDIA H100 80GB HBM3"], name=model)
+
+
+def pci_address(index: int) -> str:
+    return f"{index // len(_DGX_BUSES):04x}:{_DGX_BUSES[index % len(_DGX_BUSES)]:02x}:00"
+
+
+def uuid(seed: int, hostname: str, index: int) -> str:
+    rng = random.Random(f"uuid/{seed}/{hostname}/{index}")
+    h = f"{rng.getrandbits(128):032x}"
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def serial(seed: int, hostname: str, index: int) -> str:
+    return f"1654922{random.Random(f'serial/{seed}/{hostname}/{index}').randrange(10**6):06d}"
+
+
+@dataclass(frozen=True, slots=True)
+class Quirks:
+    """Fixed per-board differences: position in the chassis, silicon bin."""
+
+    temp_offset_c: float
+    power_scale: float
+    clock_bin_mhz: float
+
+    @classmethod
+    def draw(cls, seed: int, hostname: str, index: int) -> Quirks:
+        rng = random.Random(f"quirks/{seed}/{hostname}/{index}")
+        return cls(rng.uniform(-4.0, 6.0), rng.uniform(0.93, 1.04), rng.choice((0, 15, 30, 45, 60)))
+
+
+def baseline(p: GpuProfile, q: Quirks, load: float, rng: random.Random) -> dict[str, Any]:
+    """One healthy reading as ``Sample`` keyword arguments (throttle as a mutable set)."""
+    load = min(max(load, 0.0), 1.0)
+    busy = load >= 0.05
+    util = max(0.0, min(100.0, load * 100 - rng.uniform(0, 4))) if busy else 0.0
+    temp = 31 + 30 * load + q.temp_offset_c + rng.gauss(0, 0.8)
+    power = p.idle_power_w + load * (0.86 * p.power_limit_w - p.idle_power_w) * q.power_scale
+    power = min(power + rng.gauss(0, 0.02 * p.power_limit_w), p.power_limit_w)
+    # Under load the SM clock sits near its max, a bin or two below as power management dithers.
+    sm = p.sm_clock_max_mhz - q.clock_bin_mhz - 15 * rng.randrange(4) if busy else p.sm_clock_idle_mhz
+    return {
+        "temperature_c": round(temp),
+        "temp_slowdown_c": p.temp_slowdown_c,
+        "temp_shutdown_c": p.temp_shutdown_c,
+        "power_w": round(power, 2),
+        "power_limit_w": float(p.power_limit_w),
+        "fan_pct": round(30 + 40 * load + rng.uniform(-2, 2)) if p.has_fan else None,
+        "sm_clock_mhz": float(max(sm, p.sm_clock_idle_mhz)),
+        "sm_clock_max_mhz": p.sm_clock_max_mhz,
+        "mem_clock_mhz": p.mem_clock_max_mhz,
+        "mem_clock_max_mhz": p.mem_clock_max_mhz,
+        "util_gpu_pct": round(util),
+        "util_mem_pct": round(util * rng.uniform(0.35, 0.55)),
+        "mem_used_mib": round(p.mem_total_mib * (0.86 * load + 0.005) + rng.uniform(-200, 200) * load),
+        "mem_total_mib": p.mem_total_mib,
+        "throttle": set(),
+        "retired_sbe": None,  # Ampere and later remap rows instead of retiring pages: NotSupported
+        "retired_dbe": None,
+        "retired_pending": None,
+        "pcie_gen": p.pcie_gen_max,
+        "pcie_gen_max": p.pcie_gen_max,
+        "pcie_width": p.pcie_width_max,
+        "pcie_width_max": p.pcie_width_max,
+        "pcie_replay": 0,
+        "nvlink_up": p.nvlinks if p.nvlinks else None,
+        "nvlink_total": p.nvlinks if p.nvlinks else None,
+        "nvlink_crc_errors": 0 if p.nvlinks else None,
+        "nvlink_replay_errors": 0 if p.nvlinks else None,
+        "nvlink_recovery_errors": 0 if p.nvlinks else None,
+        "recovery_action": RecoveryAction.NONE,
+    }

@@ -1,0 +1,179 @@
+"""Named fault scenarios: the built-ins of ``trainguard check --scenario NAME`` and the demo.
+
+Each scenario scripts faults on a fleet and states the node verdict trainguard must reach::
+
+    >>> from trainguard.clock import VirtualClock
+    >>> fleet = SimFleet(clock=VirtualClock(), kmsg_path="/tmp/kmsg.log")
+    >>> scenario = run_scenario("xid79", fleet)    # scripts it, advances the clock to its end
+    >>> scenario.expected
+    <Health.FAILED: 'failed'>
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trainguard.clock import VirtualClock
+from trainguard.errors import ConfigError
+from trainguard.records import Health, RecoveryAction
+from trainguard.telemetry.sim.fleet import SimFleet
+
+__all__ = ["SCENARIOS", "Scenario", "run_scenario"]
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    description: str
+    expected: Health  # the node verdict at the end of the scenario
+    duration_s: float
+    script: Callable[[SimFleet], object]
+    faulty_gpus: tuple[int, ...] = ()  # GPUs the faults hit (each needs >= 8 GPUs in the fleet)
+
+
+def _tour(f: SimFleet) -> None:
+    f.at(5).app_xid_burst(gpu=2)
+    f.at(10).thermal_runaway(gpu=1, rate_c_per_s=2.0)
+    f.at(15).pcie_replay_storm(gpu=5).pcie_downtrain(gpu=5)
+    f.at(20).straggler(gpu=3)
+    f.at(25).nvlink_crc_storm(gpu=7)
+    f.at(30).power_brake(gpu=0)
+    f.at(38).dbe(gpu=6)
+    f.at(39).recovery_action(gpu=6, action=RecoveryAction.GPU_RESET)
+    f.at(45).uncontained(gpu=6)
+    f.at(52).xid(79, gpu=4)
+
+
+_ALL = [
+    Scenario("healthy", "8 busy GPUs, nothing wrong", Health.OK, 30, lambda f: None),
+    Scenario(
+        "xid79",
+        "GPU 3 falls off the bus (Xid 79) at t=10s",
+        Health.FAILED,
+        20,
+        lambda f: f.at(10).xid(79, gpu=3),
+        (3,),
+    ),
+    Scenario(
+        "dbe",
+        "GPU 2: double-bit ECC error (Xid 48) with a row remap pending a reset",
+        Health.FAILED,
+        20,
+        lambda f: f.at(10).dbe(gpu=2),
+        (2,),
+    ),
+    Scenario(
+        "row-remap-failure",
+        "GPU 6: a row could not be remapped (Xid 64)",
+        Health.FAILED,
+        20,
+        lambda f: f.at(10).row_remap_failure(gpu=6),
+        (6,),
+    ),
+    Scenario(
+        "uncontained-xid95",
+        "GPU 1: uncontained memory error (Xid 95)",
+        Health.FAILED,
+        20,
+        lambda f: f.at(10).uncontained(gpu=1),
+        (1,),
+    ),
+    Scenario(
+        "xid154-reset",
+        "GPU 4: the driver asks for a GPU reset (Xid 154, recovery action)",
+        Health.FAILED,
+        20,
+        lambda f: f.at(10).recovery_action(gpu=4),
+        (4,),
+    ),
+    Scenario(
+        "thermal",
+        "GPU 1 loses cooling: past the slowdown threshold, HW thermal slowdown",
+        Health.DEGRADED,
+        40,
+        lambda f: f.at(5).thermal_runaway(gpu=1, rate_c_per_s=2.0),
+        (1,),
+    ),
+    Scenario(
+        "power-brake",
+        "GPU 0: external power brake asserted, clocks cut",
+        Health.DEGRADED,
+        30,
+        lambda f: f.at(10).power_brake(gpu=0),
+        (0,),
+    ),
+    Scenario(
+        "pcie-replay",
+        "GPU 5: PCIe replay storm, then the link downtrains to x8",
+        Health.DEGRADED,
+        30,
+        lambda f: f.at(5).pcie_replay_storm(gpu=5).after(5).pcie_downtrain(gpu=5),
+        (5,),
+    ),
+    Scenario(
+        "nvlink-crc",
+        "GPU 7: NVLink CRC error storm",
+        Health.DEGRADED,
+        30,
+        lambda f: f.at(5).nvlink_crc_storm(gpu=7),
+        (7,),
+    ),
+    Scenario(
+        "straggler",
+        "GPU 3: SM clock stuck at half speed under full load",
+        Health.DEGRADED,
+        30,
+        lambda f: f.at(5).straggler(gpu=3),
+        (3,),
+    ),
+    Scenario(
+        "app-xid13",
+        "GPU 2: Xid 13/31/13 from one process, then a sympathetic Xid 45",
+        Health.DEGRADED,
+        30,
+        lambda f: f.at(10).app_xid_burst(gpu=2),
+        (2,),
+    ),
+    Scenario(
+        "tour",
+        "an 8-GPU node through many faults over 60 s (the live demo)",
+        Health.FAILED,
+        60,
+        _tour,
+        (0, 1, 2, 3, 4, 5, 6, 7),
+    ),
+]
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in _ALL}
+
+
+def run_scenario(
+    name: str,
+    fleet: SimFleet,
+    *,
+    step_s: float = 1.0,
+    on_step: Callable[[float], object] | None = None,
+) -> Scenario:
+    """Script scenario ``name`` on ``fleet`` and advance its VirtualClock to ``duration_s``.
+
+    ``on_step(elapsed)`` runs after each ``step_s`` (an agent tick, a demo frame).
+    """
+    scenario = SCENARIOS.get(name)
+    if scenario is None:
+        raise ConfigError(f"unknown scenario {name!r}: choose one of {', '.join(SCENARIOS)}")
+    clock = fleet.clock
+    if not isinstance(clock, VirtualClock):
+        raise ConfigError("run_scenario needs a fleet on a VirtualClock (SimFleet(clock=VirtualClock()))")
+    if max(scenario.faulty_gpus, default=-1) >= fleet.n_gpus:
+        raise ConfigError(
+            f"scenario {name!r} needs {max(scenario.faulty_gpus) + 1} GPUs, fleet has {fleet.n_gpus}"
+        )
+    scenario.script(fleet)
+    end = fleet.start_time + scenario.duration_s
+    while clock.time() < end:
+        clock.advance_to(min(clock.time() + step_s, end))
+        fleet.poll()
+        if on_step is not None:
+            on_step(fleet.elapsed)
+    return scenario

@@ -1,0 +1,108 @@
+"""The fluent scripting API: ``fleet.at(t).xid(79, gpu=3)``, ``fleet.at(10).thermal_runaway(gpu=1)``.
+
+Every method queues one or more faults and returns the same ``At``, so faults at one moment
+chain: ``fleet.at(5).dbe(gpu=2).recovery_action(gpu=2)``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trainguard.records import RecoveryAction
+from trainguard.telemetry.sim import faults as F
+
+if TYPE_CHECKING:
+    from trainguard.telemetry.sim.fleet import SimFleet
+
+__all__ = ["At"]
+
+
+class At:
+    """Faults scripted at ``t`` seconds after the fleet started."""
+
+    def __init__(self, fleet: SimFleet, t: float) -> None:
+        self.fleet, self.t = fleet, t
+
+    def after(self, seconds: float) -> At:
+        """The moment ``seconds`` later: ``fleet.at(5).pcie_replay_storm(gpu=5).after(5).pcie_downtrain(gpu=5)``."""
+        return At(self.fleet, self.t + seconds)
+
+    def fault(self, fault: F.Fault, delay: float = 0.0) -> At:
+        self.fleet.schedule(self.t + delay, fault)
+        return self
+
+    def xid(
+        self, code: int, gpu: int, *, text: str | None = None, pid: int | None = None, name: str | None = None
+    ) -> At:
+        """An Xid with its full evidence: 79 loses the GPU, 48 is a DBE with a pending remap,
+        64 a remap failure, 95 uncontained, 74 a link down, 154 a GPU-reset request; any other
+        code (13, 31, 43, 45...) is the kernel line alone. ``text``/``pid`` give a bare line."""
+        special: dict[int, F.Fault] = {
+            79: F.FallOffBus(gpu),
+            48: F.DoubleBitEcc(gpu),
+            64: F.RowRemapFailure(gpu),
+            95: F.Uncontained(gpu),
+            74: F.NvlinkDown(gpu),
+            154: F.RecoveryActionChange(gpu),
+        }
+        if text is None and pid is None and code in special:
+            return self.fault(special[code])
+        return self.fault(F.Xid(code, gpu, text=text, pid=pid, name=name))
+
+    def fall_off_bus(self, gpu: int) -> At:
+        return self.fault(F.FallOffBus(gpu))
+
+    def dbe(self, gpu: int) -> At:
+        return self.fault(F.DoubleBitEcc(gpu))
+
+    def row_remap_failure(self, gpu: int) -> At:
+        return self.fault(F.RowRemapFailure(gpu))
+
+    def uncontained(self, gpu: int) -> At:
+        return self.fault(F.Uncontained(gpu))
+
+    def recovery_action(self, gpu: int, action: RecoveryAction = RecoveryAction.GPU_RESET) -> At:
+        return self.fault(F.RecoveryActionChange(gpu, action))
+
+    def thermal_runaway(self, gpu: int, rate_c_per_s: float = 1.5) -> At:
+        return self.fault(F.ThermalRunaway(gpu, rate_c_per_s))
+
+    def power_brake(self, gpu: int, duration_s: float | None = None) -> At:
+        return self.fault(F.PowerBrake(gpu, duration_s))
+
+    def pcie_replay_storm(self, gpu: int, rate_per_s: float = 200.0) -> At:
+        return self.fault(F.PcieReplayStorm(gpu, rate_per_s))
+
+    def pcie_downtrain(self, gpu: int, gen: int | None = None, width: int | None = 8) -> At:
+        return self.fault(F.PcieDowntrain(gpu, gen, width))
+
+    def nvlink_crc_storm(self, gpu: int, rate_per_s: float = 500.0) -> At:
+        return self.fault(F.NvlinkCrcStorm(gpu, rate_per_s))
+
+    def nvlink_down(self, gpu: int, links: int = 1) -> At:
+        return self.fault(F.NvlinkDown(gpu, links))
+
+    def straggler(self, gpu: int, sm_clock_mhz: float | None = None) -> At:
+        return self.fault(F.Straggler(gpu, sm_clock_mhz))
+
+    def reset_gpu(self, gpu: int) -> At:
+        return self.fault(F.GpuReset(gpu))
+
+    def app_xid_burst(
+        self,
+        gpu: int,
+        codes: tuple[int, ...] = (13, 31, 13),
+        interval_s: float = 2.0,
+        *,
+        sympathetic: bool = True,
+        pid: int | None = None,
+        name: str = "python",
+    ) -> At:
+        """Application Xids from one process, ``interval_s`` apart, then (``sympathetic``) the
+        Xid 45 the driver logs when it tears the faulting process's channels down."""
+        pid = pid if pid is not None else self.fleet.rng("burst-pid", gpu, self.t).randrange(2000, 400000)
+        for k, code in enumerate(codes):
+            self.fault(F.Xid(code, gpu, pid=pid, name=name), delay=k * interval_s)
+        if sympathetic:
+            self.fault(F.Xid(45, gpu, pid=pid, name=name), delay=(len(codes) - 1) * interval_s + 0.4)
+        return self
