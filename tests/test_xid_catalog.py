@@ -1,0 +1,103 @@
+"""trainguard's Xid catalog against NVIDIA's reference export, and the classes that matter most."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from trainguard.detect.xid import XidClass, xid_catalog, xid_info
+from trainguard.records import Action, Category, Severity
+
+REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "xid" / "xid_catalog.csv"
+GENERATIONS = ("A100", "H100", "B100", "GB200")
+
+
+def _reference_rows() -> list[dict[str, str]]:
+    if not REFERENCE.is_file():
+        pytest.skip(f"NVIDIA reference catalog not found at {REFERENCE} (../shared is not checked out)")
+    with REFERENCE.open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_catalog_covers_every_reference_code_with_the_same_mnemonic_and_buckets():
+    rows = _reference_rows()
+    catalog = xid_catalog()
+    assert len(rows) > 150
+    for row in rows:
+        code = int(row["Code"])
+        assert code in catalog, f"Xid {code} missing from the project catalog"
+        info = catalog[code]
+        assert info.mnemonic == row["Mnemonic"].strip(), code
+        assert info.immediate == row["Resolution Bucket (Immediate Action)"].strip(), code
+        assert info.investigatory == row["Resolution Bucket (Investigatory Action)"].strip(), code
+        gens = tuple(g for g in GENERATIONS if row[f"Applies to {g}"].strip().upper() == "YES")
+        assert info.generations == gens, code
+
+
+def test_descriptions_are_our_own_words_not_nvidias():
+    rows = {int(r["Code"]): r["Description"].strip() for r in _reference_rows()}
+    copied = [code for code, text in rows.items() if len(text) > 25 and xid_info(code).description == text]
+    assert copied == []
+
+
+def test_action_follows_the_immediate_bucket():
+    by_bucket = {
+        "RESTART_APP": Action.RESTART_APP,
+        "RESET_GPU": Action.RESET_GPU,
+        "RESTART_BM": Action.REBOOT_NODE,
+        "CONTACT_SUPPORT": Action.CONTACT_SUPPORT,
+        "IGNORE": Action.IGNORE,
+    }
+    for info in xid_catalog().values():
+        if info.immediate in by_bucket:
+            assert info.action is by_bucket[info.immediate], info.code
+    assert xid_info(48).action is Action.RESET_GPU  # WORKFLOW_XID_48
+    assert xid_info(45).action is Action.RESTART_APP  # solo; a sympathetic 45 is downgraded by the scanner
+
+
+@pytest.mark.parametrize(
+    ("codes", "cls"),
+    [
+        ((13, 31, 43, 68, 109), XidClass.APPLICATION),
+        ((45,), XidClass.SYMPATHETIC),
+        ((48, 63, 64, 92, 94, 95), XidClass.MEMORY),
+        ((74, 144, 145, 146, 147, 148, 149, 150), XidClass.INTERCONNECT),
+        ((79,), XidClass.HARDWARE),
+        ((119, 120), XidClass.FIRMWARE_DRIVER),
+        ((154,), XidClass.RECOVERY_ACTION),
+    ],
+)
+def test_key_codes_have_the_right_class(codes, cls):
+    assert [xid_info(c).xid_class for c in codes] == [cls] * len(codes)
+
+
+def test_xid_79_fails_the_gpu_and_reboots_the_node():
+    info = xid_info(79)
+    assert info.fatal and info.severity is Severity.FATAL
+    assert info.action is Action.REBOOT_NODE
+    assert info.category is Category.GPU_HARDWARE
+
+
+def test_memory_errors_land_in_the_ecc_category():
+    assert {xid_info(c).category for c in (48, 63, 64, 92, 94, 95)} == {Category.GPU_MEMORY_ECC}
+    assert xid_info(95).fatal and not xid_info(94).fatal
+
+
+def test_application_xids_do_not_take_the_gpu_out_on_first_sight():
+    for code in (13, 31, 43):
+        assert xid_info(code).severity in (Severity.INFO, Severity.WARNING)
+        assert xid_info(code).action in (Action.RESTART_APP, Action.IGNORE)
+
+
+@pytest.mark.parametrize("code", [0, 9999, -3, 2**70])
+def test_unknown_codes_get_an_unknown_entry_instead_of_raising(code):
+    info = xid_info(code)
+    assert not info.known
+    assert info.xid_class is XidClass.UNKNOWN
+    assert info.action is Action.CONTACT_SUPPORT
+
+
+def test_catalog_is_loaded_once():
+    assert xid_catalog() is xid_catalog()
