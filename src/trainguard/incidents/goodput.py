@@ -114,7 +114,8 @@ def goodput(intervals: Iterable[Interval], wall_start: float, wall_end: float) -
     """
     ivs = [iv for iv in intervals if iv.end > iv.start]
     wall = max(0.0, wall_end - wall_start)
-    charged = _charge(ivs, wall_start, wall_end)
+    # Microsecond rounding: float sums of many short intervals otherwise print as 431.79999995.
+    charged = {k: round(v, 6) for k, v in _charge(ivs, wall_start, wall_end).items()}
     attempts = sorted({iv.attempt for iv in ivs})
     failed = {iv.attempt for iv in ivs if iv.kind in (IntervalKind.DETECTION, IntervalKind.LOST)}
     failed |= set(attempts[:-1])
