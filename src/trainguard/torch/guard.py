@@ -1,0 +1,355 @@
+"""The Guard: in-loop fault detection and the step boundary of a training loop.
+
+Sits inside the trainer, at the start of the spine: it writes the run-directory protocol
+(``trainguard.rundir``: heartbeats, error files, findings, hang dumps) that the supervisor and the
+agent read, and acts on what only the trainer can see (numerics, preemption, a stuck step)::
+
+    start = ckpt.resume(state)
+    with Guard(checkpointer=ckpt, state=state, checkpoint_every=100) as guard:
+        for step in guard.range(start, steps):      # rollbacks, checkpoints, preemption
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            if guard.step(step, loss) == "proceed":  # heartbeat, timing, numerics, chaos
+                optimizer.step()
+            optimizer.zero_grad()
+
+``guard.step`` returns a ``StepAction``: "proceed" (apply the update), "skip" (drop it), or
+"rollback" (the state was restored from the last good checkpoint; ``guard.range`` continues from
+``guard.resume_step``, and ``guard.restored`` tells a data iterator to start over).
+``guard.range`` advances between steps, after the update: that is where periodic checkpoints are
+taken and where a preemption signal turns into a synchronous save and ``ExitCode.PREEMPTED``.
+See docs/guard.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from enum import Enum
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from trainguard import rundir
+from trainguard.detect.numerics import NumericsMonitor, Policy, SpikeConfig
+from trainguard.records import Action, Category, Finding, Health
+from trainguard.rundir import ExitCode
+from trainguard.torch import errorfile
+from trainguard.torch.chaos import Chaos
+from trainguard.torch.numerics import distributed_world, gather_step, nonfinite_grads, poison
+from trainguard.torch.preemption import PreemptionHandler
+from trainguard.torch.watchdog import HangWatchdog
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ExitCode", "Guard", "StepAction", "record"]
+
+record = errorfile.record
+
+
+class StepAction(str, Enum):
+    PROCEED = "proceed"  # apply the update
+    SKIP = "skip"  # drop the update of this step and go on
+    ROLLBACK = "rollback"  # the state was restored; continue from guard.resume_step
+
+
+class Guard:
+    """Heartbeats, error files, numerics policy, preemption and a hang watchdog for one rank.
+
+    Without ``TRAINGUARD_RUN_DIR`` (and no ``run_dir=``) nothing is written to disk: numerics,
+    preemption and the watchdog still work, errors and dumps go to stderr.
+    """
+
+    def __init__(
+        self,
+        checkpointer: Any = None,  # trainguard.torch.Checkpointer (or anything with save/resume/wait)
+        state: Any = None,  # trainguard.torch.TrainState: what rollbacks and saves restore/write
+        *,
+        on_nan: Policy | str = Policy.ROLLBACK,  # skip | rollback | stop | warn
+        on_spike: Policy | str = Policy.ROLLBACK,
+        spike: SpikeConfig | None = None,  # window / threshold of the robust z-score
+        checkpoint_every: int = 0,  # guard.range saves every N steps (0: only on preemption/end)
+        save_at_end: bool = True,  # guard.range saves after the last step
+        run_dir: Path | str | None = None,  # default: $TRAINGUARD_RUN_DIR, else no files
+        rank: int | None = None,  # default: torch.distributed, else $RANK, else 0
+        attempt: int | None = None,  # default: $TRAINGUARD_ATTEMPT, else 0
+        preempt_signals: Iterable[int] = (signal.SIGTERM,),
+        hang_floor_s: float = 120.0,  # watchdog: never sooner than this...
+        hang_factor: float = 10.0,  # ... nor sooner than this many times the slowest step
+        first_step_s: float = 600.0,  # watchdog allowance until the first step completes
+        checkpoint_s: float = 600.0,  # extra watchdog allowance while a checkpoint is taken
+        watchdog: bool = True,
+        heartbeat_interval_s: float = 0.25,  # at most ~4 heartbeat writes per second
+        chaos: bool = True,  # apply $TRAINGUARD_RUN_DIR/chaos.json
+    ) -> None:
+        import os
+
+        self.checkpointer, self.state = checkpointer, state
+        self.checkpoint_every, self.save_at_end = checkpoint_every, save_at_end
+        env_dir = rundir.run_dir_from_env()
+        self.run_dir: Path | None = Path(run_dir) if run_dir is not None else env_dir
+        world = distributed_world()
+        self.rank = rank if rank is not None else world[0] if world else int(os.environ.get("RANK", "0"))
+        self.world_size = world[1] if world else 1
+        self.attempt = attempt if attempt is not None else int(os.environ.get(rundir.ATTEMPT_ENV, "0"))
+        gpu = (
+            torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        )
+        self.monitor = NumericsMonitor(on_nan, on_spike, spike, gpu=gpu)
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.findings: list[Finding] = []
+        self.step_times: deque[float] = deque(maxlen=256)  # seconds per step, newest last
+        self.last_loss: float | None = None  # the loss of the last step (mean over ranks)
+        self.resume_step: int | None = None  # after a rollback: the step to continue from
+        self.restored = False  # True for the first step after a rollback (rebuild data iterators)
+        self._signals = tuple(preempt_signals)
+        self._watchdog_on, self._chaos_on = watchdog, chaos
+        self._wd_args = (hang_floor_s, hang_factor, first_step_s)
+        self.checkpoint_s = checkpoint_s
+        self._hb: rundir.HeartbeatWriter | None = None
+        self._preempt: PreemptionHandler | None = None
+        self._watchdog: HangWatchdog | None = None
+        self._chaos: Chaos | None = None
+        self._chaos_next: int | None = None
+        self._grad_flag: torch.Tensor | None = None
+        self._preempt_agreed = False
+        self._rolled_back = False
+        self.last_step: int | None = None  # the last step given to guard.step
+        self.current_step: int | None = None  # the step in progress (error files name it)
+        self._last_saved: int | None = None
+        self._t_last = 0.0
+        self._last_beat = 0.0
+        self._phase = ""
+
+    # -- context -------------------------------------------------------------------------------
+    def __enter__(self) -> Guard:
+        errorfile.install(self)
+        if self.run_dir is not None:
+            self._hb = rundir.HeartbeatWriter(self.run_dir, self.rank, self.attempt)
+        self._preempt = PreemptionHandler(self._signals)
+        if self._chaos_on and self.run_dir is not None:
+            self._chaos = Chaos(self.run_dir, self.rank)
+            self._chaos_next = self._chaos.next_step
+        if self._watchdog_on:
+            floor, factor, first = self._wd_args
+            dumps = rundir.dumps_dir(self.run_dir) if self.run_dir is not None else None
+            self._watchdog = HangWatchdog(
+                dumps, self.rank, floor_s=floor, factor=factor, first_step_s=first, on_hang=self._on_hang
+            ).start()
+        self._beat(0, None, None, "init", force=True)
+        self._t_last = time.perf_counter()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if exc is not None and not isinstance(exc, SystemExit | GeneratorExit | KeyboardInterrupt):
+                errorfile.write(exc, self.run_dir, self.rank, self.attempt, self.current_step)
+            if self.checkpointer is not None and hasattr(self.checkpointer, "wait"):
+                try:  # the last save must land (or its error surface) before the process ends
+                    self.checkpointer.wait()
+                except Exception:
+                    if exc is None:
+                        raise
+                    log.exception("checkpoint wait failed while handling another error")
+        finally:
+            self._beat(self.last_step or 0, self.last_loss, None, "exit", force=True)
+            self.close()
+
+    def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        if self._preempt is not None:
+            self._preempt.close()
+        if self._hb is not None:
+            self._hb.close()
+        self._watchdog = self._preempt = self._hb = None
+
+    # -- the loop ------------------------------------------------------------------------------
+    def range(self, start: int, stop: int) -> Iterator[int]:
+        """Steps ``start..stop-1``, honouring rollbacks; checkpoints and preemption between steps."""
+        step = start
+        if start != (self.last_step or 0):
+            self._beat(start, None, None, "init", force=True)
+        while step < stop:
+            self.current_step = step
+            yield step
+            step = self.end_step(step)
+        if self.save_at_end and self.checkpointer is not None and self._last_saved != stop:
+            self.save(stop, wait=True)
+
+    def step(self, step: int, loss: Any) -> StepAction:
+        """Check one step's loss (a tensor or float) after backward, before the optimizer step."""
+        now = time.perf_counter()
+        dt = now - self._t_last
+        self._t_last = now
+        self.step_times.append(dt)
+        self.last_step = self.current_step = step
+        self.restored = False
+        if self._chaos_next is not None and self._chaos is not None and step >= self._chaos_next:
+            if self._chaos.at_step(step):
+                loss = self._poison_now(loss)
+            self._chaos_next = self._chaos.next_step
+        preempt = self._preempt is not None and self._preempt.requested is not None
+        value, grads_bad, self._preempt_agreed = gather_step(loss, self._grad_flag, preempt, self.world_size)
+        self._grad_flag = None
+        self.last_loss = value
+        decision = self.monitor.observe(step, value, grads_finite=not grads_bad, time=time.time())
+        for finding in decision.findings:
+            self._report(finding, step)
+        if self._watchdog is not None:
+            self._watchdog.beat(dt)
+        self._beat(step, value, dt, "train")
+        action = decision.action
+        if action is Policy.STOP:
+            log.error("numerics stop at step %d: %s", step, decision.findings[0].reason)
+            self._beat(step, value, dt, "exit", force=True)
+            raise SystemExit(ExitCode.NUMERICS_STOP)
+        if action is Policy.ROLLBACK:
+            if self._rollback(step):
+                self.monitor.rolled_back(decision.check)
+                return StepAction.ROLLBACK
+            action = Policy.SKIP
+        if action is Policy.SKIP:
+            self._zero_grad()
+            return StepAction.SKIP
+        return StepAction.PROCEED
+
+    def end_step(self, step: int) -> int:
+        """The boundary after ``step`` (its update applied): save if due, honour preemption.
+        Returns the next step (``resume_step`` after a rollback). ``range`` calls it for you."""
+        if self._rolled_back:
+            self._rolled_back, self.restored = False, True
+            return self.resume_step if self.resume_step is not None else step + 1
+        done = step + 1
+        if self._preempt_agreed or (self.world_size == 1 and self._preempt and self._preempt.requested):
+            self._preempted(done)
+        if self.checkpoint_every and done % self.checkpoint_every == 0 and self.checkpointer is not None:
+            self.save(done)
+        return done
+
+    def loss(self, loss: torch.Tensor, step: int | None = None) -> torch.Tensor:
+        """Optional hook before backward: a chaos "nan" fault poisons the loss here, so NaN flows
+        through backward and the gradient all-reduce exactly as a real fault's would."""
+        if self._chaos is not None and self._chaos_next is not None:
+            at = step if step is not None else (self.last_step + 1 if self.last_step is not None else 0)
+            if at >= self._chaos_next and self._chaos.take_nan(at):
+                self._chaos_next = self._chaos.next_step
+                return poison(loss)
+        return loss
+
+    def check_grads(self, model_or_params: torch.nn.Module | Iterable[torch.nn.Parameter]) -> None:
+        """Opt-in: include NaN/Inf in the gradients in this step's check (one fused kernel, no sync)."""
+        params = (
+            model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
+        )
+        self._grad_flag = nonfinite_grads(params)
+
+    def save(self, step: int, wait: bool = False) -> None:
+        """Checkpoint ``state`` as of ``step`` completed steps (a heartbeat phase and watchdog allowance)."""
+        if self.checkpointer is None:
+            return
+        # Heartbeat steps are step indices, ``step`` here counts completed steps: hence - 1.
+        self._beat(max(step - 1, 0), self.last_loss, None, "checkpoint", force=True)
+        if self._watchdog is not None:
+            with self._watchdog.allowance(self.checkpoint_s):
+                self._save(step, wait)
+        else:
+            self._save(step, wait)
+        self._last_saved = step
+
+    # -- internals -----------------------------------------------------------------------------
+    def _save(self, step: int, wait: bool) -> None:
+        assert self.checkpointer is not None
+        self.checkpointer.save(step, self.state)
+        if wait:
+            self.checkpointer.wait()
+
+    def _preempted(self, done: int) -> None:
+        requested = self._preempt.requested if self._preempt else None
+        log.warning("preempted (signal %s): saving step %d and exiting", requested, done)
+        if self.checkpointer is not None and self._last_saved != done:
+            self.save(done, wait=True)
+        self._beat(done - 1, self.last_loss, None, "exit", force=True)
+        raise SystemExit(ExitCode.PREEMPTED)
+
+    def _rollback(self, step: int) -> bool:
+        if self.checkpointer is None or self.state is None:
+            log.warning("step %d: rollback asked but there is no checkpointer/state; skipping the step", step)
+            return False
+        self.checkpointer.wait()
+        restore = getattr(self.checkpointer, "rollback", None) or self.checkpointer.resume
+        resumed = int(restore(self.state) or 0)
+        if resumed <= 0 or resumed > step:
+            log.warning("step %d: no checkpoint to roll back to; skipping the step instead", step)
+            return False
+        self._zero_grad()
+        self.resume_step, self._rolled_back = resumed, True
+        reason = f"rolled back from step {step} to the checkpoint of step {resumed}"
+        self._report(
+            Finding(
+                "numerics.rollback",
+                Health.OK,
+                Action.NONE,
+                reason,
+                time=time.time(),
+                category=Category.NUMERICS,
+            ),
+            step,
+        )
+        return True
+
+    def _poison_now(self, loss: Any) -> Any:
+        # Without Guard.loss the fault hits at the boundary: the loss and this rank's gradients
+        # become NaN, which is what a NaN loss before backward would have left behind.
+        if self.state is not None and getattr(self.state, "model", None) is not None:
+            with torch.no_grad():
+                for p in self.state.model.parameters():
+                    if p.grad is not None:
+                        p.grad.fill_(float("nan"))
+        return poison(loss) if isinstance(loss, torch.Tensor) else float("nan")
+
+    def _zero_grad(self) -> None:
+        optimizer = getattr(self.state, "optimizer", None) if self.state is not None else None
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+
+    def _report(self, finding: Finding, step: int) -> None:
+        self.findings.append(finding)
+        log.warning("rank %d: %s", self.rank, finding.reason)
+        if self.run_dir is not None:
+            rundir.append_finding(self.run_dir, self.rank, finding, step)
+
+    def _beat(self, step: int, loss: float | None, dt: float | None, phase: str, force: bool = False) -> None:
+        if self._hb is None:
+            return
+        now = time.time()
+        if force or phase != self._phase or now - self._last_beat >= self.heartbeat_interval_s:
+            self._hb.beat(step, loss, dt, phase, now=now)
+            self._last_beat, self._phase = now, phase
+
+    def _on_hang(self, reason: str) -> None:
+        assert self._watchdog is not None
+        paths = self._watchdog.dump(reason)
+        evidence = tuple(str(p) for p in paths)
+        finding = Finding(
+            "hang.watchdog",
+            Health.DEGRADED,
+            Action.RESTART_APP,
+            reason,
+            time=time.time(),
+            category=Category.NCCL_TIMEOUT_HANG,
+            evidence=evidence,
+        )
+        self._report(finding, self.last_step or 0)
+        if self._hb is not None:
+            self._hb.beat(self.last_step or 0, self.last_loss, None, "exit")
+        import os
+
+        os._exit(ExitCode.HANG)

@@ -1,0 +1,89 @@
+"""Torch side of numerics checks: fused gradient finiteness and one cheap cross-rank agreement.
+
+The decisions live in ``trainguard.detect.numerics`` (pure, torch-free); this module only turns
+tensors into the few floats those decisions need, with as few GPU->CPU syncs as possible: the
+gradient check is one fused ``torch._foreach_norm`` plus ``isfinite`` that stays on the device,
+and the loss, the gradient flag and the preemption flag travel together in one small tensor, one
+``all_reduce`` (when distributed) and one ``tolist()`` per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+NAN = float("nan")
+
+
+def nonfinite_grads(params: Iterable[torch.nn.Parameter]) -> torch.Tensor | None:
+    """A 0-d float tensor, 1.0 when any gradient holds NaN/Inf (no sync); None without grads.
+
+    The norm of a tensor is finite exactly when all its elements are, so one norm per gradient
+    (fused per device and dtype by ``_foreach_norm``) is all the check needs.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return None
+    norms = torch._foreach_norm(grads)
+    device = norms[0].device
+    stacked = torch.stack([n.to(device=device, dtype=torch.float32) for n in norms])
+    return (~torch.isfinite(stacked)).any().float()
+
+
+def poison(loss: torch.Tensor) -> torch.Tensor:
+    """The loss times NaN: still attached to the graph, so backward spreads NaN like a real fault."""
+    return loss * NAN
+
+
+def distributed_world() -> tuple[int, int] | None:
+    """(rank, world size) of the default process group, or None when it is not initialised."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def gather_step(
+    loss: object, grad_flag: torch.Tensor | None, preempt: bool, world: int
+) -> tuple[float | None, bool, bool]:
+    """(loss, grads non-finite, preemption requested) agreed across ranks.
+
+    With several ranks the loss is the mean over ranks (a NaN anywhere makes it NaN everywhere)
+    and the flags are "any rank": every rank then takes the same decision at the same step.
+    """
+    if world <= 1 and grad_flag is None:
+        if isinstance(loss, torch.Tensor):
+            return float(loss.detach().reshape(-1)[0].item()), False, preempt
+        return _as_float(loss), False, preempt
+    device = _device(loss, grad_flag, world)
+    if isinstance(loss, torch.Tensor):
+        loss_t = loss.detach().reshape(-1)[0].to(device=device, dtype=torch.float32)
+        has_loss = 1.0
+    else:
+        value = _as_float(loss)
+        loss_t = torch.tensor(0.0 if value is None else value, device=device)
+        has_loss = 0.0 if value is None else 1.0
+    grad_t = grad_flag.to(device) if grad_flag is not None else torch.zeros((), device=device)
+    extra = torch.tensor([has_loss, 1.0 if preempt else 0.0], device=device)
+    packed = torch.cat([loss_t.reshape(1), grad_t.reshape(1).float(), extra])
+    if world > 1:
+        dist.all_reduce(packed)
+    total, grads_bad, n_loss, n_preempt = packed.tolist()
+    mean = total / n_loss if n_loss > 0 else None
+    return mean, grads_bad > 0, n_preempt > 0
+
+
+def _device(loss: object, grad_flag: torch.Tensor | None, world: int) -> torch.device:
+    if world > 1 and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    if isinstance(loss, torch.Tensor):
+        return loss.device
+    return grad_flag.device if grad_flag is not None else torch.device("cpu")
+
+
+def _as_float(loss: object) -> float | None:
+    try:
+        return float(loss)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None

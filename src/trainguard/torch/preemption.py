@@ -1,0 +1,51 @@
+"""Preemption signals: remember that one arrived, act at the next step boundary.
+
+Part of the Guard (``trainguard.torch.guard``). A handler must not save a checkpoint itself (it
+runs between two bytecodes of the training step, possibly inside a collective), so it only sets a
+flag; the Guard saves and exits with ``ExitCode.PREEMPTED`` at the next step boundary. With
+several ranks the Guard first agrees on the flag, so every rank saves at the same step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Iterable
+from types import FrameType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class PreemptionHandler:
+    """Installs handlers for ``signals`` (SIGTERM by default) until ``close()``."""
+
+    def __init__(self, signals: Iterable[int | signal.Signals] = (signal.SIGTERM,)) -> None:
+        self.requested: int | None = None  # the signal number that asked us to stop
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("Guard created off the main thread: preemption signals are not handled")
+            return
+        for sig in signals:
+            num = int(sig)
+            self._previous[num] = signal.signal(num, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested is None:
+            log.warning("received %s: will checkpoint and exit at the next step boundary", _name(signum))
+        self.requested = signum
+
+    def close(self) -> None:
+        for num, previous in self._previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(num, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+
+def _name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -1,0 +1,226 @@
+"""The Guard around a training loop: heartbeats, numerics policies, error files, preemption."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainguard import rundir
+from trainguard.rundir import ExitCode, read_findings, read_heartbeats, read_last_heartbeat
+from trainguard.torch.guard import Guard, StepAction
+
+WORKER = Path(__file__).with_name("test_guard_worker.py")
+
+
+class MemoryCheckpointer:
+    def __init__(self) -> None:
+        self.saved: dict[int, Any] = {}
+
+    def save(self, step: int, state: Any) -> None:
+        self.saved[step] = copy.deepcopy((state.model.state_dict(), state.optimizer.state_dict()))
+
+    def wait(self) -> None:
+        pass
+
+    def resume(self, state: Any) -> int:
+        if not self.saved:
+            return 0
+        step = max(self.saved)
+        model, optimizer = self.saved[step]
+        state.model.load_state_dict(model)
+        state.optimizer.load_state_dict(optimizer)
+        return step
+
+
+class State:
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(4, 1)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+
+
+def _train(guard: Guard, state: State, start: int, stop: int, loss_at=None) -> list[tuple[int, str]]:
+    """Run the documented loop; ``loss_at(step, loss)`` may replace the loss (to inject faults)."""
+    trace = []
+    for step in guard.range(start, stop):
+        loss = ((state.model(torch.randn(16, 4)) - 1.0) ** 2).mean()
+        if loss_at is not None:
+            loss = loss_at(step, loss)
+        loss.backward()
+        action = guard.step(step, loss)
+        trace.append((step, action.value))
+        if action == "proceed":
+            state.optimizer.step()
+        state.optimizer.zero_grad()
+    return trace
+
+
+def _worker(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop(rundir.RUN_DIR_ENV, None)
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), "--run-dir", str(tmp_path / "run"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+    )
+
+
+def test_heartbeats_are_throttled_but_keep_first_phase_changes_and_final_step(tmp_path):
+    state = State()
+    with Guard(None, state, run_dir=tmp_path, heartbeat_interval_s=3600, watchdog=False) as guard:
+        _train(guard, state, 0, 50)
+    beats = read_heartbeats(rundir.heartbeat_path(tmp_path, 0))
+    phases = [(b.phase, b.step) for b in beats]
+    assert phases[0] == ("init", 0)
+    assert ("train", 0) in phases  # the first step is written at once
+    assert len(beats) < 10  # not one per step
+    last = read_last_heartbeat(rundir.heartbeat_path(tmp_path, 0))
+    assert last is not None and last.phase == "exit" and last.step == 49
+    assert last.loss is not None and last.loss < beats[1].loss  # type: ignore[operator]
+    assert last.pid == os.getpid()
+
+
+def test_step_times_are_measured_per_step_and_reported(tmp_path):
+    state = State()
+    with Guard(None, state, run_dir=tmp_path, heartbeat_interval_s=0, watchdog=False) as guard:
+        for step in guard.range(0, 5):
+            time.sleep(0.02)
+            guard.step(step, torch.tensor(1.0))
+    assert len(guard.step_times) == 5
+    assert all(t >= 0.02 for t in list(guard.step_times)[1:])
+    beats = [b for b in read_heartbeats(rundir.heartbeat_path(tmp_path, 0)) if b.phase == "train"]
+    assert beats[-1].step_time is not None and beats[-1].step_time >= 0.02
+
+
+def test_nan_under_skip_drops_the_update_and_records_a_finding(tmp_path):
+    state = State()
+    with Guard(None, state, run_dir=tmp_path, on_nan="skip", watchdog=False) as guard:
+        trace = _train(guard, state, 0, 10, lambda s, loss: loss * math.nan if s == 4 else loss)
+    assert (4, "skip") in trace and [s for s, _ in trace] == list(range(10))
+    assert all(p.grad is None for p in state.model.parameters())  # the NaN grads were dropped
+    assert all(torch.isfinite(p).all() for p in state.model.parameters())
+    [(rank, step, finding)] = read_findings(tmp_path)
+    assert (rank, step, finding.rule) == (0, 4, "numerics.nonfinite_loss")
+
+
+def test_nan_under_rollback_restores_the_checkpoint_and_replays(tmp_path):
+    state, ckpt = State(), MemoryCheckpointer()
+    bad = {7}
+    with Guard(ckpt, state, run_dir=tmp_path, checkpoint_every=5, watchdog=False) as guard:
+        trace = _train(
+            guard, state, 0, 12, lambda s, loss: loss * math.nan if s in bad and not bad.clear() else loss
+        )
+    assert [s for s, _ in trace] == [0, 1, 2, 3, 4, 5, 6, 7, 5, 6, 7, 8, 9, 10, 11]
+    assert (7, "rollback") in trace
+    rules = [f.rule for _, _, f in read_findings(tmp_path)]
+    assert rules == ["numerics.nonfinite_loss", "numerics.rollback", "numerics.transient"]
+    assert sorted(ckpt.saved) == [5, 10, 12]  # the final save after the last step
+
+
+def test_rollback_without_a_checkpoint_skips_instead(tmp_path):
+    state = State()
+    with Guard(MemoryCheckpointer(), state, run_dir=tmp_path, watchdog=False) as guard:
+        trace = _train(guard, state, 0, 6, lambda s, loss: loss * math.nan if s == 3 else loss)
+    assert (3, "skip") in trace and len(trace) == 6
+
+
+def test_nan_under_stop_exits_with_numerics_stop(tmp_path):
+    state = State()
+    with (
+        pytest.raises(SystemExit) as exit_info,
+        Guard(None, state, run_dir=tmp_path, on_nan="stop", watchdog=False) as guard,
+    ):
+        _train(guard, state, 0, 10, lambda s, loss: loss * math.inf if s == 2 else loss)
+    assert exit_info.value.code == ExitCode.NUMERICS_STOP == 85
+    assert read_last_heartbeat(rundir.heartbeat_path(tmp_path, 0)).phase == "exit"  # type: ignore[union-attr]
+
+
+def test_nonfinite_gradients_are_caught_by_check_grads(tmp_path):
+    state = State()
+    with Guard(None, state, run_dir=tmp_path, on_nan="skip", watchdog=False) as guard:
+        state.model(torch.randn(2, 4)).sum().backward()
+        state.model.weight.grad[0, 0] = math.inf  # type: ignore[index]
+        guard.check_grads(state.model)
+        assert guard.step(0, 1.0) is StepAction.SKIP
+        state.model(torch.randn(2, 4)).sum().backward()
+        guard.check_grads(state.model)
+        assert guard.step(1, 1.0) is StepAction.PROCEED
+    assert read_findings(tmp_path)[0][2].rule == "numerics.nonfinite_grad"
+
+
+def test_a_spike_on_the_same_data_after_rollback_is_a_data_problem(tmp_path):
+    state, ckpt = State(), MemoryCheckpointer()
+
+    def spiky(step: int, loss: torch.Tensor) -> torch.Tensor:
+        return loss * 0 + (100.0 if step == 45 else 1.0 + 0.01 * (step % 5))  # step 45: a bad batch
+
+    with Guard(ckpt, state, run_dir=tmp_path, checkpoint_every=20, watchdog=False) as guard:
+        trace = _train(guard, state, 0, 50, spiky)
+    assert [a for s, a in trace if s == 45] == ["rollback", "skip"]
+    rules = [f.rule for _, _, f in read_findings(tmp_path)]
+    assert rules == [
+        "numerics.loss_spike",
+        "numerics.rollback",
+        "numerics.loss_spike",
+        "numerics.data_problem",
+    ]
+
+
+def test_an_exception_in_the_block_leaves_an_error_file_before_the_process_dies(tmp_path):
+    elastic = tmp_path / "elastic" / "error.json"
+    proc = _worker(tmp_path, "--raise-at", "3", env={"TORCHELASTIC_ERROR_FILE": str(elastic), "RANK": "1"})
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "CUDA error: an illegal memory access" in err  # still printed as a real one would be
+    [record] = rundir.read_errors(tmp_path / "run")
+    assert (record.rank, record.step, record.exc_type) == (1, 3, "RuntimeError")
+    assert "illegal memory access" in record.message and "Traceback" in record.traceback
+    assert abs(record.time - time.time()) < 60
+    body = json.loads(elastic.read_text())["message"]
+    assert body["message"].startswith("RuntimeError: CUDA error")
+    assert "Traceback" in body["extraInfo"]["py_callstack"] and body["extraInfo"]["timestamp"].isdigit()
+
+
+def test_an_exception_outside_the_block_is_recorded_by_record(tmp_path):
+    proc = _worker(tmp_path, "--steps", "2", "--record-outside")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "after the block" in err
+    [record] = rundir.read_errors(tmp_path / "run")
+    assert record.exc_type == "ValueError" and record.step == 1  # the last step run
+
+
+@pytest.mark.slow
+def test_sigterm_saves_at_the_next_step_boundary_and_exits_preempted(tmp_path):
+    ckpt_dir = tmp_path / "ckpt"
+    args = ["--ckpt-dir", str(ckpt_dir), "--steps", "100000", "--step-sleep", "0.02"]
+    proc = _worker(tmp_path, *args)
+    beats = rundir.heartbeat_path(tmp_path / "run", 0)
+    deadline = time.time() + 30
+    while (hb := read_last_heartbeat(beats)) is None or hb.step < 5:
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == ExitCode.PREEMPTED == 83
+    last = read_last_heartbeat(beats)
+    assert last is not None and last.phase == "exit"
+    saved = sorted(ckpt_dir.glob("step*.pt"))
+    assert len(saved) == 1 and saved[0].name == f"step{last.step + 1:08d}.pt"
+    # and the next attempt continues from there
+    proc = _worker(tmp_path, "--ckpt-dir", str(ckpt_dir), "--steps", str(last.step + 4))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert json.loads(out.strip().splitlines()[-1])["start"] == last.step + 1
