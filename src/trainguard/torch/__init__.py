@@ -1,0 +1,16 @@
+"""Training-side trainguard: runs inside the user's PyTorch process (imports torch).
+
+>>> from trainguard.torch import Checkpointer, ResumableSampler, TrainState  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from trainguard.torch.checkpoint import Checkpointer
+from trainguard.torch.data import ResumableSampler
+from trainguard.torch.state import TrainState
+
+__all__ = [
+    "Checkpointer",
+    "ResumableSampler",
+    "TrainState",
+]

@@ -1,0 +1,270 @@
+"""``Checkpointer``: verified, asynchronous checkpoints and exact resume, inside the trainer.
+
+    >>> ckpt = Checkpointer("/ckpt", keep_last=3, milestone_every=1000)      # doctest: +SKIP
+    >>> state = TrainState(model, optimizer, scheduler, sampler=sampler)      # doctest: +SKIP
+    >>> start = ckpt.resume(state)            # 0 on a fresh start
+    >>> for step in range(start, total_steps):
+    ...     train_one_step()
+    ...     if (step + 1) % 100 == 0:
+    ...         ckpt.save(step + 1, state)    # returns once the state is copied to host memory
+    >>> ckpt.close()                          # waits until the last save is durable
+
+``step`` is the number of completed optimizer steps; ``resume`` returns it. Replicated state (one
+process or DDP) is written by rank 0 as ``step-N/state.pt`` (plain ``torch.load``-able) by a
+background writer process; sharded state (FSDP2 / DTensor parameters) goes through
+``torch.distributed.checkpoint`` from every rank (``trainguard.torch.sharded``). In a distributed
+run ``save``, ``wait``, ``resume``, ``rollback`` and ``close`` are collective: call them on every
+rank at the same step.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import pickle
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainguard.checkpoint import (
+    list_checkpoints,
+    step_dir_name,
+    verify,
+)
+from trainguard.errors import CheckpointCorrupt, CheckpointError
+from trainguard.torch import dist, sharded
+from trainguard.torch.async_writer import BackgroundWriter
+from trainguard.torch.staging import Staging, flatten
+from trainguard.torch.state import TrainState
+from trainguard.torch.writer import STATE_FILE, write_replicated
+
+log = logging.getLogger(__name__)
+
+PAYLOAD_FORMAT = 1
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        directory: str | Path,
+        keep_last: int = 3,
+        milestone_every: int = 0,
+        async_save: bool = True,
+        weights_only: bool = True,  # torch.load safety; set False for exotic objects in `extra`
+    ) -> None:
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        self.milestone_every = milestone_every
+        self.async_save = async_save
+        self.weights_only = weights_only
+        self.last_result: dict[str, Any] | None = None  # the writer's report of the last durable save
+        self.last_stall_s: float | None = None  # time save() blocked the training loop
+        self._latest: int | None = None
+        self._writer = BackgroundWriter() if async_save else None
+        self._staging: Staging | None = None
+        self._staging_id = 0
+        self._unsynced = False  # a save happened since the last collective wait
+        self._pending: CheckpointError | None = None
+        self._closed = False
+        self._atexit = _weak_finalizer(self)
+        atexit.register(self._atexit)
+
+    # ------------------------------------------------------------------ saving
+
+    def save(self, step: int, state: TrainState) -> None:
+        """Checkpoint ``state`` as of ``step`` completed steps. Asynchronous: returns once the
+        state is in host memory; the previous save's error, if any, is raised here."""
+        if self._closed:
+            raise CheckpointError("save() after close(): create a new Checkpointer")
+        started = time.perf_counter()
+        self._collect()
+        rank, world = dist.rank_and_world()
+        if sharded.is_sharded(state):
+            self._latest = sharded.save(self, step, state)
+            self.last_stall_s = time.perf_counter() - started
+            return
+        local = dist.all_gather_object(state.local_state_dict())
+        if rank == 0:
+            payload = {
+                "trainguard": {"format": PAYLOAD_FORMAT, "step": step, "world_size": world},
+                **state.global_state_dict(),
+                "local": local,
+            }
+            if self._writer is None:
+                self.last_result = write_replicated(
+                    self.directory, step, payload, world, self.keep_last, self.milestone_every
+                )
+                self._latest = step
+            else:
+                self._submit(step, payload, world)
+        if self._writer is None:
+            dist.barrier()  # a synchronous save is durable for every rank when save() returns
+        else:
+            self._unsynced = True
+        self.last_stall_s = time.perf_counter() - started
+
+    def _submit(self, step: int, payload: dict[str, Any], world: int) -> None:
+        assert self._writer is not None
+        skeleton, tensors = flatten(payload)
+        if self._staging is None or not self._staging.matches(tensors):
+            if self._staging is not None:
+                self._staging.close()
+            self._staging = Staging(tensors)
+            self._staging_id += 1
+        self._staging.copy_from(tensors)
+        job = {
+            "step": step,
+            "directory": str(self.directory),
+            "skeleton": pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL),
+            "slots": [(s.offset, s.nbytes, s.dtype, s.shape) for s in self._staging.specs],
+            "world_size": world,
+            "keep_last": self.keep_last,
+            "milestone_every": self.milestone_every,
+        }
+        self._writer.submit(job, self._staging_id, self._staging.fd, self._staging.size)
+
+    def _collect(self) -> None:
+        """Finish the in-flight save on this rank (blocking); raise its error."""
+        if self._pending is not None:
+            error, self._pending = self._pending, None
+            raise error
+        if self._writer is None:
+            return
+        result = self._writer.wait()
+        if result is not None:
+            self.last_result = result
+            self._latest = int(result["step"])
+            if result.get("deleted"):
+                log.debug("retention deleted checkpoints %s", result["deleted"])
+
+    def wait(self) -> None:
+        """Block until the last save is durable (on rank 0) and every rank knows it; re-raise its
+        error. Collective when distributed, but only synchronises after a save."""
+        self._collect()
+        if self._unsynced:
+            dist.barrier()
+            self._unsynced = False
+
+    @property
+    def latest_step(self) -> int | None:
+        """The newest step known durable to this process (saved or resumed), or None."""
+        if self._writer is not None and self._writer.in_flight is not None and self._writer.done():
+            try:
+                self._collect()
+            except CheckpointError as exc:
+                self._pending = exc
+        return self._latest
+
+    def close(self) -> None:
+        """Wait for the in-flight save and stop the writer process. Collective when distributed."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._closed = True
+        atexit.unregister(self._atexit)
+        if self._writer is not None:
+            self._writer.close()
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        else:  # do not mask the real error with a collective that may hang
+            self._finish_locally()
+
+    def _finish_locally(self) -> None:
+        try:
+            self._collect()
+        except CheckpointError as exc:
+            log.error("%s", exc)
+        finally:
+            if not self._closed:
+                self._shutdown()
+
+    # ------------------------------------------------------------------ loading
+
+    def resume(self, state: TrainState) -> int:
+        """Load the newest valid checkpoint into ``state``; the step to continue from (0: none).
+        Invalid checkpoints are logged and skipped. Every rank loads the same one."""
+        rank, world = dist.rank_and_world()
+        choice: tuple[int, str] | None = None
+        if rank == 0:
+            choice = self._choose()
+        choice = dist.broadcast_object(choice)
+        if choice is None:
+            return 0
+        step, kind = choice
+        path = self.directory / step_dir_name(step)
+        if kind == "dcp":
+            sharded.load(path, state, weights_only=self.weights_only)
+        else:
+            if rank != 0:
+                result = verify(path, deep=False)
+                if not result.ok:
+                    raise CheckpointCorrupt(
+                        f"rank {rank} cannot use checkpoint {path} that rank 0 chose ({result.reason}): "
+                        "the checkpoint directory must be on a filesystem every rank can read"
+                    )
+            payload = self._load_payload(path)
+            state.load_global_state_dict(payload)
+            local = payload.get("local") or []
+            if local:
+                if len(local) != world:
+                    log.warning("checkpoint written by %d ranks, resuming with %d", len(local), world)
+                state.load_local_state_dict(local[rank] if rank < len(local) else local[0])
+        self._latest = step
+        log.info("resumed from %s", path)
+        return step
+
+    def rollback(self, state: TrainState) -> int:
+        """Wait for the in-flight save, then resume from the newest valid checkpoint."""
+        self.wait()
+        return self.resume(state)
+
+    def _choose(self) -> tuple[int, str] | None:
+        """Rank 0: the newest checkpoint that verifies and loads, as (step, kind)."""
+        for info in reversed(list_checkpoints(self.directory)):
+            result = verify(info.path)
+            if not result.ok or result.manifest is None:
+                log.warning("skipping invalid checkpoint %s: %s", info.path, result.reason)
+                continue
+            return info.step, result.manifest.kind
+        return None
+
+    def _load_payload(self, path: Path) -> dict[str, Any]:
+        try:
+            payload = torch.load(path / STATE_FILE, map_location="cpu", weights_only=self.weights_only)
+        except Exception as exc:
+            raise CheckpointError(
+                f"checkpoint {path} passed verification but torch.load failed ({exc}); "
+                "if it holds custom objects, use Checkpointer(..., weights_only=False)"
+            ) from exc
+        if not isinstance(payload, dict) or "trainguard" not in payload:
+            raise CheckpointError(f"{path / STATE_FILE} is not a trainguard checkpoint payload")
+        return payload
+
+
+def _weak_finalizer(ckpt: Checkpointer) -> Any:
+    """An atexit hook that does not keep the Checkpointer alive: waits for the in-flight save
+    (locally, no collectives: other ranks may be gone) and reports its error loudly."""
+    ref = weakref.ref(ckpt)
+
+    def finish() -> None:
+        obj = ref()
+        if obj is not None and not obj._closed:
+            obj._finish_locally()
+
+    return finish

@@ -1,0 +1,89 @@
+"""The background writer process: ``python -m trainguard.torch.writer_process FD``, started by
+``trainguard.torch.async_writer.BackgroundWriter`` only (FD: its end of a Unix socket pair).
+
+It maps the staging buffer it is sent, and for each save builds tensors over that memory,
+``torch.save``s them through a checksumming sink, commits and applies retention, then answers
+``{"ok": True, "result": ...}`` or ``{"ok": False, "error": ..., "traceback": ...}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from trainguard.torch.async_writer import recv_msg, send_msg
+
+
+def _die_with_parent(parent: int) -> None:
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(3)
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(3)
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[0]))
+    _die_with_parent(os.getppid())
+    import mmap
+
+    import torch
+
+    from trainguard.torch.staging import SlotSpec, slot_views, unflatten
+    from trainguard.torch.writer import write_replicated
+
+    torch.set_num_threads(1)
+    view: memoryview | None = None
+    while True:
+        try:
+            msg, fds = recv_msg(sock)
+        except (EOFError, OSError):
+            return 0
+        op = msg.get("op")
+        if op == "exit":
+            return 0
+        if op == "buffer":
+            view = memoryview(mmap.mmap(fds[0], msg["size"]))
+            os.close(fds[0])
+            continue
+        if op != "save":
+            continue
+        try:
+            if view is None:
+                raise RuntimeError("no staging buffer was sent before the save")
+            specs = [SlotSpec(*s) for s in msg["slots"]]
+            payload = unflatten(pickle.loads(msg["skeleton"]), slot_views(view, specs))
+            result = write_replicated(
+                Path(msg["directory"]),
+                msg["step"],
+                payload,
+                world_size=msg["world_size"],
+                keep_last=msg["keep_last"],
+                milestone_every=msg["milestone_every"],
+            )
+            del payload
+            send_msg(sock, {"ok": True, "result": result})
+        except Exception as exc:
+            send_msg(sock, {"ok": False, "error": repr(exc), "traceback": traceback.format_exc()})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
