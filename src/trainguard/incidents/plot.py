@@ -89,9 +89,10 @@ def timeline(report: dict[str, Any]) -> Timeline:
         if iv["kind"] in KIND_STYLE and iv["end"] > iv["start"]
     )
     kinds = tuple(k for k in KIND_STYLE if any(s.kind == k for s in spans))
-    title = f"{report['job']}: ETTR {g['ettr']:.1%}, {g['interruptions']} interruption" + (
-        "s" if g["interruptions"] != 1 else ""
-    )
+    n_int, n_inc = g["interruptions"], len(report["incidents"])
+    title = f"{report['job']}: ETTR {g['ettr']:.1%}, {n_int} interruption{'s' if n_int != 1 else ''}"
+    if n_inc != n_int:
+        title += f", {n_inc} incident{'s' if n_inc != 1 else ''}"
     return Timeline(title, unit, series, failures, spans, wall / scale, kinds)
 
 

@@ -86,7 +86,7 @@ def render_report(report: dict[str, Any]) -> str:
         if key == "unaccounted_s" and seconds < 0.005:
             continue
         share = seconds / wall if wall > 0 else 0.0
-        lines.append(f"  {label:<28} {_dur(seconds):>10}  {share:6.1%}  {_bar(share)}")
+        lines.append(f"  {label:<28} {_dur(seconds):>10}  {share:6.1%}  {_bar(share)}".rstrip())
     incidents = report["incidents"]
     lines += ["", f"incidents ({len(incidents)})"]
     if not incidents:

@@ -31,6 +31,7 @@ from trainguard.incidents.goodput import GoodputSummary, Interval, JobInfo, Prog
 from trainguard.incidents.incident import INCIDENT_FIELDS, Incident
 from trainguard.incidents.schema import migrate
 from trainguard.incidents.stats import IncidentStats, incident_stats
+from trainguard.incidents.taxonomy import RootCause
 
 DB_ENV = "TRAINGUARD_DB"
 DEFAULT_DB = "trainguard.db"
@@ -39,6 +40,7 @@ _Incidents = list[Incident]
 _Jobs = list[JobInfo]
 _Intervals = list[Interval]
 _Points = list[ProgressPoint]
+_CAUSES = frozenset(c.value for c in RootCause)
 _JOB_FIELDS = ("name", "command", "started", "ended", "status", "world_size")
 
 
@@ -313,6 +315,8 @@ def _incident_row(inc: Incident) -> dict[str, Any]:
 
 def _incident_from_row(row: sqlite3.Row) -> Incident:
     data = dict(row)
+    if data["root_cause"] not in _CAUSES:  # written by another tool: keep the row readable
+        data["root_cause"] = RootCause.UNKNOWN
     try:
         data["evidence"] = tuple(json.loads(data["evidence"] or "[]"))
     except ValueError:
