@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainguard.incidents import Interval, IntervalKind, goodput
 
@@ -73,3 +75,24 @@ def test_an_empty_window_has_zero_ettr_not_a_division_error():
 def test_the_summary_serialises_to_a_plain_dict():
     d = goodput([iv(K.PRODUCTIVE, 0, 10)], 0, 10).to_dict()
     assert d["ettr"] == 1.0 and d["productive_s"] == 10.0 and "lost_s" in d
+
+
+kinds = st.sampled_from(list(IntervalKind))
+spans = st.tuples(kinds, st.floats(-50, 250), st.floats(0, 120), st.integers(0, 3))
+
+
+@given(st.lists(spans, max_size=25), st.floats(0, 100), st.floats(0, 200))
+@settings(max_examples=150, deadline=None)
+def test_charged_time_never_exceeds_the_wall_and_ettr_is_a_ratio(raw, lo, length):
+    ledger = [iv(kind, start, start + dur, attempt) for kind, start, dur, attempt in raw]
+    s = goodput(ledger, lo, lo + length)
+    charged = [s.productive_s, s.checkpoint_s, s.init_s, s.restart_s, s.lost_s, s.detection_s, s.downtime_s]
+    assert all(c >= 0 for c in charged)
+    assert sum(charged) + s.unaccounted_s == pytest.approx(s.wall_s, abs=1e-4)
+    assert 0.0 <= s.ettr <= 1.0 + 1e-9
+    productive_total = sum(
+        max(0.0, min(i.end, lo + length) - max(i.start, lo))
+        for i in ledger
+        if i.kind is IntervalKind.PRODUCTIVE
+    )
+    assert s.productive_s <= productive_total + 1e-4

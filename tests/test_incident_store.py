@@ -191,7 +191,6 @@ def _writer(path, job: str, n: int) -> subprocess.Popen[str]:
     )
 
 
-@pytest.mark.slow
 def test_two_processes_writing_at_once_lose_no_incident(tmp_path):
     path = tmp_path / "tg.db"
     procs = [_writer(path, f"job{k}", 200) for k in range(2)]
@@ -212,7 +211,6 @@ def test_two_processes_writing_at_once_lose_no_incident(tmp_path):
         assert len(store.progress("job0")) == 200
 
 
-@pytest.mark.slow
 def test_a_writer_killed_mid_write_loses_no_committed_incident(tmp_path):
     path = tmp_path / "tg.db"
     proc = _writer(path, "victim", 100_000)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainguard.incidents import Evidence, RootCause, first_failure, numerics_root_cause, root_cause_for
 from trainguard.records import Action, Category, Event, EventKind, Finding, Health, Severity
@@ -153,3 +155,16 @@ def test_supervisor_built_evidence_is_taken_as_is_and_untimed_counts_last():
     gsp = Evidence(RootCause.GPU_SYSTEM_PROCESSOR, time=7.0, source="kernel_log")
     assert root_cause_for([kill, gsp]) is RootCause.GPU_SYSTEM_PROCESSOR
     assert root_cause_for([kill]) is RootCause.HOST
+
+
+@given(
+    st.sampled_from([79, 48, 95, 119, 172, 13]),
+    st.lists(st.tuples(st.floats(10.5, 5000), st.integers(0, 511)), max_size=40),
+)
+@settings(max_examples=100, deadline=None)
+def test_symptoms_after_a_causal_failure_never_change_the_cause(code, later):
+    alone = root_cause_for([xid(code, 8.0)])
+    noisy = (
+        [nccl_timeout(t, r) for t, r in later] + [xid(45, t + 0.1) for t, _ in later[:5]] + [xid(code, 8.0)]
+    )
+    assert root_cause_for(noisy) is alone
