@@ -168,3 +168,25 @@ def test_symptoms_after_a_causal_failure_never_change_the_cause(code, later):
         [nccl_timeout(t, r) for t, r in later] + [xid(45, t + 0.1) for t, _ in later[:5]] + [xid(code, 8.0)]
     )
     assert root_cause_for(noisy) is alone
+
+
+def test_real_log_lines_through_the_detect_parsers_give_the_earliest_cause():
+    from trainguard.detect.kernel_log import parse_kernel_line
+    from trainguard.detect.training_log import classify_training_line
+
+    kernel = [
+        "[   10.000000] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus.",
+        "[   10.100000] NVRM: Xid (PCI:0000:3b:00): 45, pid=4242, name=python, Ch 00000010",
+    ]
+    timeout = (
+        "[rank{r}]:[E1122 08:00:00.000000 123 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=1234, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+        "ran for 600011 milliseconds before timing out."
+    )
+    events = [e for e in map(parse_kernel_line, kernel) if e is not None]
+    events += [
+        e for r in range(16) if (e := classify_training_line(timeout.format(r=r), now=600.0 + r)) is not None
+    ]
+    assert len(events) == 18
+    assert root_cause_for(events) is RootCause.FAULTY_GPU
+    assert root_cause_for(events[2:]) is RootCause.NCCL_WATCHDOG_TIMEOUT
