@@ -102,7 +102,8 @@ def run_show(args: argparse.Namespace) -> int:
     print(f"incident {inc.id}: {inc.root_cause.value}")
     for key, value in d.items():
         if key != "id" and value is not None:
-            print(f"  {key:<18} {value}")
+            shown = f"{value:.3f}" if isinstance(value, float) else value
+            print(f"  {key:<18} {shown}")
     print(f"  evidence ({len(evidence)})")
     for item in evidence:
         print(f"    - {item if isinstance(item, str) else json.dumps(item, default=str)}")

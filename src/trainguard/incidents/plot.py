@@ -93,7 +93,9 @@ def timeline(report: dict[str, Any]) -> Timeline:
     title = f"{report['job']}: ETTR {g['ettr']:.1%}, {n_int} interruption{'s' if n_int != 1 else ''}"
     if n_inc != n_int:
         title += f", {n_inc} incident{'s' if n_inc != 1 else ''}"
-    return Timeline(title, unit, series, failures, spans, wall / scale, kinds)
+    # The wall window comes from the ledger; never cut off progress or a failure recorded past it.
+    x_max = max([wall / scale, *(px for srs in series for px in srs.x), *(m.x for m in failures)])
+    return Timeline(title, unit, series, failures, spans, x_max, kinds)
 
 
 def plot_timeline(report: dict[str, Any], path: str | Path) -> Timeline:
@@ -166,7 +168,7 @@ def _label_failures(ax: Any, data: Timeline) -> None:
             xycoords=("data", "axes fraction"),
             xytext=(0, 3 + 12 * (n % rows)),
             textcoords="offset points",
-            ha="center",
+            ha="right" if m.x > 0.85 * data.x_max else "left" if m.x < 0.15 * data.x_max else "center",
             va="bottom",
             fontsize=8.5,
             color="#b71c1c",
