@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -73,9 +74,12 @@ def main() -> int:
     @record
     def run() -> None:
         torch.manual_seed(0)
-        model = torch.nn.Linear(4, 1)
+        model: Any = torch.nn.Linear(4, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         state = State(model, opt)
+        if "LOCAL_RANK" in os.environ:  # under torchrun: DDP over gloo
+            torch.distributed.init_process_group("gloo")
+            model = torch.nn.parallel.DistributedDataParallel(model)
         ckpt = FileCheckpointer(args.ckpt_dir) if args.ckpt_dir else None
         start = ckpt.resume(state) if ckpt else 0
         steps_run: list[int] = []
@@ -104,6 +108,8 @@ def main() -> int:
                 if args.step_sleep:
                     time.sleep(args.step_sleep)
         print(json.dumps({"start": start, "steps_run": steps_run}), flush=True)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
         if args.record_outside:
             raise ValueError("after the block")
 

@@ -1,0 +1,117 @@
+"""The hang watchdog: a learned timeout, stack dumps and the flight recorder, ExitCode.HANG."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from trainguard import rundir
+from trainguard.rundir import ExitCode, read_findings
+from trainguard.torch.watchdog import HangWatchdog
+
+WORKER = Path(__file__).with_name("test_guard_worker.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+HANG_AT_30 = ["--hang-at", "30", "--hang-floor", "1.0", "--step-sleep", "0.01"]
+
+
+def _watchdog(**kw: float) -> tuple[HangWatchdog, threading.Event]:
+    fired = threading.Event()
+    wd = HangWatchdog(None, 0, on_hang=lambda reason: fired.set(), poll_s=0.01, **kw)
+    return wd, fired
+
+
+def test_timeout_is_learned_from_the_slowest_step_with_a_floor():
+    wd, _ = _watchdog(floor_s=1.0, factor=10.0, first_step_s=60.0)
+    assert wd.timeout() == 60.0  # before the first step: the startup allowance
+    wd.beat(30.0)  # the first step (warm-up) is not learned from
+    assert wd.timeout() == 1.0
+    wd.beat(0.5)
+    wd.beat(0.2)
+    assert wd.timeout() == 5.0
+    with wd.allowance(100.0):
+        assert wd.timeout() == 105.0
+    assert wd.timeout() == 5.0
+
+
+def test_the_watchdog_fires_when_steps_stop_and_not_while_they_continue():
+    wd, fired = _watchdog(floor_s=0.3, factor=3.0, first_step_s=0.3)
+    wd.start()
+    try:
+        for _ in range(30):  # 0.6 s of steady 20 ms steps: no hang
+            time.sleep(0.02)
+            wd.beat(0.02)
+        assert not fired.is_set()
+        t0 = time.monotonic()
+        assert fired.wait(5.0)
+        assert 0.25 < time.monotonic() - t0 < 2.0
+    finally:
+        wd.stop()
+
+
+def test_a_checkpoint_allowance_holds_the_watchdog_back():
+    wd, fired = _watchdog(floor_s=0.2, factor=1.0, first_step_s=0.2)
+    wd.beat(0.01)
+    wd.beat(0.01)
+    wd.start()
+    try:
+        with wd.allowance(5.0):
+            assert not fired.wait(0.6)
+        assert fired.wait(3.0)
+    finally:
+        wd.stop()
+
+
+def test_a_hung_step_dumps_every_stack_and_exits_with_hang_within_the_timeout(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != rundir.RUN_DIR_ENV}
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), "--run-dir", str(tmp_path), "--steps", "100", *HANG_AT_30],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == ExitCode.HANG == 84
+    assert time.monotonic() - t0 < 30
+    assert "hang detected" in proc.stderr
+    [dump] = sorted(rundir.dumps_dir(tmp_path).glob("rank0-*.txt"))
+    text = dump.read_text()
+    assert "no step completed" in text
+    assert "test_guard_worker.py" in text and "trainguard-watchdog" not in text.split("\n")[0]
+    assert text.count("hread 0x") >= 2  # every thread: the main one and the watchdog
+    [(rank, step, finding)] = read_findings(tmp_path)
+    assert (rank, step, finding.rule) == (0, 29, "hang.watchdog")
+    last = rundir.read_last_heartbeat(rundir.heartbeat_path(tmp_path, 0))
+    assert last is not None and last.phase == "exit" and last.step == 29
+
+
+@pytest.mark.slow
+def test_a_hung_ddp_rank_is_dumped_with_its_flight_recorder_trace(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "chaos.json").write_text(json.dumps({"faults": [{"kind": "hang", "rank": 1, "step": 8}]}))
+    env = {k: v for k, v in os.environ.items() if k != rundir.RUN_DIR_ENV}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(
+        [*TORCHRUN, str(WORKER), "--run-dir", str(run), "--steps", "1000", "--hang-floor", "2.0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode != 0
+    traces = sorted(rundir.dumps_dir(run).glob("rank1-*.fr.json"))
+    assert traces, proc.stderr[-3000:]
+    entries = json.loads(traces[0].read_text())["entries"]
+    assert entries and all(e["profiling_name"].startswith("gloo:") for e in entries)
+    stacks = next(rundir.dumps_dir(run).glob("rank1-*.txt")).read_text()
+    assert "chaos.py" in stacks  # rank 1 is stuck in the injected hang, and the dump shows where
+    hangs = [(r, f.rule) for r, _, f in read_findings(run) if f.rule == "hang.watchdog"]
+    assert (1, "hang.watchdog") in hangs
