@@ -121,3 +121,21 @@ def test_the_store_defaults_to_trainguard_db_from_the_environment(db, tmp_path):
 
 def test_incidents_without_a_subcommand_is_a_usage_error(capsys):
     assert main(["incidents"]) == 2
+
+
+def test_since_accepts_unix_seconds_iso_times_and_durations_ago():
+    from trainguard.cli.incidents import parse_since
+
+    assert parse_since("1700000000") == 1_700_000_000.0
+    assert parse_since("2023-11-14T22:13:20") == 1_700_000_000.0
+    assert parse_since("2023-11-14T23:13:20+01:00") == 1_700_000_000.0
+    assert parse_since("6h", now=100_000.0) == 100_000.0 - 6 * 3600
+    assert parse_since("90m", now=10_000.0) == 10_000.0 - 5400
+
+
+def test_list_since_filters_and_a_bad_since_is_a_usage_error(db, capsys):
+    assert main(["incidents", "list", "--since", "2023-11-14T22:20:00", "--json", "--db", str(db)]) == 0
+    assert [i["summary"] for i in json.loads(capsys.readouterr().out)] == ["KeyError: 'labels'"]
+    with pytest.raises(SystemExit) as exc:
+        main(["incidents", "list", "--since", "yesterday-ish", "--db", str(db)])
+    assert exc.value.code == 2

@@ -1,6 +1,6 @@
 """`trainguard incidents list|show|stats`: read the incident store.
 
-    trainguard incidents list  [--job J] [--since UNIX_S] [--limit N] [--json] [--db PATH]
+    trainguard incidents list  [--job J] [--since WHEN] [--limit N] [--json] [--db PATH]
     trainguard incidents show  ID [--json] [--db PATH]
     trainguard incidents stats [--job J] [--json] [--db PATH]
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ls = sub.add_parser("list", help="incidents, oldest first")
     ls.add_argument("--job", help="only this job")
     ls.add_argument(
-        "--since", type=float, metavar="UNIX_S", help="only incidents detected at or after this time"
+        "--since",
+        type=parse_since,
+        metavar="WHEN",
+        help="only incidents detected at or after WHEN: unix seconds, an ISO time (UTC unless it says), "
+        "or a duration ago such as 90m, 6h, 2d",
     )
     ls.add_argument("--limit", type=int, default=50, help="show the N most recent (default 50; 0 = all)")
     show = sub.add_parser("show", help="one incident with its evidence")
@@ -130,6 +135,32 @@ def run_stats(args: argparse.Namespace) -> int:
         for name, n in counts.items():
             print(f"  {name:<24} {n:>5}  {n / stats.count:6.1%}")
     return 0
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """``1700000000`` / ``2026-11-22T08:00`` / ``6h`` (ago) -> unix seconds."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if text[:-1] and text[-1] in _UNITS:
+        try:
+            ago = float(text[:-1]) * _UNITS[text[-1]]
+        except ValueError:
+            pass
+        else:
+            return (time.time() if now is None else now) - ago
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not unix seconds, an ISO time or a duration like 6h"
+        ) from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 def fmt_time(t: float) -> str:
