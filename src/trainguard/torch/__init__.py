@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from trainguard.torch.checkpoint import Checkpointer
 from trainguard.torch.data import ResumableSampler
+from trainguard.torch.guard import Guard
 from trainguard.torch.state import TrainState
 
 __all__ = [
     "Checkpointer",
+    "Guard",
     "ResumableSampler",
     "TrainState",
 ]

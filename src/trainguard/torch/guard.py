@@ -151,13 +151,10 @@ class Guard:
         try:
             if exc is not None and not isinstance(exc, SystemExit | GeneratorExit | KeyboardInterrupt):
                 errorfile.write(exc, self.run_dir, self.rank, self.attempt, self.current_step)
-            if self.checkpointer is not None and hasattr(self.checkpointer, "wait"):
-                try:  # the last save must land (or its error surface) before the process ends
-                    self.checkpointer.wait()
-                except Exception:
-                    if exc is None:
-                        raise
-                    log.exception("checkpoint wait failed while handling another error")
+            # The last save must land (or its error surface) before a clean exit. Not after an
+            # error: wait() is collective, and the peers of a failed rank may never join it.
+            if exc is None and self.checkpointer is not None and hasattr(self.checkpointer, "wait"):
+                self.checkpointer.wait()
         finally:
             self._beat(self.last_step or 0, self.last_loss, None, "exit", force=True)
             self.close()
