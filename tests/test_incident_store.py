@@ -234,3 +234,22 @@ def test_a_writer_killed_mid_write_loses_no_committed_incident(tmp_path):
         assert set(committed) <= stored
         store.add(make("after-crash"))  # and the store still takes writes
         assert store.list(job="after-crash")
+
+
+def test_a_forked_child_opens_its_own_connection(tmp_path):
+    # SQLite connections must not cross fork(): the child must not reuse the parent's.
+    with IncidentStore(tmp_path / "tg.db") as store:
+        store.add(make("parent", 1.0))
+        parent_conn = store._conn()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                fresh = store._conn() is not parent_conn
+                store.add(make("child", 2.0))
+                os._exit(0 if fresh else 3)
+            except BaseException:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        store.add(make("parent", 3.0))
+        assert [i.job for i in store.list()] == ["parent", "child", "parent"]

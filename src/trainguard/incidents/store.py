@@ -60,6 +60,7 @@ class IncidentStore:
         self.path = Path(path)
         self._timeout_s = timeout_s
         self._local = threading.local()
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._conns: list[sqlite3.Connection] = []
         if not self.path.exists():
@@ -81,6 +82,8 @@ class IncidentStore:
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "pid", None) != os.getpid():
+            conn = None  # inherited through fork(): SQLite connections must not cross it
         if conn is None:
             with self._mapped():
                 # check_same_thread=False only so close() can close every thread's connection.
@@ -90,7 +93,7 @@ class IncidentStore:
                 conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
                 self._enable_wal(conn)
                 conn.execute("PRAGMA synchronous = FULL")
-            self._local.conn = conn
+            self._local.conn, self._local.pid = conn, os.getpid()
             with self._lock:
                 self._conns.append(conn)
         return conn
@@ -139,7 +142,8 @@ class IncidentStore:
     def close(self) -> None:
         with self._lock:
             for conn in self._conns:
-                conn.close()
+                if self._pid == os.getpid():  # a forked child leaves its parent's connections alone
+                    conn.close()
             self._conns.clear()
         self._local = threading.local()
 
