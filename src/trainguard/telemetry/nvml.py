@@ -166,8 +166,9 @@ class NvmlBackend:
         self.close()
 
     # -- reading ----------------------------------------------------------------------------
-    def _call(self, name: str, *args: Any) -> Any:
-        """One NVML query; None when unsupported or failed, ``GpuLost``/``BackendUnavailable`` raised."""
+    def _call(self, name: str, *args: Any, probe: bool = False) -> Any:
+        """One NVML query. None when unsupported or failed (failures counted unless ``probe``);
+        ``GpuLost`` and ``BackendUnavailable`` are raised for the caller to turn into a Sample."""
         fn = getattr(pynvml, name, None)
         if fn is None:  # an older nvidia-ml-py without this call
             return None
@@ -177,7 +178,7 @@ class NvmlBackend:
             err = map_nvml_error(exc, name)
             if isinstance(err, GpuLost | BackendUnavailable):
                 raise err from exc
-            if not isinstance(err, NotSupported):
+            if not isinstance(err, NotSupported) and not probe:
                 self.field_errors += 1
                 log.debug("%s", err)
             return None
@@ -190,7 +191,8 @@ class NvmlBackend:
             pci = self._call("nvmlDeviceGetPciInfo", handle)
             bus_id = normalize_pci(_text(pci.busId)) if pci is not None else None
             for link in range(int(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18))):
-                if self._call("nvmlDeviceGetNvLinkState", handle, link) is not None:
+                # links past the GPU's last answer InvalidArgument/NotSupported: probing, not errors
+                if self._call("nvmlDeviceGetNvLinkState", handle, link, probe=True) is not None:
                     links.append(link)
         except (GpuLost, BackendUnavailable) as exc:
             log.warning("GPU %d cannot be opened: %s", index, exc)

@@ -1,0 +1,115 @@
+"""Named scenarios: the list the CLI shows, what each leaves behind, and that every kernel line the
+fleet writes is read back by the kernel-log parser as the right Xid on the right GPU."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from trainguard.clock import RealClock, VirtualClock
+from trainguard.errors import ConfigError
+from trainguard.records import EventKind, Health
+from trainguard.telemetry.sim import SCENARIOS, SimFleet, run_scenario
+
+EXPECTED = {
+    "healthy": Health.OK,
+    "xid79": Health.FAILED,
+    "dbe": Health.FAILED,
+    "row-remap-failure": Health.FAILED,
+    "uncontained-xid95": Health.FAILED,
+    "xid154-reset": Health.FAILED,
+    "thermal": Health.DEGRADED,
+    "power-brake": Health.DEGRADED,
+    "pcie-replay": Health.DEGRADED,
+    "nvlink-crc": Health.DEGRADED,
+    "straggler": Health.DEGRADED,
+    "app-xid13": Health.DEGRADED,
+}
+
+# The Xids each scenario makes the driver print (the tour covers many).
+XIDS = {
+    "xid79": {79},
+    "dbe": {48, 63},
+    "row-remap-failure": {64},
+    "uncontained-xid95": {95},
+    "xid154-reset": {154},
+    "app-xid13": {13, 31, 45},
+    "tour": {13, 31, 45, 48, 63, 154, 95, 79},
+}
+
+
+def played(name: str, tmp_path) -> tuple[SimFleet, list[str]]:
+    kmsg = tmp_path / f"{name}.log"
+    fleet = SimFleet(clock=VirtualClock(), kmsg_path=kmsg)
+    run_scenario(name, fleet)
+    return fleet, kmsg.read_text().splitlines()
+
+
+def test_every_required_scenario_exists_with_its_documented_verdict():
+    for name, health in EXPECTED.items():
+        assert SCENARIOS[name].expected is health, name
+    assert "tour" in SCENARIOS and SCENARIOS["tour"].duration_s >= 55
+    for s in SCENARIOS.values():
+        assert s.name and s.description and s.duration_s > 0
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_scenario_runs_to_its_end_and_leaves_evidence_on_the_faulty_gpus(name, tmp_path):
+    fleet, lines = played(name, tmp_path)
+    scenario = SCENARIOS[name]
+    assert fleet.elapsed == scenario.duration_s
+    assert fleet.pending() == []
+    samples = fleet.sample()
+    healthy = SimFleet(clock=VirtualClock(start=fleet.clock.time())).sample()
+    xid_lines = [line for line in lines if "NVRM: Xid" in line]
+    if name == "healthy":
+        assert xid_lines == []
+        assert samples == healthy
+        return
+    for gpu in scenario.faulty_gpus:
+        changed = samples[gpu] != healthy[gpu]
+        logged = any(fleet.gpus()[gpu].pci in line for line in xid_lines)
+        assert changed or logged, f"{name}: GPU {gpu} shows no evidence"
+    untouched = set(range(8)) - set(scenario.faulty_gpus)
+    assert all(samples[i] == healthy[i] for i in untouched)
+
+
+def test_run_scenario_refuses_unknown_names_and_real_clocks():
+    with pytest.raises(ConfigError, match="unknown scenario"):
+        run_scenario("nope", SimFleet(clock=VirtualClock()))
+    with pytest.raises(ConfigError, match="VirtualClock"):
+        run_scenario("dbe", SimFleet(clock=RealClock()))
+    with pytest.raises(ConfigError, match="needs 8 GPUs"):
+        run_scenario("nvlink-crc", SimFleet(n_gpus=4, clock=VirtualClock()))
+
+
+def test_run_scenario_calls_on_step_once_per_step():
+    steps: list[float] = []
+    run_scenario("healthy", SimFleet(clock=VirtualClock()), step_s=5, on_step=steps.append)
+    assert steps == [5, 10, 15, 20, 25, 30]
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_every_kernel_line_the_fleet_writes_parses_to_the_right_xid_and_gpu(name, tmp_path):
+    kernel_log = pytest.importorskip("trainguard.detect.kernel_log")
+    fleet, lines = played(name, tmp_path)
+    by_pci = {g.pci: g for g in fleet.gpus()}
+    faulty_pcis = {fleet.gpus()[i].pci for i in SCENARIOS[name].faulty_gpus}
+    seen: set[int] = set()
+    for line in lines:
+        event = kernel_log.parse_kernel_line(line)
+        if "NVRM: Xid" in line:
+            code, pci = re.search(r"Xid \(PCI:([0-9a-f:]+)\): (\d+),", line).group(2, 1)
+            assert event is not None and event.kind is EventKind.XID, line
+            assert (event.xid, event.pci) == (int(code), pci), line
+            assert event.pci in faulty_pcis
+            seen.add(event.xid)
+        elif "NVRM: GPU at PCI:" in line:
+            assert event is not None and event.kind is EventKind.GPU_MAP
+            assert by_pci[event.pci].uuid == event.uuid
+        elif "fallen off the bus" in line:
+            assert event is not None and event.kind is EventKind.GPU_LOST and event.pci in faulty_pcis
+        else:  # driver banner, crash-dump notes, AER lines: not GPU events
+            assert event is None or event.kind not in (EventKind.XID, EventKind.SXID), line
+    assert seen == XIDS.get(name, set())
