@@ -278,7 +278,7 @@ def sample_findings(s: Sample, prev: Sample | None, th: Thresholds) -> tuple[Fin
                     s,
                     Health.FAILED,
                     Action.REBOOT_NODE,
-                    f"GPU stopped answering ({s.error or 'lost'})",
+                    f"GPU stopped answering: {s.error or 'lost'}",
                     _HW,
                 ),
             )

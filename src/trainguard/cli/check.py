@@ -1,0 +1,183 @@
+"""`trainguard check`: a one-shot node verdict for Slurm prolog/epilog scripts and Kubernetes probes.
+
+    trainguard check                                  # this node's GPUs through NVML
+    trainguard check --backend sim --scenario dbe     # a simulated node through a named fault
+    trainguard check --from-nvidia-smi smi.xml        # triage a saved `nvidia-smi -q -x`
+    trainguard check --list-scenarios
+
+Exit code: 0 ok, 1 degraded, 2 failed, 3 unknown or could not check (also for a bad flag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import BackendUnavailable, TrainguardError
+from trainguard.records import Health, NodeVerdict
+
+COULD_NOT_CHECK = Health.UNKNOWN.exit_code  # 3
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "check",
+        help="one-shot node health verdict (exit 0 ok, 1 degraded, 2 failed, 3 unknown)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--backend", choices=["nvml", "sim"], default=None, help="telemetry source (default nvml)")
+    p.add_argument("--scenario", metavar="NAME", help="simulated fault scenario (implies --backend sim)")
+    p.add_argument("--kernel-log", type=Path, metavar="PATH", help="kernel log to scan for Xid lines")
+    p.add_argument("--from-nvidia-smi", type=Path, metavar="FILE", help="a saved `nvidia-smi -q -x` file")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--list-scenarios", action="store_true", help="list the simulated scenarios and exit")
+    p.add_argument("--gpus", type=int, default=8, metavar="N", help="GPUs of the simulated node (default 8)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the simulated node")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between the two readings that counter rates need (default 1)",
+    )
+
+    def usage_error(message: str) -> None:  # a probe must not read a typo as "failed" (2)
+        p.print_usage(sys.stderr)
+        p.exit(COULD_NOT_CHECK, f"trainguard check: error: {message}\n")
+
+    parse_known = p.parse_known_args
+
+    def parse_strict(args: Any = None, namespace: Any = None) -> Any:
+        # The top-level parser would reject leftovers with exit 2; reject them here, with 3.
+        ns, extras = parse_known(args, namespace)
+        if extras:
+            usage_error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
+
+    p.error = usage_error
+    p.parse_known_args = parse_strict
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_scenarios:
+        return list_scenarios(args.json)
+    try:
+        verdict, extra = evaluate(args)
+    except BackendUnavailable as exc:
+        print(f"trainguard check: {exc}".rstrip() + _suggest_sim(str(exc)), file=sys.stderr)
+        return COULD_NOT_CHECK
+    except (TrainguardError, OSError) as exc:
+        print(f"trainguard check: could not check: {exc}", file=sys.stderr)
+        return COULD_NOT_CHECK
+    if args.json:
+        from trainguard.detect.verdict import verdict_to_dict
+
+        print(json.dumps({**verdict_to_dict(verdict), **extra}))
+    else:
+        from trainguard.cli.render import verdict_text
+
+        if extra.get("scenario"):
+            print(f"scenario {extra['scenario']}: {extra['description']} (expected: {extra['expected']})")
+        print(verdict_text(verdict))
+    return verdict.health.exit_code
+
+
+def _suggest_sim(message: str) -> str:
+    return "" if "--backend sim" in message else " (try --backend sim for a simulated node)"
+
+
+def evaluate(args: argparse.Namespace) -> tuple[NodeVerdict, dict[str, Any]]:
+    """Run the check the flags ask for; returns the verdict and extra JSON keys."""
+    from trainguard.errors import ConfigError
+
+    backend = args.backend or ("sim" if args.scenario else "nvml")
+    if args.from_nvidia_smi is not None:
+        if args.scenario or args.backend:
+            raise ConfigError("--from-nvidia-smi reads a file: it takes no --backend or --scenario")
+        return _check_snapshot(args.from_nvidia_smi, args.kernel_log)
+    if args.scenario and backend != "sim":
+        raise ConfigError("--scenario runs on the simulated node: use --backend sim")
+    if backend == "sim":
+        return check_scenario(
+            args.scenario or "healthy", n_gpus=args.gpus, seed=args.seed, kernel_log=args.kernel_log
+        )
+    return _check_live(args.kernel_log, args.interval)
+
+
+def check_scenario(
+    name: str, n_gpus: int = 8, seed: int = 0, kernel_log: Path | None = None
+) -> tuple[NodeVerdict, dict[str, Any]]:
+    """Play scenario ``name`` on a simulated node on a virtual clock, one agent tick per second."""
+    from trainguard.agent import Agent
+    from trainguard.clock import VirtualClock
+    from trainguard.telemetry.sim import SimFleet, run_scenario
+
+    with tempfile.TemporaryDirectory(prefix="trainguard-check-") as tmp:
+        kmsg = kernel_log if kernel_log is not None else Path(tmp) / "kmsg.log"
+        clock = VirtualClock()
+        fleet = SimFleet(n_gpus=n_gpus, seed=seed, clock=clock, kmsg_path=kmsg)
+        with Agent(fleet, kernel_log=kmsg, clock=clock) as agent:
+            agent.tick()
+            scenario = run_scenario(name, fleet, step_s=1.0, on_step=lambda _elapsed: agent.tick())
+            verdict = agent.tick()
+    extra = {
+        "backend": "sim",
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "expected": scenario.expected.value,
+        "duration_s": scenario.duration_s,
+    }
+    return verdict, extra
+
+
+def _require(kernel_log: Path | None) -> None:
+    from trainguard.errors import InputError
+
+    if kernel_log is not None and not kernel_log.exists():
+        raise InputError(f"kernel log {kernel_log} does not exist (try /dev/kmsg or /var/log/kern.log)")
+
+
+def _check_live(kernel_log: Path | None, interval: float) -> tuple[NodeVerdict, dict[str, Any]]:
+    from trainguard.agent import Agent
+    from trainguard.telemetry import open_backend
+
+    _require(kernel_log)
+
+    with Agent(open_backend("nvml"), kernel_log=kernel_log) as agent:
+        agent.tick()
+        time.sleep(max(interval, 0.0))  # rates (PCIe replays, NVLink errors) need two readings
+        verdict = agent.tick()
+    return verdict, {"backend": "nvml"}
+
+
+def _check_snapshot(path: Path, kernel_log: Path | None) -> tuple[NodeVerdict, dict[str, Any]]:
+    from trainguard.agent import Agent
+    from trainguard.telemetry import open_backend
+
+    _require(kernel_log)
+    with Agent(open_backend("smi-xml", path=path), kernel_log=kernel_log) as agent:
+        verdict = agent.tick()  # one snapshot: no counter rates
+    return verdict, {"backend": "smi-xml", "source": str(path)}
+
+
+def list_scenarios(as_json: bool) -> int:
+    from trainguard.telemetry.sim import SCENARIOS
+
+    rows = [(s.name, s.expected.value, s.duration_s, s.description) for s in SCENARIOS.values()]
+    if as_json:
+        keys = ("name", "expected", "duration_s", "description")
+        print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows]))
+        return 0
+    width = max(len(r[0]) for r in rows)
+    print(f"{'SCENARIO'.ljust(width)}  EXPECTED  SECONDS  DESCRIPTION")
+    for name, expected, duration, description in rows:
+        print(f"{name.ljust(width)}  {expected:<8}  {duration:>7g}  {description}")
+    print("\nrun one: trainguard check --backend sim --scenario NAME [--json]")
+    return 0

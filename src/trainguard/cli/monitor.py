@@ -1,0 +1,181 @@
+"""`trainguard monitor`: a live table of every GPU, its readings, verdict and reasons.
+
+    trainguard monitor                                   # this node through NVML, every 2 s
+    trainguard monitor --backend sim --scenario tour     # a simulated node through scripted faults
+    trainguard monitor --backend sim --scenario thermal --speed 10
+    trainguard monitor --once                            # print one table and exit
+
+Ctrl-C quits (exit 0) and leaves the terminal as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainguard.errors import BackendUnavailable, TrainguardError
+
+if TYPE_CHECKING:
+    from trainguard.agent import Agent
+    from trainguard.clock import VirtualClock
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "monitor",
+        help="live table of every GPU: readings, verdict and reasons",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--backend", choices=["nvml", "sim"], default=None, help="telemetry source (default nvml)")
+    p.add_argument("--scenario", metavar="NAME", help="simulated fault scenario (implies --backend sim)")
+    p.add_argument("--interval", type=float, default=None, metavar="S", help="refresh every S seconds")
+    p.add_argument("--kernel-log", type=Path, metavar="PATH", help="kernel log to follow for Xid lines")
+    p.add_argument("--once", action="store_true", help="print one table and exit")
+    p.add_argument("--speed", type=float, default=1.0, metavar="X", help="simulated time runs X times faster")
+    p.add_argument("--gpus", type=int, default=8, metavar="N", help="GPUs of the simulated node (default 8)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the simulated node")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from rich.console import Console
+    except ImportError:
+        print("trainguard monitor needs rich: pip install 'trainguard[cli]'", file=sys.stderr)
+        return 3
+    backend = args.backend or ("sim" if args.scenario else "nvml")
+    interval = args.interval if args.interval is not None else (1.0 if backend == "sim" else 2.0)
+    if interval <= 0 or args.speed <= 0:
+        print("trainguard monitor: --interval and --speed must be positive", file=sys.stderr)
+        return 2
+    console = Console()
+    try:
+        session = Session.open(backend, args.scenario, args.kernel_log, args.gpus, args.seed, args.speed)
+    except BackendUnavailable as exc:
+        message = str(exc).rstrip()
+        hint = "" if "--backend sim" in message else " (try --backend sim for a simulated node)"
+        print(f"trainguard monitor: {message}{hint}", file=sys.stderr)
+        return 3
+    except TrainguardError as exc:
+        print(f"trainguard monitor: {exc}", file=sys.stderr)
+        return 2
+    with session:
+        if args.once:
+            session.settle(interval)
+            console.print(session.frame(console.width, live=False))
+            return 0
+        return watch(session, interval, console)
+
+
+def watch(session: Session, interval: float, console: Any) -> int:
+    """Refresh the table until Ctrl-C; the Live display restores the terminal on the way out."""
+    from rich.live import Live
+
+    try:
+        with Live(
+            session.frame(console.width), console=console, refresh_per_second=4, transient=False
+        ) as live:
+            while True:
+                session.step()
+                live.update(session.frame(console.width))
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+class Session:
+    """An agent plus the clock that drives it: real for NVML, accelerated virtual time for sim."""
+
+    def __init__(self, agent: Agent, clock: VirtualClock | None, speed: float, title: str) -> None:
+        self.agent, self.clock, self.speed, self.title = agent, clock, speed, title
+        self._t0 = time.monotonic()
+        self._start = clock.time() if clock is not None else 0.0
+        self.scenario_end: float | None = None
+        self._tmp: Any = None  # a TemporaryDirectory holding the simulated kernel log
+        self.agent.tick()
+
+    @classmethod
+    def open(
+        cls, backend: str, scenario: str | None, kernel_log: Path | None, n_gpus: int, seed: int, speed: float
+    ) -> Session:
+        from trainguard.agent import Agent
+        from trainguard.errors import ConfigError
+
+        if backend != "sim":
+            if scenario:
+                raise ConfigError("--scenario runs on the simulated node: use --backend sim")
+            from trainguard.telemetry import open_backend
+
+            return cls(Agent(open_backend(backend), kernel_log=kernel_log), None, 1.0, f"{backend} telemetry")
+        import tempfile
+
+        from trainguard.clock import VirtualClock
+        from trainguard.telemetry.sim import SCENARIOS, SimFleet
+
+        spec = SCENARIOS.get(scenario or "healthy")
+        if spec is None:
+            raise ConfigError(f"unknown scenario {scenario!r}: choose one of {', '.join(SCENARIOS)}")
+        tmp = tempfile.TemporaryDirectory(prefix="trainguard-monitor-")
+        kmsg = kernel_log if kernel_log is not None else Path(tmp.name) / "kmsg.log"
+        clock = VirtualClock()
+        fleet = SimFleet(n_gpus=n_gpus, seed=seed, clock=clock, kmsg_path=kmsg)
+        spec.script(fleet)
+        session = cls(
+            Agent(fleet, kernel_log=kmsg, clock=clock), clock, speed, f"simulated node: {spec.name}"
+        )
+        session.scenario_end = spec.duration_s
+        session._tmp = tmp  # removed on close
+        return session
+
+    @property
+    def elapsed(self) -> float:
+        return self.clock.time() - self._start if self.clock is not None else time.monotonic() - self._t0
+
+    def step(self) -> None:
+        """Bring the agent up to now: one tick, or on virtual time one tick per simulated second."""
+        if self.clock is None:
+            self.agent.tick()
+            return
+        target = self._start + (time.monotonic() - self._t0) * self.speed
+        while self.clock.time() < target:
+            self.clock.advance_to(min(self.clock.time() + 1.0, target))
+            self.agent.tick()
+
+    def settle(self, interval: float) -> None:
+        """For --once: a second reading (counter rates need two); a scenario plays to its end."""
+        if self.clock is None:
+            time.sleep(interval)
+            self.agent.tick()
+            return
+        end = self._start + (self.scenario_end or 0.0) + 1.0
+        while self.clock.time() < end:
+            self.clock.advance_to(min(self.clock.time() + 1.0, end))
+            self.agent.tick()
+
+    def frame(self, width: int = 200, live: bool = True) -> Any:
+        from rich.console import Group
+        from rich.text import Text
+
+        from trainguard.cli.render import THROTTLE_LEGEND, gpu_table, node_line
+
+        table = gpu_table(self.agent.samples, self.agent.verdict, title=self.title, width=width)
+        if not live:
+            return Group(table, node_line(self.agent.verdict))
+        footer = Text(f"t={self.elapsed:.0f}s  Ctrl-C to quit   {THROTTLE_LEGEND}", style="dim")
+        return Group(table, node_line(self.agent.verdict), footer)
+
+    def close(self) -> None:
+        self.agent.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,123 @@
+"""`trainguard monitor` (one frame, and Ctrl-C in a real terminal) and the node demo."""
+
+from __future__ import annotations
+
+import io
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from rich.console import Console
+
+from trainguard.cli import main
+from trainguard.cli.demo import run_node_demo
+
+
+def test_once_prints_every_gpu_with_readings_verdict_and_reasons(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["monitor", "--backend", "sim", "--scenario", "tour", "--once"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == [str(i) for i in range(8)]
+    header = next(line for line in out.splitlines() if "GPU" in line and "verdict" in line)
+    for column in (
+        "temp",
+        "power W",
+        "SM MHz",
+        "util",
+        "mem GiB",
+        "ECC",
+        "remap",
+        "PCIe",
+        "NVLink",
+        "throttle",
+        "reasons",
+    ):
+        assert column in header
+    assert "°C" in rows[0][1] and "/700" in out and "/1980" in out  # temperature, power limit, max clock
+    assert "G5x8" in out  # GPU 5's downtrained link
+    assert "failed" in rows[4] and "GPU stopped answering" in out
+    assert "node: FAILED" in out
+
+
+def test_on_a_narrow_terminal_reasons_move_beneath_the_table(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["monitor", "--backend", "sim", "--scenario", "tour", "--once"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "GPU 4: GPU stopped answering" in out and "GPU 1: temperature" in out
+    assert "…" not in "".join(line for line in out.splitlines() if line.strip()[:1].isdigit())
+
+
+def test_once_on_a_healthy_node_shows_ok(capsys):
+    assert main(["monitor", "--backend", "sim", "--once", "--gpus", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "node: OK" in out and out.count(" ok") >= 2
+
+
+def test_unknown_scenario_is_an_error_not_a_crash(capsys):
+    assert main(["monitor", "--backend", "sim", "--scenario", "nope", "--once"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ctrl_c_quits_cleanly_and_restores_the_terminal():
+    """In a real pseudo-terminal: the live table draws, SIGINT ends it with exit 0, cursor shown again."""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": "120", "LINES": "40", "TERM": "xterm-256color"}
+    env.pop("NO_COLOR", None)
+    argv = [sys.executable, "-m", "trainguard.cli", "monitor", "--backend", "sim", "--interval", "0.2"]
+    proc = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, env=env, close_fds=True)
+    os.close(follower)
+    out = b""
+
+    def drain(seconds: float) -> None:
+        nonlocal out
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            ready, _, _ = select.select([leader], [], [], 0.1)
+            if ready:
+                try:
+                    out += os.read(leader, 65536)
+                except OSError:
+                    return
+
+    try:
+        deadline = time.monotonic() + 20
+        while b"node:" not in out and time.monotonic() < deadline and proc.poll() is None:
+            drain(0.2)
+        assert b"node:" in out, out[-2000:]
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=10)
+        drain(0.3)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(leader)
+    assert code == 0
+    assert b"\x1b[?25l" in out and out.rfind(b"\x1b[?25h") > out.rfind(b"\x1b[?25l")  # cursor back
+    assert b"Traceback" not in out
+
+
+def test_node_demo_walks_the_tour_and_summarises_every_fault():
+    buf = io.StringIO()
+    assert run_node_demo(speed=2000, console=Console(file=buf, width=120)) == 0
+    out = buf.getvalue()
+    assert "incident log" in out and "summary: every fault and the verdict it produced" in out
+    summary = out[out.index("summary:") :]
+    for gpu, verdict in [(0, "degraded"), (2, "degraded"), (4, "failed"), (6, "failed")]:
+        row = next(line for line in summary.splitlines() if line.startswith(f"│ {gpu} "))
+        assert verdict in row
+    assert "node verdict: failed (expected failed)" in out
+
+
+def test_demo_command_accepts_node_flag():
+    from trainguard.cli import build_parser
+
+    args = build_parser().parse_args(["demo", "--node", "--speed", "3"])
+    assert args.node and args.speed == 3.0 and callable(args.func)
