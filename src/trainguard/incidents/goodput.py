@@ -114,14 +114,16 @@ def goodput(intervals: Iterable[Interval], wall_start: float, wall_end: float) -
     """
     ivs = [iv for iv in intervals if iv.end > iv.start]
     wall = max(0.0, wall_end - wall_start)
-    # Microsecond rounding: float sums of many short intervals otherwise print as 431.79999995.
-    charged = {k: round(v, 6) for k, v in _charge(ivs, wall_start, wall_end).items()}
+    raw = _charge(ivs, wall_start, wall_end)
+    # Shown rounded to the microsecond (float sums of many short intervals otherwise print as
+    # 431.79999995); rounding is monotonic, so no part exceeds the wall. ETTR uses the raw sums.
+    charged = {k: round(v, 6) for k, v in raw.items()}
     attempts = sorted({iv.attempt for iv in ivs})
     failed = {iv.attempt for iv in ivs if iv.kind in (IntervalKind.DETECTION, IntervalKind.LOST)}
     failed |= set(attempts[:-1])
-    covered = sum(charged.values())
+    ettr = min(1.0, raw[IntervalKind.PRODUCTIVE] / wall) if wall > 0 else 0.0
     return GoodputSummary(
-        wall_s=wall,
+        wall_s=round(wall, 6),
         productive_s=charged[IntervalKind.PRODUCTIVE],
         checkpoint_s=charged[IntervalKind.CHECKPOINT],
         init_s=charged[IntervalKind.INIT],
@@ -129,8 +131,8 @@ def goodput(intervals: Iterable[Interval], wall_start: float, wall_end: float) -
         lost_s=charged[IntervalKind.LOST],
         detection_s=charged[IntervalKind.DETECTION],
         downtime_s=charged[IntervalKind.DOWNTIME],
-        unaccounted_s=max(0.0, wall - covered),
-        ettr=charged[IntervalKind.PRODUCTIVE] / wall if wall > 0 else 0.0,
+        unaccounted_s=round(max(0.0, wall - sum(raw.values())), 6),
+        ettr=ettr,
         interruptions=len(failed),
         attempts=len(attempts),
     )
