@@ -1,1 +1,36 @@
-"""(filled in by its owner)"""
+"""Detect: turn raw evidence (log lines, GPU readings) into classified events and findings.
+
+logs     -> kernel_log.parse_kernel_line / training_log.classify_training_line -> Event
+files    -> scan.scan_file (bulk), follow.LogFollower / KmsgReader (as they grow)
+catalog  -> xid.xid_info(code) -> XidInfo
+readings -> rules (Samples and Events -> Findings -> verdicts)
+"""
+
+from __future__ import annotations
+
+from trainguard.detect.follow import KmsgReader, LogFollower, decode_line, read_journal_kernel, read_kmsg
+from trainguard.detect.kernel_log import line_time, parse_kernel_line
+from trainguard.detect.scan import BurstTracker, ScanStats, classify_line, scan_file
+from trainguard.detect.training_log import ElasticRootCause, classify_training_line, parse_elastic_root_cause
+from trainguard.detect.xid import XidClass, XidInfo, xid_catalog, xid_info
+
+__all__ = [
+    "BurstTracker",
+    "ElasticRootCause",
+    "KmsgReader",
+    "LogFollower",
+    "ScanStats",
+    "XidClass",
+    "XidInfo",
+    "classify_line",
+    "classify_training_line",
+    "decode_line",
+    "line_time",
+    "parse_elastic_root_cause",
+    "parse_kernel_line",
+    "read_journal_kernel",
+    "read_kmsg",
+    "scan_file",
+    "xid_catalog",
+    "xid_info",
+]

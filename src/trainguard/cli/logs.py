@@ -1,0 +1,179 @@
+"""``trainguard logs scan PATH... [--json]`` and ``trainguard logs follow PATH [--json]``.
+
+Classify kernel-log lines (Xid, SXid, fallen off the bus, GPU map) and training-log lines (NCCL,
+CUDA, OOM, torchelastic, crashes). ``--json`` prints one object per finding per line; lines that
+are not findings print nothing. Exit 0, or 2 when a path cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable
+from typing import TextIO
+
+from trainguard.records import Event
+
+_TABLE = "{loc:<28} {kind:<8} {xid:>5} {pci:<10} {severity:<7} {action:<15} {category:<17} {text}"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "logs",
+        help="classify kernel and training logs (Xid, SXid, NCCL, CUDA, OOM...)",
+        description="Find GPU, NCCL, CUDA and host failures in kernel logs and training logs.",
+    )
+    sub = parser.add_subparsers(dest="logs_command", metavar="ACTION")
+    scan = sub.add_parser("scan", help="classify whole files (dmesg, syslog, journal exports, training logs)")
+    scan.add_argument("paths", nargs="+", metavar="PATH", help="log files to scan ('-' reads stdin)")
+    _common(scan)
+    scan.add_argument(
+        "--engine",
+        choices=["auto", "hyperscan", "find"],
+        default="auto",
+        help="bulk search engine (auto: hyperscan when installed)",
+    )
+    scan.set_defaults(func=run_scan)
+    follow = sub.add_parser("follow", help="classify lines as they are appended (survives rotation)")
+    follow.add_argument("path", metavar="PATH", help="a log file, or /dev/kmsg")
+    _common(follow)
+    follow.add_argument("--from-start", action="store_true", help="classify what is already there first")
+    follow.add_argument("--interval", type=float, default=0.5, help="seconds between polls (default 0.5)")
+    follow.add_argument(
+        "--max-seconds", type=float, default=None, help="stop after this long (default: never)"
+    )
+    follow.set_defaults(func=run_follow)
+
+    def usage(_args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=usage)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="one JSON object per finding per line")
+    parser.add_argument(
+        "--burst-window",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="an Xid 45 within S seconds after another Xid on the same GPU is sympathetic (default 10)",
+    )
+
+
+def event_json(event: Event) -> dict[str, object]:
+    return {
+        "path": event.path,
+        "line_no": event.line_no,
+        "kind": event.kind.value,
+        "xid": event.xid,
+        "pci": event.pci,
+        "category": event.category.value,
+        "severity": event.severity.value,
+        "action": event.action.value,
+        "sympathetic": event.sympathetic,
+        "time": event.time,
+        "uuid": event.uuid,
+        "pid": event.pid,
+        "process": event.process,
+        "text": event.text,
+    }
+
+
+def _emit(events: Iterable[Event], as_json: bool, out: TextIO) -> int:
+    count = 0
+    for event in events:
+        count += 1
+        if as_json:
+            out.write(json.dumps(event_json(event)) + "\n")
+            continue
+        text = event.text if len(event.text) <= 100 else event.text[:97] + "..."
+        severity = event.severity.value + ("*" if event.sympathetic else "")
+        out.write(
+            _TABLE.format(loc=f"{event.path}:{event.line_no}", kind=event.kind.value,
+                          xid="" if event.xid is None else event.xid, pci=event.pci or "", severity=severity,
+                          action=event.action.value, category=event.category.value, text=text) + "\n"
+        )  # fmt: skip
+    return count
+
+
+def _header(as_json: bool, out: TextIO) -> None:
+    if not as_json:
+        out.write(_TABLE.format(loc="PATH:LINE", kind="KIND", xid="XID", pci="PCI", severity="SEVERITY",
+                                action="ACTION", category="CATEGORY", text="TEXT") + "\n")  # fmt: skip
+
+
+def run_scan(args: argparse.Namespace) -> int:
+    from trainguard.detect.scan import BurstTracker, ScanStats, scan_file
+    from trainguard.errors import InputError
+
+    out, status = sys.stdout, 0
+    _header(args.json, out)
+    for path in args.paths:
+        stats = ScanStats()
+        try:
+            events = scan_file(path, stats=stats, engine=args.engine, tracker=BurstTracker(args.burst_window))
+            _emit(events, args.json, out)
+        except InputError as exc:
+            print(f"trainguard logs scan: error: {exc}", file=sys.stderr)
+            status = 2
+            continue
+        except BrokenPipeError:  # `| head`: the reader has seen enough
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return status
+        if stats.skipped:
+            print(
+                f"trainguard logs scan: {path}: skipped {stats.skipped} binary or non-UTF-8 line(s)",
+                file=sys.stderr,
+            )
+        if not args.json:
+            print(
+                f"# {path}: {stats.findings} finding(s) in {stats.lines} line(s) [{stats.engine}]",
+                file=sys.stderr,
+            )
+    return status
+
+
+def run_follow(args: argparse.Namespace) -> int:
+    from trainguard.detect.follow import KmsgReader, LogFollower
+    from trainguard.detect.scan import BurstTracker, classify_line
+
+    source: KmsgReader | LogFollower
+    if args.path == "/dev/kmsg" or str(args.path).endswith("/kmsg"):
+        source = KmsgReader(args.path, from_start=args.from_start)
+    else:
+        source = LogFollower(args.path, from_start=args.from_start, poll_interval=args.interval)
+    tracker = BurstTracker(args.burst_window)
+    deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
+    line_no, out = 0, sys.stdout
+    _header(args.json, out)
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            lines = source.poll()
+            found = []
+            for text in lines:
+                line_no += 1
+                event = classify_line(text)
+                if event is not None:
+                    found.append(tracker.observe(dataclasses.replace(event, path=args.path, line_no=line_no)))
+            _emit(found, args.json, out)
+            out.flush()
+            if not lines:
+                time.sleep(
+                    args.interval
+                    if deadline is None
+                    else max(0.0, min(args.interval, deadline - time.monotonic()))
+                )
+    finally:
+        source.close()
+        if source.skipped:
+            print(
+                f"trainguard logs follow: skipped {source.skipped} binary or non-UTF-8 line(s)",
+                file=sys.stderr,
+            )
+    return 0
