@@ -113,3 +113,17 @@ def test_every_kernel_line_the_fleet_writes_parses_to_the_right_xid_and_gpu(name
         else:  # driver banner, crash-dump notes, AER lines: not GPU events
             assert event is None or event.kind not in (EventKind.XID, EventKind.SXID), line
     assert seen == XIDS.get(name, set())
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_scenario_ends_in_its_documented_verdict_through_the_agent(name, tmp_path):
+    agent_mod = pytest.importorskip("trainguard.agent")
+    clock, kmsg = VirtualClock(), tmp_path / "kmsg.log"
+    fleet = SimFleet(clock=clock, kmsg_path=kmsg)
+    with agent_mod.Agent(fleet, kernel_log=kmsg, clock=clock) as agent:
+        agent.tick()
+        run_scenario(name, fleet, on_step=lambda _t: agent.tick())
+        verdict = agent.tick()
+    assert verdict.health is SCENARIOS[name].expected, verdict.reasons
+    bad = {g.gpu.index for g in verdict.gpus if g.health is not Health.OK}
+    assert bad <= set(SCENARIOS[name].faulty_gpus)

@@ -287,3 +287,20 @@ def test_write_xid_line_appends_one_real_format_line(tmp_path):
     assert named.endswith("NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python3, Graphics Exception")
     with pytest.raises(ValueError):
         write_xid_line(path, "not-a-bus", 79, "x")
+
+
+def test_write_xid_line_defaults_to_the_drivers_own_text(tmp_path):
+    path = tmp_path / "kmsg.log"
+    assert write_xid_line(path, "0000:3b:00", 79, uptime=7).endswith(
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    )
+    assert "Row Remapper Error" in write_xid_line(path, "0000:3b:00", 64, uptime=8)
+    assert write_xid_line(
+        path,
+        "0000:3b:00",
+        154,
+        "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+        uptime=9,
+    ).endswith(
+        "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+    )

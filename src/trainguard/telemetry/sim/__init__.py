@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from trainguard.telemetry.sim import faults
 from trainguard.telemetry.sim.fleet import SimFleet
-from trainguard.telemetry.sim.kmsg import dmesg_line, format_xid, write_xid_line
-from trainguard.telemetry.sim.profiles import PROFILES, GpuProfile
+from trainguard.telemetry.sim.kmsg import dmesg_line, format_xid, write_xid_line, xid_messages
+from trainguard.telemetry.sim.profiles import PROFILES, GpuProfile, pci_address
 from trainguard.telemetry.sim.scenarios import SCENARIOS, Scenario, run_scenario
 from trainguard.telemetry.sim.script import At
 
@@ -30,6 +30,8 @@ __all__ = [
     "dmesg_line",
     "faults",
     "format_xid",
+    "pci_address",
     "run_scenario",
     "write_xid_line",
+    "xid_messages",
 ]

@@ -9,11 +9,11 @@ real driver or kernel logs something, appends those exact lines to the fleet's k
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 from trainguard.records import RecoveryAction
 from trainguard.telemetry.sim import kmsg, state
+from trainguard.telemetry.sim.kmsg import xid_messages
 from trainguard.telemetry.sim.state import FaultContext
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "ThermalRunaway",
     "Uncontained",
     "Xid",
-    "xid_messages",
 ]
 
 # NVML_GPU_RECOVERY_ACTION_* value and the name Xid 154 prints for it.
@@ -44,40 +43,6 @@ RECOVERY_CODES: dict[RecoveryAction, tuple[int, str]] = {
     RecoveryAction.DRAIN_P2P: (3, "Drain P2P"),
     RecoveryAction.DRAIN_AND_RESET: (4, "Drain and Reset"),
 }
-
-
-def xid_messages(code: int, rng: random.Random) -> list[str]:
-    """The text(s) after ``pid=..., name=...,`` that the driver prints for an Xid, with
-    plausible details (GPC/TPC, channel, addresses) drawn from ``rng``."""
-    ch = f"Ch {rng.choice((8, 9, 10, 16, 24)):08x}"
-    addr = rng.randrange(0x10000000, 0x13FFFFFFF) & ~0x1F
-    if code == 13:
-        gpc, tpc, sm = rng.randrange(8), rng.randrange(9), rng.randrange(2)
-        esr = 0x504648 + gpc * 0x8000 + tpc * 0x800
-        return [
-            f"Graphics SM Warp Exception on (GPC {gpc}, TPC {tpc}, SM {sm}): Out Of Range Address",
-            f"Graphics Exception: ESR 0x{esr:x}=0x102000e 0x{esr + 8:x}=0x20 "
-            f"0x{esr - 4:x}=0xd3eff2 0x{esr + 4:x}=0x17f",
-        ]
-    if code == 31:
-        return [
-            f"{ch}, intr 00000000. MMU Fault: ENGINE GRAPHICS GPC{rng.randrange(8)} "
-            f"GPCCLIENT_T1_{rng.randrange(16)} faulted @ 0x7f{rng.randrange(0x10, 0xFF):02x}_"
-            f"{rng.randrange(1 << 32) & ~0xFFF:08x}. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ"
-        ]
-    texts = {
-        48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at "
-        f"physAddr 0x{addr:x} partition {rng.randrange(16)}, subpartition {rng.randrange(4)}.",
-        63: f"Row Remapper: New row (0x{addr:016x}) marked for remapping, reset gpu to activate.",
-        64: f"Row Remapper Error: (0x{addr:016x}) - All reserved rows for bank are remapped",
-        74: f"NVLink: fatal error detected on link {rng.randrange(18)}(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
-        79: "GPU has fallen off the bus.",
-        94: "Contained: SM (0x1). RST: No, D-RST: No",
-        95: "Uncontained: LTC TAG (0x2,0x0). RST: Yes, D-RST: No",
-        119: "Timeout after 6s of waiting for RPC response from GPU0 GSP! "
-        "Expected function 76 (GSP_RM_CONTROL) (0x20802a02 0x8).",
-    }
-    return [texts.get(code, ch)]
 
 
 _HARDWARE = {48, 63, 64, 74, 79, 94, 95, 119}  # raised by the GPU, not by a process

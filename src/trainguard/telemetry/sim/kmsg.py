@@ -13,6 +13,7 @@ to emit the evidence of an Xid from another process::
 from __future__ import annotations
 
 import os
+import random
 import time
 from collections.abc import Iterable
 
@@ -26,6 +27,7 @@ __all__ = [
     "format_xid",
     "gpu_map_lines",
     "write_xid_line",
+    "xid_messages",
 ]
 
 
@@ -86,6 +88,40 @@ def aer_corrected_lines(pci: str, device_id: str, bridge: str, *, bit: int = 12)
     ]
 
 
+def xid_messages(code: int, rng: random.Random) -> list[str]:
+    """The text(s) after ``pid=..., name=...,`` that the driver prints for an Xid, with
+    plausible details (GPC/TPC, channel, addresses) drawn from ``rng``."""
+    ch = f"Ch {rng.choice((8, 9, 10, 16, 24)):08x}"
+    addr = rng.randrange(0x10000000, 0x13FFFFFFF) & ~0x1F
+    if code == 13:
+        gpc, tpc, sm = rng.randrange(8), rng.randrange(9), rng.randrange(2)
+        esr = 0x504648 + gpc * 0x8000 + tpc * 0x800
+        return [
+            f"Graphics SM Warp Exception on (GPC {gpc}, TPC {tpc}, SM {sm}): Out Of Range Address",
+            f"Graphics Exception: ESR 0x{esr:x}=0x102000e 0x{esr + 8:x}=0x20 "
+            f"0x{esr - 4:x}=0xd3eff2 0x{esr + 4:x}=0x17f",
+        ]
+    if code == 31:
+        return [
+            f"{ch}, intr 00000000. MMU Fault: ENGINE GRAPHICS GPC{rng.randrange(8)} "
+            f"GPCCLIENT_T1_{rng.randrange(16)} faulted @ 0x7f{rng.randrange(0x10, 0xFF):02x}_"
+            f"{rng.randrange(1 << 32) & ~0xFFF:08x}. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ"
+        ]
+    texts = {
+        48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at "
+        f"physAddr 0x{addr:x} partition {rng.randrange(16)}, subpartition {rng.randrange(4)}.",
+        63: f"Row Remapper: New row (0x{addr:016x}) marked for remapping, reset gpu to activate.",
+        64: f"Row Remapper Error: (0x{addr:016x}) - All reserved rows for bank are remapped",
+        74: f"NVLink: fatal error detected on link {rng.randrange(18)}(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+        79: "GPU has fallen off the bus.",
+        94: "Contained: SM (0x1). RST: No, D-RST: No",
+        95: "Uncontained: LTC TAG (0x2,0x0). RST: Yes, D-RST: No",
+        119: "Timeout after 6s of waiting for RPC response from GPU0 GSP! "
+        "Expected function 76 (GSP_RM_CONTROL) (0x20802a02 0x8).",
+    }
+    return [texts.get(code, ch)]
+
+
 def append_lines(path: str | os.PathLike[str], lines: Iterable[str]) -> None:
     """Append whole lines with one ``write`` on an O_APPEND descriptor.
 
@@ -106,18 +142,23 @@ def write_xid_line(
     kmsg_path: str | os.PathLike[str],
     pci: str,
     xid: int,
-    text: str,
+    text: str | None = None,
     *,
     pid: int | None = None,
     name: str | None = None,
     uptime: float | None = None,
-    who: bool = True,
+    who: bool | None = None,
 ) -> str:
     """Append one real-format Xid line to ``kmsg_path`` and return it (without the newline).
 
-    ``uptime`` is the dmesg timestamp; by default the monotonic clock, which is what printk uses.
+    ``text`` defaults to what the driver prints for ``xid`` (see ``xid_messages``); ``uptime`` is
+    the dmesg timestamp, by default the monotonic clock (what printk uses); ``who`` (print
+    ``pid=..., name=...``) defaults to True except for Xid 154, which names no process.
     """
     stamp = time.monotonic() if uptime is None else uptime
+    if text is None:
+        text = xid_messages(xid, random.Random(f"{pci}/{xid}/{stamp}"))[0]
+    who = xid != 154 if who is None else who
     line = dmesg_line(stamp, format_xid(pci, xid, text, pid=pid, name=name, who=who))
     append_lines(kmsg_path, [line])
     return line
