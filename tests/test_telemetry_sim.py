@@ -304,3 +304,17 @@ def test_write_xid_line_defaults_to_the_drivers_own_text(tmp_path):
     ).endswith(
         "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
     )
+
+
+def test_node_reboot_brings_a_lost_gpu_back_but_not_a_failed_remap(tmp_path):
+    fleet, clock, kmsg = make(tmp_path)
+    fleet.at(1).xid(79, gpu=3).row_remap_failure(gpu=2).thermal_runaway(gpu=1)
+    fleet.at(5).reboot_node()
+    clock.advance(4)
+    assert fleet.sample()[3].lost
+    clock.advance(2)
+    samples = fleet.sample()
+    assert not samples[3].lost and samples[3].temperature_c is not None
+    assert samples[2].remap_failure is True
+    assert samples[1].throttle == frozenset()
+    assert kmsg.read_text().count(f"NVRM: GPU at PCI:{fleet.gpus()[3].pci}") == 2

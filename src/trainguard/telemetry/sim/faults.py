@@ -22,6 +22,7 @@ __all__ = [
     "FallOffBus",
     "Fault",
     "GpuReset",
+    "NodeReboot",
     "NvlinkCrcStorm",
     "NvlinkDown",
     "PcieDowntrain",
@@ -260,6 +261,22 @@ class GpuReset:
         ctx.state(self.gpu).reset()
 
 
+@dataclass(frozen=True, slots=True)
+class NodeReboot:
+    """The node reboots: every GPU answers again (a lost one too), volatile state is cleared and
+    the driver prints its banner and GPU map again. Permanent damage (a remap failure, aggregate
+    counters) survives, as on real boards. The dmesg clock does not restart at zero."""
+
+    gpu: None = None
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        for i in range(ctx.n_gpus):
+            st = ctx.state(i)
+            st.reset()
+            st.lost_at = st.lost_error = None
+        ctx.kernel(at, ctx.boot_messages())
+
+
 Fault = (
     Xid
     | FallOffBus
@@ -275,4 +292,5 @@ Fault = (
     | NvlinkDown
     | Straggler
     | GpuReset
+    | NodeReboot
 )

@@ -75,12 +75,11 @@ class SimFleet:
         self._seq = itertools.count()
         self._lock = threading.RLock()
         self.kernel_log: deque[str] = deque(maxlen=100_000)  # every line written, also without a path
-        boot_lines = [kmsg.driver_banner(driver_version)]
+        self._boot_lines = [kmsg.driver_banner(driver_version)]
         for gpu in self._gpus:
-            boot_lines += kmsg.gpu_map_lines(
-                gpu.pci or "", gpu.uuid or "", profiles.serial(seed, hostname, gpu.index)
-            )
-        self.kernel(self.start_time, boot_lines)
+            serial = profiles.serial(seed, hostname, gpu.index)
+            self._boot_lines += kmsg.gpu_map_lines(gpu.pci or "", gpu.uuid or "", serial)
+        self.kernel(self.start_time, self._boot_lines)
 
     # -- TelemetryBackend -------------------------------------------------------------------
     def gpus(self) -> list[Gpu]:
@@ -176,6 +175,10 @@ class SimFleet:
         self.kernel_log.extend(lines)
         if self.kmsg_path is not None:
             kmsg.append_lines(self.kmsg_path, lines)
+
+    def boot_messages(self) -> list[str]:
+        """What the driver prints when it loads: banner, then per GPU its PCI -> UUID map line."""
+        return list(self._boot_lines)
 
     def rng(self, *key: object) -> random.Random:
         return random.Random("/".join(map(str, (self.seed, self.hostname, *key))))

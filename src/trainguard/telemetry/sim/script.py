@@ -88,6 +88,9 @@ class At:
     def reset_gpu(self, gpu: int) -> At:
         return self.fault(F.GpuReset(gpu))
 
+    def reboot_node(self) -> At:
+        return self.fault(F.NodeReboot())
+
     def app_xid_burst(
         self,
         gpu: int,
