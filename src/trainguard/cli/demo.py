@@ -192,8 +192,9 @@ def _summary(faults: list[tuple[float, Any]], log: list[LogEntry], final: NodeVe
         per_gpu.setdefault(getattr(fault, "gpu", -1), []).append((t, fault))
     verdicts = {g.gpu.index: g for g in final.gpus} if final else {}
     table = Table(title="summary: every fault and the verdict it produced", title_justify="left")
-    for name in ("GPU", "fault(s)", "at", "detected", "verdict", "action", "reason"):
-        table.add_column(name, overflow="fold")
+    for name in ("GPU", "fault(s)", "at", "detected", "verdict", "action"):
+        table.add_column(name, overflow="fold", max_width=24 if name == "fault(s)" else None)
+    table.add_column("reason", overflow="fold", ratio=1)
     for gpu in sorted(per_gpu):
         items = per_gpu[gpu]
         first = min(t for t, _ in items)

@@ -130,7 +130,7 @@ class XidState:
                 self._recs.pop(index, None)  # the GPU (re)initialised: earlier errors are behind it
             return
         if ev.kind is EventKind.XID and ev.xid is not None:
-            health, action = xid_policy(ev.xid, ev)
+            health, action = xid_policy(ev.xid, ev, self.th.app_xids)
             code: int | None = ev.xid
         elif ev.kind is EventKind.GPU_LOST:
             health, action, code = Health.FAILED, Action.REBOOT_NODE, None
@@ -331,6 +331,7 @@ _XID_POLICY: dict[int, tuple[Health, Action]] = {
     171: _FAILED_RESET,  # uncorrectable DRAM error
     172: _FAILED_RESET,  # uncorrectable SRAM error
 }
+_APP_XIDS = Thresholds().app_xids
 _BY_SEVERITY = {
     Severity.FATAL: Health.FAILED,
     Severity.ERROR: Health.DEGRADED,
@@ -339,12 +340,14 @@ _BY_SEVERITY = {
 }
 
 
-def xid_policy(code: int, ev: Event | None = None) -> tuple[Health, Action]:
+def xid_policy(
+    code: int, ev: Event | None = None, app_xids: tuple[int, ...] = _APP_XIDS
+) -> tuple[Health, Action]:
     """Health and action for one Xid seen alone: the table above, else the parser's classification."""
     found = _XID_POLICY.get(code)
     if found is not None:
         return found
-    if code in Thresholds().app_xids:
+    if code in app_xids:
         return Health.OK, Action.RESTART_APP
     if ev is None:
         return Health.DEGRADED, Action.RUN_DIAGNOSTICS
