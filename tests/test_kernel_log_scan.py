@@ -1,0 +1,150 @@
+"""The bulk file scanner finds exactly what line-by-line classification finds, at the right lines."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from trainguard.detect import scan as scan_mod
+from trainguard.detect.scan import BurstTracker, ScanStats, classify_line, scan_engine, scan_file
+from trainguard.errors import InputError
+from trainguard.records import Action, Severity
+
+DATA = Path(__file__).parent / "data"
+ENGINES = ["find", *(["hyperscan"] if scan_engine() == "hyperscan" else [])]
+FILLER = [
+    "Nov 22 08:40:07 node3 systemd[1]: Started Session 1234 of user root.",
+    "Nov 22 08:40:07 node3 sshd[2211]: Accepted publickey for ops from 10.0.0.5 port 51234 ssh2",
+    "Nov 22 08:40:08 node3 kubelet[1200]: I1122 08:40:08.123 kubelet.go:1234] SyncLoop UPDATE",
+    "Nov 22 08:40:09 node3 chronyd[650]: Selected source 10.0.0.1",
+]
+
+
+def _golden_lines() -> list[str]:
+    kernel = (DATA / "kernel" / "variants.log").read_text(encoding="utf-8").splitlines()
+    training = (DATA / "training" / "rank_failures.log").read_text(encoding="utf-8").splitlines()
+    return kernel + training
+
+
+def _mixed_file(tmp_path: Path, n: int = 3000, seed: int = 0) -> tuple[Path, list[str]]:
+    rng = random.Random(seed)
+    golden = _golden_lines()
+    lines = [rng.choice(golden) if rng.random() < 0.05 else rng.choice(FILLER) for _ in range(n)]
+    path = tmp_path / "mixed.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path, lines
+
+
+def _reference(lines: list[str]) -> list[tuple[int, str, int | None, str | None, str]]:
+    out = []
+    for no, line in enumerate(lines, 1):
+        event = classify_line(line)
+        if event is not None:
+            out.append((no, event.kind.value, event.xid, event.pci, event.category.value))
+    return out
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("chunk", [4096, 1 << 20])
+def test_scan_finds_what_line_by_line_classification_finds(tmp_path, engine, chunk):
+    path, lines = _mixed_file(tmp_path)
+    stats = ScanStats()
+    got = [(e.line_no, e.kind.value, e.xid, e.pci, e.category.value)
+           for e in scan_file(path, stats=stats, engine=engine, chunk_size=chunk)]  # fmt: skip
+    want = _reference(lines)
+    assert len(want) > 50
+    assert got == want
+    assert stats.lines == len(lines)
+    assert stats.bytes == path.stat().st_size
+    assert stats.findings == len(want)
+    assert stats.engine == engine
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_binary_garbage_is_skipped_and_counted_without_shifting_line_numbers(tmp_path, engine):
+    xid = b"[ 1.000000] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."
+    path = tmp_path / "garbage.log"
+    path.write_bytes(
+        b"ok line\n\x00\x00NVRM\x00\x01\n\xff\xfe NVRM Xid \xc3\x28\n" + xid + b"\nCUDA \xe2\x82\n"
+    )
+    stats = ScanStats()
+    events = list(scan_file(path, stats=stats, engine=engine))
+    assert [(e.line_no, e.xid) for e in events] == [(4, 79)]
+    assert stats.skipped == 3
+    assert stats.lines == 5
+
+
+def test_overlong_line_is_skipped_and_scanning_goes_on(tmp_path):
+    path = tmp_path / "long.log"
+    line = b"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    path.write_bytes(b"x" * (2 * scan_mod.MAX_LINE) + b"\n" + line + b"\n")
+    stats = ScanStats()
+    events = list(scan_file(path, stats=stats, chunk_size=1 << 16))
+    assert [(e.line_no, e.xid) for e in events] == [(2, 79)]
+    assert stats.skipped == 1 and stats.lines == 2
+
+
+def test_last_line_without_newline_and_crlf_endings_are_handled(tmp_path):
+    path = tmp_path / "crlf.log"
+    path.write_bytes(b"a\r\nRuntimeError: CUDA error: an illegal memory access was encountered\r\nKilled")
+    events = list(scan_file(path))
+    assert [(e.line_no, e.category.value) for e in events] == [(2, "gpu_hardware"), (3, "node_host")]
+    assert not events[0].text.endswith("\r")
+
+
+def test_empty_file_has_no_findings(tmp_path):
+    path = tmp_path / "empty.log"
+    path.write_bytes(b"")
+    stats = ScanStats()
+    assert list(scan_file(path, stats=stats)) == []
+    assert stats.lines == 0
+
+
+def test_missing_file_and_directory_are_input_errors_naming_the_path(tmp_path):
+    with pytest.raises(InputError, match="nope.log"):
+        scan_file(tmp_path / "nope.log")
+    with pytest.raises(InputError, match="directory"):
+        scan_file(tmp_path)
+
+
+def test_unknown_engine_is_an_input_error(tmp_path):
+    with pytest.raises(InputError, match="engine"):
+        scan_file(tmp_path / "x", engine="grep")
+
+
+def _xid(code: int, pci: str, stamp: str = "") -> str:
+    return f"{stamp}NVRM: Xid (PCI:{pci}): {code}, pid=1, name=python, text"
+
+
+def test_xid_45_after_another_xid_on_the_same_gpu_is_sympathetic(tmp_path):
+    path = tmp_path / "burst.log"
+    path.write_text(
+        "\n".join([
+            _xid(13, "0000:3b:00", "[  100.000000] "),
+            _xid(45, "0000:3b:00", "[  103.000000] "),  # 3 s later, same GPU: sympathetic
+            _xid(45, "0000:5e:00", "[  103.500000] "),  # other GPU: alone
+            _xid(45, "0000:3b:00", "[  200.000000] "),  # far outside the window: alone
+        ]) + "\n"
+    )  # fmt: skip
+    events = list(scan_file(path))
+    assert [e.sympathetic for e in events] == [False, True, False, False]
+    assert (events[1].severity, events[1].action) == (Severity.INFO, Action.IGNORE)
+    assert events[2].action is Action.RESTART_APP
+
+
+def test_without_timestamps_the_burst_is_counted_in_lines(tmp_path):
+    path = tmp_path / "nostamp.log"
+    path.write_text("\n".join([_xid(31, "0000:3b:00"), "filler", _xid(45, "0000:3b:00"), *["x"] * 50,
+                               _xid(45, "0000:3b:00")]) + "\n")  # fmt: skip
+    assert [e.sympathetic for e in scan_file(path)] == [False, True, False]
+
+
+def test_burst_tracker_window_is_configurable(tmp_path):
+    path = tmp_path / "window.log"
+    path.write_text(
+        _xid(48, "0000:3b:00", "[ 10.000000] ") + "\n" + _xid(45, "0000:3b:00", "[ 40.000000] ") + "\n"
+    )
+    assert [e.sympathetic for e in scan_file(path)] == [False, False]
+    assert [e.sympathetic for e in scan_file(path, tracker=BurstTracker(window_s=60))] == [False, True]

@@ -1,0 +1,102 @@
+"""`trainguard logs scan|follow`: output formats, exit codes, errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from trainguard.cli import main
+
+DATA = Path(__file__).parent / "data"
+KERNEL = DATA / "kernel" / "variants.log"
+TRAINING = DATA / "training" / "rank_failures.log"
+KEYS = {"path", "line_no", "kind", "xid", "pci", "category", "severity", "action", "sympathetic", "text"}
+
+
+def _json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_scan_json_prints_one_object_per_finding(capsys):
+    assert main(["logs", "scan", "--json", str(KERNEL), str(TRAINING)]) == 0
+    rows = _json_lines(capsys.readouterr().out)
+    assert all(row.keys() >= KEYS for row in rows)
+    kernel = [r for r in rows if r["path"] == str(KERNEL)]
+    assert len(kernel) == 29
+    first = kernel[0]
+    assert (first["line_no"], first["kind"], first["xid"], first["pci"]) == (1, "xid", 79, "0000:3b:00")
+    assert (first["severity"], first["action"], first["sympathetic"]) == ("fatal", "reboot_node", False)
+    assert {r["kind"] for r in kernel} == {"xid", "sxid", "gpu_lost", "gpu_map"}
+    training = [r for r in rows if r["path"] == str(TRAINING)]
+    assert {r["kind"] for r in training} == {"training"} and all(r["xid"] is None for r in training)
+    assert any(r["xid"] == 45 and r["sympathetic"] for r in kernel)
+
+
+def test_scan_table_has_a_header_and_a_row_per_finding(capsys):
+    assert main(["logs", "scan", str(KERNEL)]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0].startswith("PATH:LINE") and "SEVERITY" in lines[0]
+    assert len(lines) == 1 + 29
+    assert f"{KERNEL}:1 " in lines[1] and "reboot_node" in lines[1]
+    assert "29 finding(s)" in err
+
+
+def test_missing_path_is_named_and_exits_2(tmp_path, capsys):
+    missing = tmp_path / "nope.log"
+    assert main(["logs", "scan", "--json", str(missing), str(KERNEL)]) == 2
+    out, err = capsys.readouterr()
+    assert str(missing) in err
+    assert len(_json_lines(out)) == 29  # the readable file is still scanned
+
+
+def test_garbage_is_counted_on_stderr_not_a_crash(tmp_path, capsys):
+    path = tmp_path / "bin.log"
+    path.write_bytes(b"\x00\xff" * 100 + b"\nNVRM \xc3\x28\nKilled\n")
+    assert main(["logs", "scan", "--json", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert [r["line_no"] for r in _json_lines(out)] == [3]
+    assert "skipped 2" in err
+
+
+def test_logs_without_an_action_prints_usage(capsys):
+    assert main(["logs"]) == 2
+    assert "scan" in capsys.readouterr().out
+
+
+def test_follow_classifies_a_file_until_the_deadline(tmp_path, capsys):
+    log = tmp_path / "kern.log"
+    log.write_text(KERNEL.read_text(encoding="utf-8"), encoding="utf-8")
+    argv = [
+        "logs",
+        "follow",
+        str(log),
+        "--json",
+        "--from-start",
+        "--max-seconds",
+        "0.3",
+        "--interval",
+        "0.05",
+    ]
+    assert main(argv) == 0
+    rows = _json_lines(capsys.readouterr().out)
+    assert len(rows) == 29 and rows[0]["line_no"] == 1 and rows[0]["xid"] == 79
+
+
+def test_console_script_scans_stdin():
+    exe = shutil.which("trainguard", path=str(Path(sys.executable).parent))
+    cmd = (
+        [exe, "logs", "scan", "--json", "-"]
+        if exe
+        else [sys.executable, "-m", "trainguard.cli", "logs", "scan", "--json", "-"]
+    )
+    line = (
+        "[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
+    )
+    done = subprocess.run(cmd, input=line.encode(), capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout)
+    assert (row["path"], row["xid"], row["pci"]) == ("-", 79, "0000:3b:00")
