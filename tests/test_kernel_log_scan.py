@@ -103,7 +103,7 @@ def test_empty_file_has_no_findings(tmp_path):
 
 
 def test_missing_file_and_directory_are_input_errors_naming_the_path(tmp_path):
-    with pytest.raises(InputError, match="nope.log"):
+    with pytest.raises(InputError, match=r"nope\.log"):
         scan_file(tmp_path / "nope.log")
     with pytest.raises(InputError, match="directory"):
         scan_file(tmp_path)
