@@ -27,3 +27,23 @@ def test_importing_telemetry_and_the_simulator_pulls_no_pynvml():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "trainguard.clock",
+        "trainguard.telemetry",
+        "trainguard.telemetry.sim",
+        "trainguard.telemetry.sim.fleet",
+        "trainguard.telemetry.sim.faults",
+        "trainguard.telemetry.sim.kmsg",
+        "trainguard.telemetry.sim.scenarios",
+    ],
+)
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

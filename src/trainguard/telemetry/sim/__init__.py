@@ -6,7 +6,7 @@ kernel-log lines. ``SCENARIOS`` are the named scripts with the verdict each must
 
     >>> from trainguard.clock import VirtualClock
     >>> from trainguard.telemetry.sim import SimFleet, run_scenario
-    >>> fleet = SimFleet(clock=VirtualClock(), kmsg_path="/tmp/kmsg.log")
+    >>> fleet = SimFleet(clock=VirtualClock())
     >>> run_scenario("dbe", fleet).expected.value
     'failed'
 """

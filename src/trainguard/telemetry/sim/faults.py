@@ -4,7 +4,12 @@ A fault is a frozen value; ``fire(ctx, at)`` applies it once, at virtual time ``
 the NVML-shaped state of the GPU (counters, a lost GPU, a lasting ``Condition``) and, where the
 real driver or kernel logs something, appends those exact lines to the fleet's kernel log.
 
+    >>> from trainguard.clock import VirtualClock
+    >>> from trainguard.telemetry.sim import SimFleet
+    >>> fleet = SimFleet(clock=VirtualClock())
     >>> fleet.inject_now(FallOffBus(gpu=3))            # or fleet.at(30).xid(79, gpu=3)
+    >>> fleet.sample()[3].error
+    'GPU is lost (Xid 79: GPU has fallen off the bus)'
 """
 
 from __future__ import annotations

@@ -7,10 +7,13 @@ NVML-shaped evidence and kernel lines (appended to ``kmsg_path``) a real one doe
 
     >>> from trainguard.clock import VirtualClock
     >>> clock = VirtualClock()
-    >>> fleet = SimFleet(n_gpus=8, seed=0, clock=clock, kmsg_path="/tmp/kmsg.log")
-    >>> fleet.at(30).xid(79, gpu=3)
-    >>> _ = clock.advance(31); fleet.sample()[3].lost
+    >>> fleet = SimFleet(n_gpus=8, seed=0, clock=clock)   # kmsg_path="kmsg.log" to write the log
+    >>> _ = fleet.at(30).xid(79, gpu=3)
+    >>> _ = clock.advance(31)
+    >>> fleet.sample()[3].lost
     True
+    >>> fleet.kernel_log[-5]
+    "[   30.000000] NVRM: Xid (PCI:0000:61:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each scenario scripts faults on a fleet and states the node verdict trainguard must reach::
 
     >>> from trainguard.clock import VirtualClock
-    >>> fleet = SimFleet(clock=VirtualClock(), kmsg_path="/tmp/kmsg.log")
+    >>> fleet = SimFleet(clock=VirtualClock())
     >>> scenario = run_scenario("xid79", fleet)    # scripts it, advances the clock to its end
     >>> scenario.expected
     <Health.FAILED: 'failed'>
