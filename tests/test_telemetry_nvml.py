@@ -57,6 +57,7 @@ class FakeGpu:
                 pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: 0,
             },
             "recovery": 0,
+            "nvlink_totals": {},  # NVML_FI_DEV_NVLINK_*_TOTAL field id -> value
         }
         self.v.update(values)
 
@@ -207,6 +208,14 @@ class FakeNvml:
         for field_id in ids:
             if field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
                 value, ret = SimpleNamespace(uiVal=h.v["recovery"]), pynvml.NVML_SUCCESS
+            elif field_id in h.v["nvlink_totals"]:
+                value, ret = SimpleNamespace(ullVal=h.v["nvlink_totals"][field_id]), pynvml.NVML_SUCCESS
+                out.append(
+                    SimpleNamespace(
+                        nvmlReturn=ret, valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, value=value
+                    )
+                )
+                continue
             else:
                 value, ret = SimpleNamespace(ullVal=0), pynvml.NVML_ERROR_NOT_SUPPORTED
             out.append(
@@ -289,6 +298,21 @@ def test_unsupported_fields_are_unknown_and_the_rest_still_read(box):
     assert backend.field_errors == 0  # "not supported" is not an error
 
 
+def test_nvlink_totals_come_from_field_values_when_per_link_counters_are_unsupported(box):
+    gpu = box.gpus[0]
+    gpu.unsupported.add("nvlink_errors")
+    gpu.v["nvlink_totals"] = {
+        pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: 40,
+        pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: 2,
+        pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: 7,
+        pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: 1,
+    }
+    with NvmlBackend() as backend:
+        s = backend.sample()[0]
+    assert (s.nvlink_crc_errors, s.nvlink_replay_errors, s.nvlink_recovery_errors) == (42, 7, 1)
+    assert s.nvlink_up == 18
+
+
 def test_throttle_is_unknown_when_neither_reasons_call_works(box):
     box.gpus[0].unsupported |= {"event_reasons", "throttle_reasons"}
     with NvmlBackend() as backend:
@@ -315,6 +339,14 @@ def test_gpu_lost_mid_run_marks_only_that_gpu_and_the_rest_keep_reading(box):
             assert [s.temperature_c for s in (samples[0], samples[2])] == [61, 61]
         box.gpus[1].lost = False  # a GPU that answers again is read again
         assert not backend.sample()[1].lost
+
+
+def test_driver_gone_mid_run_makes_readings_unknown_without_raising(box):
+    with NvmlBackend() as backend:
+        for gpu in box.gpus:
+            gpu.failing["temp"] = pynvml.NVMLError_Uninitialized
+        samples = backend.sample()
+    assert all(not s.lost and s.error and s.temperature_c is None and s.power_w is None for s in samples)
 
 
 def test_gpu_lost_before_start_is_lost_from_the_first_sample(box):
