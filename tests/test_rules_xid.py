@@ -213,3 +213,17 @@ def test_fallen_off_the_bus_line_after_xid_79_is_not_reported_twice():
     )
     found = state(xid(79, 5.0), lost).findings(now=6.0)
     assert [f.rule for f in found] == ["xid"]
+
+
+def test_a_wall_clock_stamped_xid_ages_from_its_own_time():
+    day, now = 86_400.0, 1_760_000_000.0
+    old = xid(79, now - 2 * day)  # from a journal two days back
+    fresh = xid(48, now - 60.0, gpu=4)
+    found = state(old, fresh, now=now).findings(now=now)
+    assert [(f.gpu, f.reason.split(":")[0]) for f in found] == [(4, "Xid 48")]
+
+
+def test_support_call_expires_after_a_day_without_fatal_xids():
+    s = state(xid(48, 0.0), xid(48, 3600.0), xid(95, 7200.0), now=7200.0)
+    assert any(f.rule == "xid_fatal_repeat" for f in s.findings(now=7201.0))
+    assert not any(f.rule == "xid_fatal_repeat" for f in s.findings(now=7200.0 + 86_401.0))

@@ -38,6 +38,7 @@ from trainguard.records import (
     Severity,
 )
 
+_EPOCH_2001 = 978_307_200.0  # any later time is wall-clock time, not an uptime
 _MAX_KEPT = 256  # records per GPU; a log storm must not grow memory without bound
 _NOISE = re.compile(r"^.*?\bS?Xid\b\s*(?:\([^)]*\))?:?\s*\d+,?\s*(?:pid=[^,]*,\s*)?(?:name=[^,]*,\s*)?", re.I)
 _RA_CODE = re.compile(r"to\s+0x([0-9a-f]+)", re.I)
@@ -92,7 +93,7 @@ class XidState:
         self._by_uuid: dict[str, int] = {}
         self._pci_uuid: dict[str, str] = {}  # from the driver's "GPU at PCI:... : GPU-<uuid>" lines
         self._recs: dict[int | None, list[_Rec]] = {}  # None: node-scoped (SXid, unmapped GPUs)
-        self._fatal_times: dict[int, list[float]] = {}  # survives re-init: the 24 h burst count
+        self._fatal_times: dict[int, list[tuple[float, float]]] = {}  # (t, seen); survives re-init
         self.skipped = 0  # events that could not be used
 
     def set_gpus(self, gpus: Iterable[Gpu]) -> None:
@@ -150,14 +151,17 @@ class XidState:
             and abs(t - last.t) <= self.th.xid_same_event_s
         ):
             return  # the driver prints one error as several lines (Xid 13: warp + ESR): one occurrence
-        recs.append(_Rec(ev, code, t, now, health, action))
+        # A line stamped with wall-clock time ages from that time (an old journal line is old);
+        # dmesg uptimes and virtual clocks are not comparable with ``now``: they age from now.
+        seen = min(now, t) if t > _EPOCH_2001 and now > _EPOCH_2001 else now
+        recs.append(_Rec(ev, code, t, seen, health, action))
         if len(recs) > _MAX_KEPT:
             del recs[: len(recs) - _MAX_KEPT]
         if index is not None and health is Health.FAILED:
             times = self._fatal_times.setdefault(index, [])
-            times.append(t)
+            times.append((t, seen))
             cutoff = t - self.th.fatal_xid_support_window_s
-            times[:] = [x for x in times if x >= cutoff][-_MAX_KEPT:]
+            times[:] = [x for x in times if x[0] >= cutoff][-_MAX_KEPT:]
 
     def findings(self, now: float) -> list[Finding]:
         out: list[Finding] = []
@@ -165,8 +169,10 @@ class XidState:
             live = [r for r in recs if now - r.seen <= self._hold(r.health)]
             recs[:] = live
             out.extend(self._gpu_findings(index, live))
+        window = self.th.fatal_xid_support_window_s
         for index, times in self._fatal_times.items():
-            found = self._fatal_repeat(index, times)
+            times[:] = [x for x in times if now - x[1] <= window]  # a day without failures: forgiven
+            found = self._fatal_repeat(index, [t for t, _ in times])
             if found is not None:
                 out.append(found)
         return out
