@@ -99,3 +99,15 @@ def test_a_backend_that_never_answered_leaves_the_node_unknown():
     b.calls = 5
     v = Agent(b, clock=VirtualClock()).tick()
     assert v.health is Health.UNKNOWN and "driver went away" in v.findings[0].reason
+
+
+def test_after_a_known_gpu_reset_the_old_xids_no_longer_fail_it(tmp_path):
+    fleet, clock, kmsg = sim(tmp_path)
+    agent = Agent(fleet, kernel_log=kmsg, clock=clock)
+    fleet.now().dbe(gpu=2)
+    clock.advance(1)
+    assert agent.tick().gpus[2].health is Health.FAILED
+    fleet.now().reset_gpu(gpu=2)
+    agent.gpu_was_reset(2)
+    clock.advance(1)
+    assert agent.tick().gpus[2].health is Health.OK

@@ -116,6 +116,14 @@ class Agent:
                 events.append(ev)
         return events
 
+    def gpu_was_reset(self, index: int) -> None:
+        """Tell the agent a GPU was reset (by a recovery action): its earlier Xids are behind it.
+
+        The driver's own re-initialisation line does this too, when the kernel log has one.
+        """
+        self._xids.clear(index)
+        self._rules.clear(index)
+
     @property
     def skipped_events(self) -> int:
         """Kernel-log events the Xid rules could not use."""

@@ -348,6 +348,10 @@ class RuleState:
                 recent.popleft()
         return out
 
+    def clear(self, index: int) -> None:
+        """Forget a GPU's recent readings (after a reset its counters start over)."""
+        self._recent.pop(index, None)
+
     def previous(self, index: int) -> Sample | None:
         """The newest reading kept for a GPU (None before the first)."""
         recent = self._recent.get(index)

@@ -103,6 +103,10 @@ class XidState:
             if g.uuid:
                 self._by_uuid[g.uuid] = g.index
 
+    def clear(self, index: int) -> None:
+        """Forget a GPU's kernel-log history after a reset we know of (the 24 h burst count stays)."""
+        self._recs.pop(index, None)
+
     def gpu_of(self, ev: Event) -> int | None:
         """The GPU index an event is about, from its PCI address or UUID; None when unknown."""
         if ev.pci is not None:
