@@ -70,6 +70,7 @@ class ResumableSampler(Sampler[int]):
         self.epoch = 0
         self.offset = 0
         self._explicit = False
+        self._iter_start: tuple[int, int] | None = None  # (epoch, offset) the last iteration began at
 
     def __len__(self) -> int:
         return self.num_samples
@@ -97,6 +98,7 @@ class ResumableSampler(Sampler[int]):
         epoch = self.epoch
         indices = self.shard(epoch)
         start = self.offset if self.offset < len(indices) else 0
+        self._iter_start = (epoch, start)
         for i in range(start, len(indices)):
             if not self._explicit and self.epoch == epoch:
                 if i + 1 == len(indices):
@@ -112,7 +114,10 @@ class ResumableSampler(Sampler[int]):
 
     def advance(self, n: int) -> None:
         """Record that training consumed ``n`` more samples (switches to explicit tracking)."""
-        self._explicit = True
+        if not self._explicit:
+            self._explicit = True
+            if self._iter_start is not None:  # forget what a prefetching loader pulled so far
+                self.epoch, self.offset = self._iter_start
         self.offset += n
         if self.offset >= self.num_samples:
             self.epoch, self.offset = self.epoch + 1, 0

@@ -1,0 +1,112 @@
+"""A DDP run interrupted at step k and resumed is bitwise identical to an uninterrupted one.
+
+Two processes, gloo on CPU, deterministic algorithms, dropout, a shuffling sampler, Adam and an
+LR schedule. The interrupted run stops (the processes exit) at several steps, mid-epoch and at
+an epoch boundary, right after a checkpoint or a step after it, and resumes each time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TOTAL = 20  # 40 samples / 2 ranks / batch 4 = 5 steps per epoch
+EVERY = 3
+
+
+def _worker(rank: int, world: int, run_dir: str, stop_at: int, phase: str) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainguard.torch import Checkpointer, ResumableSampler, TrainState
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    out = Path(run_dir)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{out / f'pg-{phase}-{stop_at}'}", rank=rank, world_size=world
+    )
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(40, 8), torch.randint(0, 3, (40,)))
+    model = DDP(
+        torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 3)
+        )
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.7)
+    sampler = ResumableSampler(data, shuffle=True, seed=11)
+    loader = DataLoader(data, batch_size=4, sampler=sampler, generator=torch.Generator())
+    state = TrainState(model, opt, sched, sampler=sampler)
+    ckpt = Checkpointer(out / "ckpt", keep_last=2)
+    step = ckpt.resume(state)
+    losses = open(out / f"losses-{phase}-rank{rank}.jsonl", "a")  # noqa: SIM115
+    epoch = sampler.epoch
+    while step < TOTAL:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            step += 1
+            losses.write(json.dumps({"step": step, "loss": loss.item().hex()}) + "\n")
+            if step % EVERY == 0:
+                ckpt.save(step, state)
+            if step == stop_at:  # interrupted: the process exits here, without saving
+                losses.close()
+                ckpt.wait()
+                dist.destroy_process_group()
+                os._exit(0)
+            if step == TOTAL:
+                break
+        epoch += 1
+    losses.close()
+    ckpt.close()
+    if rank == 0:
+        torch.save(model.module.state_dict(), out / f"final-{phase}.pt")
+    dist.destroy_process_group()
+
+
+def _run(run_dir: Path, stop_at: int, phase: str) -> None:
+    mp.spawn(_worker, args=(2, str(run_dir), stop_at, phase), nprocs=2, join=True)
+
+
+def _losses(run_dir: Path, phase: str, rank: int) -> list[tuple[int, str]]:
+    lines = (run_dir / f"losses-{phase}-rank{rank}.jsonl").read_text().splitlines()
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines)]
+
+
+@pytest.mark.slow
+def test_interrupted_ddp_run_resumes_bitwise_identical(tmp_path):
+    reference = tmp_path / "reference"
+    interrupted = tmp_path / "interrupted"
+    reference.mkdir()
+    interrupted.mkdir()
+    _run(reference, stop_at=-1, phase="ref")
+    # stops at 7 (last checkpoint 6, mid-epoch 1), 12 (right after saving, mid-epoch 2) and
+    # 16 (last checkpoint 15, an epoch boundary)
+    for stop_at in (7, 12, 16, -1):
+        _run(interrupted, stop_at=stop_at, phase="run")
+
+    for rank in range(2):
+        expected = dict(_losses(reference, "ref", rank))
+        assert sorted(expected) == list(range(1, TOTAL + 1))
+        seen = _losses(interrupted, "run", rank)
+        # steps 7 and 16 ran twice (before and after a restart): every run of a step matches
+        assert len(seen) == TOTAL + 2
+        assert {s for s, _ in seen} == set(expected)
+        for step, loss in seen:
+            assert loss == expected[step], f"rank {rank} step {step}: {loss} != {expected[step]}"
+
+    ref = torch.load(reference / "final-ref.pt", weights_only=True)
+    got = torch.load(interrupted / "final-run.pt", weights_only=True)
+    assert ref.keys() == got.keys()
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
