@@ -123,10 +123,13 @@ def test_missing_snapshot_file_is_could_not_check(capsys, tmp_path):
     assert "nope.xml" in capsys.readouterr().err
 
 
-def test_sim_kernel_log_lands_where_asked(capsys, tmp_path):
+def test_sim_kernel_log_lands_where_asked_but_never_in_an_existing_log(capsys, tmp_path):
     log = tmp_path / "kern.log"
     code, _ = check_json(capsys, "--scenario", "xid79", "--kernel-log", str(log))
     assert code == 2 and "Xid (PCI:0000:61:00): 79" in log.read_text()
+    before = log.read_text()
+    assert main(["check", "--scenario", "dbe", "--kernel-log", str(log)]) == 3
+    assert "exists" in capsys.readouterr().err and log.read_text() == before
 
 
 def test_console_script_exit_code_is_the_verdict():

@@ -119,6 +119,7 @@ def check_scenario(
     from trainguard.clock import VirtualClock
     from trainguard.telemetry.sim import SimFleet, run_scenario
 
+    sim_kernel_log_is_new(kernel_log)
     with tempfile.TemporaryDirectory(prefix="trainguard-check-") as tmp:
         kmsg = kernel_log if kernel_log is not None else Path(tmp) / "kmsg.log"
         clock = VirtualClock()
@@ -135,6 +136,17 @@ def check_scenario(
         "duration_s": scenario.duration_s,
     }
     return verdict, extra
+
+
+def sim_kernel_log_is_new(path: Path | None) -> None:
+    """With --backend sim, --kernel-log is where the simulated kernel lines go: never a real log."""
+    from trainguard.errors import ConfigError
+
+    if path is not None and path.exists() and (not path.is_file() or path.stat().st_size > 0):
+        raise ConfigError(
+            f"--kernel-log {path} exists: with --backend sim it names a new file for the simulated "
+            "kernel log (simulated Xid lines must not land in a real log)"
+        )
 
 
 def _require(kernel_log: Path | None) -> None:

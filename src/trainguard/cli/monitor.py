@@ -120,6 +120,9 @@ class Session:
         spec = SCENARIOS.get(scenario or "healthy")
         if spec is None:
             raise ConfigError(f"unknown scenario {scenario!r}: choose one of {', '.join(SCENARIOS)}")
+        from trainguard.cli.check import sim_kernel_log_is_new
+
+        sim_kernel_log_is_new(kernel_log)
         tmp = tempfile.TemporaryDirectory(prefix="trainguard-monitor-")
         kmsg = kernel_log if kernel_log is not None else Path(tmp.name) / "kmsg.log"
         clock = VirtualClock()
