@@ -1,1 +1,28 @@
-"""(filled in by its owner)"""
+"""recover: the last stage of the spine. `policy` decides what to do about a failure (pure);
+the supervisor (`trainguard.supervisor`) carries the decision out."""
+
+from __future__ import annotations
+
+from trainguard.recover.policy import (
+    Decision,
+    Failure,
+    FailureKind,
+    PolicyState,
+    Verb,
+    backoff_s,
+    decide,
+    error_signature,
+    with_diagnosis,
+)
+
+__all__ = [
+    "Decision",
+    "Failure",
+    "FailureKind",
+    "PolicyState",
+    "Verb",
+    "backoff_s",
+    "decide",
+    "error_signature",
+    "with_diagnosis",
+]

@@ -1,0 +1,237 @@
+"""Carries out a chaos plan during a supervised run, so every fault leaves real evidence.
+
+External faults are done here: signals to the rank's process (kill, stop), the simulated fleet's
+real-format Xid kernel line on the GPU the rank uses, flipped bytes in the newest checkpoint.
+In-process faults (nan, slow, hang, raise, exit, and the CUDA error of an xid) are written to
+``$TRAINGUARD_RUN_DIR/chaos.json`` before the workers start; the workers' Guard applies them at
+step boundaries, exactly once per run. They are step-triggered only (the Guard reads the file
+once, when it starts), while external faults take a time or a step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard.chaos.plan import ChaosPlan, Fault, FaultKind
+from trainguard.rundir import atomic_write_bytes
+
+log = logging.getLogger(__name__)
+
+CHAOS_FILE = "chaos.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Injected:
+    """One fault as it was actually injected (the ground truth a drill report matches against)."""
+
+    index: int  # position in the plan
+    fault: Fault
+    time: float
+    step: int | None
+    rank: int | None
+    gpu: int | None
+    pid: int | None
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "kind": self.fault.kind.value,
+            "label": self.fault.label,
+            "time": self.time,
+            "step": self.step,
+            "rank": self.rank,
+            "gpu": self.gpu,
+            "pid": self.pid,
+            "detail": self.detail,
+        }
+
+
+class ChaosExecutor:
+    def __init__(
+        self,
+        plan: ChaosPlan,
+        run_dir: Path,
+        started: float,
+        fleet: Any = None,
+        checkpoint_dir: Path | None = None,
+    ) -> None:
+        self.plan = plan
+        self.run_dir = run_dir
+        self.started = started
+        self.fleet = fleet
+        self.checkpoint_dir = checkpoint_dir
+        self.fired: dict[int, Injected] = {}
+        self._entries: list[dict[str, Any]] = []
+
+    def prepare(self) -> None:
+        """Write every in-process fault to chaos.json before the workers start (the Guard reads
+        it once, at start, and keeps its own rank's). Each node writes the same file."""
+        self._entries = []
+        for i, fault in enumerate(self.plan.faults):
+            entry = _in_process_entry(fault, fault.step) if fault.step is not None else None
+            if entry is not None:
+                self._entries.append({**entry, "id": i})
+        self._write()
+
+    def tick(
+        self,
+        now: float,
+        step: int | None,
+        pids: dict[int, int],
+        gpu_of: Callable[[int], int | None],
+    ) -> list[Injected]:
+        """Fire every due fault of the ranks running here; returns what fired this time."""
+        out: list[Injected] = []
+        for i, fault in enumerate(self.plan.faults):
+            if i in self.fired or not self._due(fault, now, step):
+                continue
+            if fault.rank is not None and fault.rank not in pids:
+                continue  # another node's rank (or not started yet)
+            if fault.rank is None and 0 not in pids:
+                continue  # node-wide faults are done by the node that hosts rank 0
+            injected = self._fire(i, fault, now, step, pids, gpu_of)
+            self.fired[i] = injected
+            out.append(injected)
+            log.warning("chaos: injected %s (%s)", fault.label, injected.detail)
+        return out
+
+    def _due(self, fault: Fault, now: float, step: int | None) -> bool:
+        if fault.at_s is not None:
+            return now - self.started >= fault.at_s
+        if step is None or fault.step is None:
+            return False
+        # The xid's CUDA error fires inside the rank at `step`; the kernel line goes out as the
+        # rank reaches it (a driver logs the Xid as the faulting kernel runs).
+        lead = 1 if fault.kind is FaultKind.XID else 0
+        return step >= fault.step - lead
+
+    def _fire(
+        self,
+        i: int,
+        fault: Fault,
+        now: float,
+        step: int | None,
+        pids: dict[int, int],
+        gpu_of: Callable[[int], int | None],
+    ) -> Injected:
+        rank = fault.rank
+        pid = pids.get(rank) if rank is not None else None
+        gpu = gpu_of(rank) if rank is not None else None
+        detail = ""
+        if fault.kind is FaultKind.KILL:
+            sig = getattr(signal, fault.signal, signal.SIGKILL)
+            detail = _signal(pid, sig)
+        elif fault.kind is FaultKind.STOP:
+            detail = _signal(pid, signal.SIGSTOP)
+        elif fault.kind is FaultKind.CORRUPT_CHECKPOINT:
+            detail = corrupt_newest_checkpoint(self.checkpoint_dir, fault.bytes)
+        else:
+            if fault.kind is FaultKind.XID:
+                detail = sim_xid(self.fleet, fault.xid, gpu) + "; "
+            if fault.kind is FaultKind.SLOW:
+                detail = sim_straggler(self.fleet, gpu) + "; "
+            detail += f"{fault.kind.value} written to {CHAOS_FILE}"
+        return Injected(i, fault, now, step, rank, gpu, pid, detail)
+
+    def _write(self) -> None:
+        path = self.run_dir / CHAOS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps({"faults": self._entries}, indent=1).encode())
+
+
+def _in_process_entry(fault: Fault, step: int) -> dict[str, Any] | None:
+    base: dict[str, Any] = {"rank": fault.rank, "step": step}
+    if fault.kind is FaultKind.NAN:
+        return {**base, "kind": "nan"}
+    if fault.kind is FaultKind.HANG:
+        return {**base, "kind": "hang"}
+    if fault.kind is FaultKind.SLOW:
+        return {**base, "kind": "slow", "delay_s": fault.delay_s, "steps": fault.steps}
+    if fault.kind is FaultKind.RAISE:
+        return {
+            **base,
+            "kind": "raise",
+            "exc": fault.exc,
+            "message": fault.message or "chaos: injected failure",
+        }
+    if fault.kind is FaultKind.EXIT:
+        return {**base, "kind": "exit", "code": fault.code}
+    if fault.kind is FaultKind.XID:
+        return {**base, "kind": "raise", "exc": "RuntimeError", "message": fault.cuda_message()}
+    return None
+
+
+def _signal(pid: int | None, sig: signal.Signals) -> str:
+    if pid is None:
+        return f"no process to send {sig.name} to"
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return f"pid {pid} already gone ({sig.name} not sent)"
+    return f"{sig.name} sent to pid {pid}"
+
+
+def sim_xid(fleet: Any, code: int, gpu: int | None) -> str:
+    """Make the simulated fleet log the real-format Xid line for ``gpu`` now."""
+    if fleet is None or gpu is None:
+        return "no simulated fleet: no kernel line written (use --backend sim)"
+    try:
+        fleet.now().xid(code, gpu=gpu)
+    except Exception as exc:
+        log.warning("sim fleet could not inject Xid %s on GPU %s: %s", code, gpu, exc)
+        return f"sim fleet refused Xid {code}: {exc}"
+    return f"Xid {code} logged for GPU {gpu}"
+
+
+def sim_straggler(fleet: Any, gpu: int | None) -> str:
+    if fleet is None or gpu is None:
+        return "no simulated fleet: no clock telemetry changed"
+    try:
+        fleet.now().straggler(gpu=gpu)
+    except Exception as exc:
+        return f"sim fleet refused straggler: {exc}"
+    return f"GPU {gpu} clocks stuck low"
+
+
+def corrupt_newest_checkpoint(checkpoint_dir: Path | None, n_bytes: int = 64) -> str:
+    """Flip ``n_bytes`` bytes in the middle of the largest file of the newest checkpoint."""
+    if checkpoint_dir is None or not checkpoint_dir.is_dir():
+        return "no checkpoint directory: nothing corrupted"
+    newest = _newest_checkpoint(checkpoint_dir)
+    if newest is None:
+        return f"no checkpoint in {checkpoint_dir} yet: nothing corrupted"
+    files = [p for p in newest.rglob("*") if p.is_file() and "manifest" not in p.name]
+    if not files:
+        return f"{newest} has no data file: nothing corrupted"
+    target = max(files, key=lambda p: p.stat().st_size)
+    size = target.stat().st_size
+    with open(target, "r+b") as f:
+        f.seek(max(0, size // 2 - n_bytes // 2))
+        data = f.read(n_bytes)
+        f.seek(max(0, size // 2 - n_bytes // 2))
+        f.write(bytes(b ^ 0xFF for b in data))
+        f.flush()
+        os.fsync(f.fileno())
+    return f"flipped {len(data)} bytes in {target}"
+
+
+def _newest_checkpoint(directory: Path) -> Path | None:
+    """The newest committed checkpoint, valid or not (the drill corrupts what a resume would use)."""
+    try:
+        from trainguard.checkpoint import list_checkpoints
+
+        found = list_checkpoints(directory)
+        if found:
+            return Path(found[-1].path)
+    except Exception:
+        log.debug("checkpoint listing failed; falling back to the newest directory", exc_info=True)
+    dirs = [p for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return max(dirs, key=lambda p: p.stat().st_mtime, default=None)

@@ -1,0 +1,195 @@
+"""Chaos plans: which faults a drill injects, when, and into which rank (TOML, validated).
+
+    # examples/chaos/xid-and-kill.toml
+    [[fault]]
+    kind = "kill"        # SIGKILL rank 1 ...
+    rank = 1
+    at_s = 20            # ... 20 s after the supervisor started (or: step = 40)
+
+    [[fault]]
+    kind = "xid"         # a simulated Xid 79 on the GPU rank 0 uses, and rank 0 dies of it
+    rank = 0
+    xid = 79
+    step = 60
+
+Kinds (docs/chaos.md has the evidence each one produces): kill, stop, hang, nan, slow, xid,
+raise, exit, corrupt_checkpoint. Every fault has exactly one trigger: ``at_s`` (seconds since
+start) or ``step`` (when the furthest local rank reached that step); faults that happen inside
+the worker (hang, nan, slow, raise, exit, xid) take ``step``. Errors name the bad field.
+
+    >>> plan = parse_plan('[[fault]]\\nkind = "nan"\\nrank = 1\\nstep = 5\\n')
+    >>> plan.faults[0].kind.value, plan.faults[0].step
+    ('nan', 5)
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import ConfigError
+
+
+class FaultKind(str, Enum):
+    KILL = "kill"  # external: a signal (default SIGKILL) to the rank's process
+    STOP = "stop"  # external: SIGSTOP (a hang the process cannot notice)
+    HANG = "hang"  # in-process: block forever before the next collective
+    NAN = "nan"  # in-process: the rank's loss becomes NaN
+    SLOW = "slow"  # in-process: delay_s per step for `steps` steps (+ sim clocks stuck low)
+    XID = "xid"  # sim fleet writes the Xid kernel line; the rank raises the matching CUDA error
+    RAISE = "raise"  # in-process: raise `exc`(`message`) (a software crash)
+    EXIT = "exit"  # in-process: exit with `code`
+    CORRUPT_CHECKPOINT = "corrupt_checkpoint"  # external: flip bytes in the newest checkpoint
+
+    @property
+    def needs_rank(self) -> bool:
+        return self is not FaultKind.CORRUPT_CHECKPOINT
+
+    @property
+    def in_process(self) -> bool:
+        return self in (FaultKind.HANG, FaultKind.NAN, FaultKind.SLOW, FaultKind.RAISE, FaultKind.EXIT)
+
+
+# The CUDA error a process sees when its GPU suffers this Xid (what PyTorch would raise).
+XID_CUDA_MESSAGE: dict[int, str] = {
+    79: "CUDA error: unspecified launch failure (GPU has fallen off the bus)",
+    48: "CUDA error: uncorrectable ECC error encountered",
+    63: "CUDA error: uncorrectable ECC error encountered",
+    64: "CUDA error: uncorrectable ECC error encountered",
+    94: "CUDA error: uncorrectable ECC error encountered",
+    95: "CUDA error: uncorrectable ECC error encountered",
+    13: "CUDA error: an illegal memory access was encountered",
+    31: "CUDA error: an illegal memory access was encountered",
+    43: "CUDA error: an illegal memory access was encountered",
+}
+DEFAULT_XID_MESSAGE = "CUDA error: unspecified launch failure"
+
+_COMMON = {"kind", "rank", "at_s", "step", "name"}
+_FIELDS: dict[FaultKind, dict[str, type | tuple[type, ...]]] = {
+    FaultKind.KILL: {"signal": str},
+    FaultKind.STOP: {},
+    FaultKind.HANG: {},
+    FaultKind.NAN: {},
+    FaultKind.SLOW: {"delay_s": (int, float), "steps": int},
+    FaultKind.XID: {"xid": int, "message": str},
+    FaultKind.RAISE: {"exc": str, "message": str},
+    FaultKind.EXIT: {"code": int},
+    FaultKind.CORRUPT_CHECKPOINT: {"bytes": int},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    kind: FaultKind
+    rank: int | None = None
+    at_s: float | None = None
+    step: int | None = None
+    name: str = ""  # a label for reports (default: "<kind> rank <r>")
+    signal: str = "SIGKILL"
+    delay_s: float = 1.0
+    steps: int = 10
+    xid: int = 79
+    exc: str = "RuntimeError"
+    message: str = ""
+    code: int = 1
+    bytes: int = 64  # how many bytes corrupt_checkpoint flips
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        what = f"xid {self.xid}" if self.kind is FaultKind.XID else self.kind.value
+        return what if self.rank is None else f"{what} rank {self.rank}"
+
+    def cuda_message(self) -> str:
+        return self.message or XID_CUDA_MESSAGE.get(self.xid, DEFAULT_XID_MESSAGE)
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosPlan:
+    faults: tuple[Fault, ...] = ()
+    source: str = "<plan>"
+
+
+def load_plan(path: Path | str) -> ChaosPlan:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"chaos plan {path}: cannot read it ({exc.strerror})") from None
+    return parse_plan(text, source=str(path))
+
+
+def parse_plan(text: str, source: str = "<plan>") -> ChaosPlan:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"chaos plan {source}: not valid TOML: {exc}") from None
+    unknown = set(raw) - {"fault"}
+    if unknown:
+        raise ConfigError(
+            f"chaos plan {source}: unknown top-level key(s) {sorted(unknown)}; use [[fault]] tables"
+        )
+    faults = raw.get("fault", [])
+    if not isinstance(faults, list):
+        raise ConfigError(f"chaos plan {source}: 'fault' must be an array of tables ([[fault]])")
+    return ChaosPlan(tuple(_fault(f, i + 1, source) for i, f in enumerate(faults)), source)
+
+
+def _fault(raw: Any, n: int, source: str) -> Fault:
+    where = f"chaos plan {source}: fault #{n}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a table")
+    kind_text = raw.get("kind")
+    try:
+        kind = FaultKind(str(kind_text).replace("-", "_"))
+    except ValueError:
+        kinds = ", ".join(k.value for k in FaultKind)
+        raise ConfigError(f"{where}: field 'kind' is {kind_text!r}; expected one of: {kinds}") from None
+    where = f"{where} (kind {kind.value!r})"
+    allowed = _COMMON | set(_FIELDS[kind])
+    for key in raw:
+        if key not in allowed:
+            raise ConfigError(f"{where}: unknown field {key!r}; allowed: {', '.join(sorted(allowed))}")
+    _check(where, raw, "rank", int)
+    _check(where, raw, "step", int)
+    _check(where, raw, "at_s", (int, float))
+    _check(where, raw, "name", str)
+    for key, typ in _FIELDS[kind].items():
+        _check(where, raw, key, typ)
+    if kind.needs_rank and "rank" not in raw:
+        raise ConfigError(f"{where}: field 'rank' is required (which rank to hit)")
+    if ("at_s" in raw) == ("step" in raw):
+        raise ConfigError(f"{where}: give exactly one trigger: field 'at_s' (seconds) or field 'step'")
+    if "at_s" in raw and (kind.in_process or kind is FaultKind.XID):
+        raise ConfigError(
+            f"{where}: field 'at_s' is not allowed here; {kind.value!r} happens inside the worker "
+            "(the Guard reads its faults when it starts), so give field 'step'"
+        )
+    for key in ("rank", "step", "at_s", "delay_s", "steps", "xid", "bytes"):
+        if key in raw and raw[key] < 0:
+            raise ConfigError(f"{where}: field {key!r} must not be negative, got {raw[key]}")
+    if kind is FaultKind.KILL and "signal" in raw:
+        import signal as _signal
+
+        if not isinstance(getattr(_signal, raw["signal"], None), _signal.Signals):
+            raise ConfigError(f"{where}: field 'signal' is {raw['signal']!r}; use a name like 'SIGKILL'")
+    values = {k: v for k, v in raw.items() if k != "kind"}
+    if "at_s" in values:
+        values["at_s"] = float(values["at_s"])
+    if "delay_s" in values:
+        values["delay_s"] = float(values["delay_s"])
+    return Fault(kind=kind, **values)
+
+
+def _check(where: str, raw: dict[str, Any], key: str, typ: type | tuple[type, ...]) -> None:
+    if key not in raw:
+        return
+    value = raw[key]
+    ok = isinstance(value, typ) and not (isinstance(value, bool) and typ is not bool)
+    if not ok:
+        names = " or ".join(t.__name__ for t in (typ if isinstance(typ, tuple) else (typ,)))
+        raise ConfigError(f"{where}: field {key!r} must be {names}, got {value!r}")

@@ -1,0 +1,172 @@
+"""`trainguard run [options] -- python train.py ARGS...`: torchrun, kept alive.
+
+    trainguard run --standalone --nproc-per-node 2 -- python examples/train_digits.py --steps 200
+    trainguard run --nnodes 1:2 --rdzv-endpoint 10.0.0.1:29400 --rdzv-id job7 --nproc-per-node 8 \\
+        --backend nvml -- python train.py
+    trainguard run --standalone --nproc-per-node 4 --backend sim --chaos examples/chaos/mixed.toml \\
+        -- python examples/train_digits.py --checkpoint-dir ckpt
+
+Exit codes: 0 ok, 1 restart budget used up, 2 usage error, 3 crash loop (do not requeue),
+4 no healthy capacity left on this node, 130 interrupted. See docs/supervisor.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="launch distributed training like torchrun and keep it alive through failures",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    t = p.add_argument_group("torchrun-compatible launch options")
+    t.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, metavar="N")
+    t.add_argument("--nnodes", default="1:1", help="N or MIN:MAX nodes (default 1:1)")
+    t.add_argument("--standalone", action="store_true", help="single node, private rendezvous")
+    t.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default="", metavar="HOST:PORT")
+    t.add_argument("--rdzv-id", "--rdzv_id", default="", metavar="ID")
+    t.add_argument("--rdzv-backend", "--rdzv_backend", default="c10d")
+    t.add_argument("--rdzv-conf", "--rdzv_conf", default="", metavar="K=V,...")
+    t.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        type=int,
+        default=3,
+        help="restart budget; GPU exclusions and membership changes are free (default 3)",
+    )
+    t.add_argument("--monitor-interval", "--monitor_interval", type=float, default=0.1, metavar="S")
+    g = p.add_argument_group("trainguard options")
+    g.add_argument("--job-id", default="", help="default: --rdzv-id, else a timestamp")
+    g.add_argument(
+        "--runs-dir", type=Path, default=Path("runs"), help="run directories go here (default runs/)"
+    )
+    g.add_argument(
+        "--db", type=Path, default=None, help="incident store (default $TRAINGUARD_DB or ./trainguard.db)"
+    )
+    g.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="where the workers checkpoint (default: the command's --checkpoint-dir)",
+    )
+    g.add_argument(
+        "--hang-timeout-floor",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="a hang is no progress for max(FLOOR, factor x slowest recent step) (default 30)",
+    )
+    g.add_argument("--hang-step-factor", type=float, default=5.0, metavar="K")
+    g.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="first step of an attempt must come within this (default 300)",
+    )
+    g.add_argument("--backend", default="none", choices=["none", "nvml", "sim"], help="node-health telemetry")
+    g.add_argument("--kernel-log", type=Path, default=None, help="kernel log the health agent follows")
+    g.add_argument(
+        "--chaos", type=Path, default=None, metavar="PLAN.toml", help="inject faults (docs/chaos.md)"
+    )
+    g.add_argument(
+        "--crash-loop-after",
+        type=int,
+        default=3,
+        metavar="N",
+        help="stop with exit 3 after the same application error N times in a row (default 3)",
+    )
+    g.add_argument("--backoff-base", type=float, default=1.0, metavar="S")
+    g.add_argument("--min-nproc", type=int, default=1, help="fewest local workers to continue with")
+    g.add_argument(
+        "--warm-standby",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="keep pre-imported spare interpreters for fast restarts",
+    )
+    g.add_argument("--no-tee", action="store_true", help="do not copy worker output to the console")
+    g.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the run result as JSON")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the worker command")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    from trainguard.errors import ConfigError
+    from trainguard.supervisor.config import SupervisorConfig
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ConfigError("no worker command: use `trainguard run [options] -- python train.py ...`")
+    if not args.standalone and not args.rdzv_endpoint:
+        raise ConfigError("give --standalone (one node) or --rdzv-endpoint HOST:PORT (several nodes)")
+    return SupervisorConfig(
+        cmd=tuple(cmd),
+        nproc_per_node=args.nproc_per_node,
+        nnodes=args.nnodes,
+        standalone=args.standalone,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_id=args.rdzv_id,
+        rdzv_backend=args.rdzv_backend,
+        rdzv_conf=args.rdzv_conf,
+        max_restarts=args.max_restarts,
+        monitor_interval=args.monitor_interval,
+        job_id=args.job_id,
+        runs_root=args.runs_dir,
+        db=args.db,
+        checkpoint_dir=args.checkpoint_dir,
+        hang_timeout_floor=args.hang_timeout_floor,
+        hang_step_factor=args.hang_step_factor,
+        startup_timeout=args.startup_timeout,
+        backend=args.backend,
+        kernel_log=args.kernel_log,
+        chaos=args.chaos,
+        crash_loop_after=args.crash_loop_after,
+        backoff_base_s=args.backoff_base,
+        min_nproc=args.min_nproc,
+        warm_standby=args.warm_standby,
+        tee=not args.no_tee,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainguard.chaos import load_plan
+    from trainguard.supervisor import Supervisor
+
+    config = config_from_args(args)
+    if config.chaos is not None:
+        load_plan(config.chaos)  # a bad plan is a usage error before anything starts
+    result = Supervisor(config).run()
+    print(
+        f"trainguard run: {result.exit_code.name.lower()} (exit {int(result.exit_code)}): {result.reason}; "
+        f"{len(result.incidents)} incident(s), {result.attempts} attempt(s), "
+        f"ETTR {result.goodput.get('ettr', 0.0):.2f}; run dir {result.run_dir}",
+        file=sys.stderr,
+    )
+    if args.json is not None:
+        args.json.write_text(json.dumps(result_to_dict(result), indent=1, default=str))
+    return int(result.exit_code)
+
+
+def result_to_dict(result: Any) -> dict[str, Any]:
+    return {
+        "exit_code": int(result.exit_code),
+        "status": result.exit_code.name.lower(),
+        "reason": result.reason,
+        "job_id": result.job_id,
+        "run_dir": str(result.run_dir),
+        "attempts": result.attempts,
+        "final_step": result.final_step,
+        "goodput": result.goodput,
+        "incidents": [i.to_dict() for i in result.incidents],
+        "injected": [i.to_dict() for i in result.injected],
+        "recoveries": list(result.recoveries),
+    }

@@ -1,0 +1,168 @@
+"""From raw observations to one `Trouble`: the policy's input plus what the incident records.
+
+Pure functions over plain data (exit codes, error records, classified log events, the node
+verdict): the supervisor gathers, this module folds, `recover.policy` decides. The root cause is
+the earliest causal failure (`trainguard.incidents.first_failure`): a rank killed at t=10 makes
+its peers fail with "connection closed by peer" at t=10.2; those are symptoms.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.incidents import Evidence, RootCause, first_failure
+from trainguard.records import Category, Event, Finding, Health, Severity
+from trainguard.recover.policy import Failure, FailureKind, error_signature
+from trainguard.rundir import ErrorRecord, ExitCode
+
+_HARDWARE_CATEGORIES = {
+    Category.GPU_HARDWARE.value,
+    Category.GPU_MEMORY_ECC.value,
+    Category.INTERCONNECT.value,
+}
+
+
+@dataclass(slots=True)
+class Trouble:
+    failure: Failure
+    detected_by: str  # exit_code | error_file | kernel_log | heartbeat | numerics | telemetry ...
+    time: float  # when the supervisor detected it
+    started: float  # earliest evidence
+    summary: str
+    root_cause: RootCause = RootCause.UNKNOWN
+    rank: int | None = None
+    evidence: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    rank: int  # global rank
+    local_rank: int
+    code: int  # negative: killed by signal -code
+    seen: float  # when the supervisor first saw it exited
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    try:
+        return f"exited {code} ({ExitCode(code).name})"
+    except ValueError:
+        return f"exited {code}"
+
+
+def exit_trouble(
+    now: float,
+    exited: list[Exited],
+    errors: list[ErrorRecord],
+    events: list[Event],
+    findings: list[Finding],
+    gpu_of_rank: dict[int, int | None],
+    gpu_health: dict[int, Health | None],
+    classify: Any = None,
+) -> Trouble:
+    """One or more local workers exited non-zero: what happened, and where it started."""
+    items: list[Any] = list(errors) + list(events) + list(findings)
+    for rec in errors:  # an error file's CUDA message says more than "an exception"
+        ev = classify(f"{rec.exc_type}: {rec.message}") if classify else None
+        if ev is not None and ev.category.value in _HARDWARE_CATEGORIES:
+            items.append(
+                Evidence(
+                    _hw_cause(ev.category),
+                    rec.time,
+                    ev.text,
+                    source="error_file",
+                    category=ev.category.value,
+                    rank=rec.rank,
+                )
+            )
+    for ex in exited:
+        if ex.code < 0 and not any(r.rank == ex.rank for r in errors):
+            cause = RootCause.HOST if ex.code == -signal.SIGKILL else RootCause.UNKNOWN
+            items.append(
+                Evidence(
+                    cause,
+                    ex.seen,
+                    f"rank {ex.rank} {describe_exit(ex.code)}",
+                    source="exit_code",
+                    rank=ex.rank,
+                )
+            )
+    first = first_failure(items)
+    root_rank = first.rank if first is not None else None
+    if root_rank is None:
+        root_rank = min(exited, key=lambda e: e.seen).rank if exited else None
+    root_err = next((r for r in errors if r.rank == root_rank), None)
+    kind = FailureKind.PROCESS_EXIT
+    codes = {e.code for e in exited if e.rank == root_rank}
+    if ExitCode.HANG.value in codes:
+        kind = FailureKind.HANG
+    elif ExitCode.NUMERICS_STOP.value in codes:
+        kind = FailureKind.NUMERICS
+    elif ExitCode.PREEMPTED.value in codes:
+        kind = FailureKind.MEMBERSHIP
+    gpu = gpu_of_rank.get(root_rank) if root_rank is not None else None
+    failed_gpus = [g for g in gpu_of_rank.values() if g is not None and gpu_health.get(g) is Health.FAILED]
+    category = first.category if first is not None else None
+    if failed_gpus and (gpu is None or gpu not in failed_gpus):
+        gpu = failed_gpus[0]
+    hw = category in _HARDWARE_CATEGORIES or (gpu is not None and gpu_health.get(gpu) is Health.FAILED)
+    signature = None
+    if root_err is not None and not hw and (first is None or first.cause is RootCause.SOFTWARE_BUG):
+        signature = error_signature(root_err.exc_type, root_err.message, root_err.traceback)
+    failure = Failure(
+        kind=kind,
+        signature=signature,
+        category=category,
+        gpu=gpu,
+        gpu_health=gpu_health.get(gpu) if gpu is not None else None,
+    )
+    started = min([first.time] if first is not None and first.time else [], default=None)
+    if started is None:
+        started = min((e.seen for e in exited), default=now)
+    how = "; ".join(f"rank {e.rank} {describe_exit(e.code)}" for e in sorted(exited, key=lambda e: e.seen))
+    summary = first.text if first is not None and first.text else how
+    evidence = [how, *[f"rank {r.rank}: {r.exc_type}: {r.message}" for r in errors][:8]]
+    evidence += [e.text for e in events if e.severity in (Severity.ERROR, Severity.FATAL)][:8]
+    evidence += [f"{f.rule}: {f.reason}" for f in findings][:8]
+    return Trouble(
+        failure=failure,
+        detected_by="error_file" if root_err is not None else "exit_code",
+        time=now,
+        started=min(started, now),
+        summary=summary[:300],
+        root_cause=first.cause if first is not None else RootCause.UNKNOWN,
+        rank=root_rank,
+        evidence=evidence,
+    )
+
+
+def gpu_trouble(now: float, gpu: int, health: Health, findings: list[Finding], rank: int | None) -> Trouble:
+    """The node agent says a GPU one of our ranks uses is FAILED or DEGRADED."""
+    first = first_failure(findings)
+    fatal = health is Health.FAILED
+    kind = FailureKind.GPU_FAILED if fatal else FailureKind.GPU_DEGRADED
+    reasons = [f.reason for f in findings] or [f"GPU {gpu} is {health.value}"]
+    times = [f.time for f in findings if f.time is not None]
+    return Trouble(
+        failure=Failure(
+            kind=kind, category=first.category if first else None, gpu=gpu, gpu_health=health, fatal=fatal
+        ),
+        detected_by="kernel_log" if any("xid" in f.rule.lower() for f in findings) else "telemetry",
+        time=now,
+        started=min(times, default=now),
+        summary=f"GPU {gpu} {health.value}: {reasons[0]}"[:300],
+        root_cause=first.cause if first else RootCause.UNKNOWN,
+        rank=rank,
+        evidence=reasons[:8],
+    )
+
+
+def _hw_cause(category: Category) -> RootCause:
+    return RootCause.GPU_HBM_MEMORY if category is Category.GPU_MEMORY_ECC else RootCause.FAULTY_GPU

@@ -1,0 +1,193 @@
+"""Hang forensics: gather stacks and flight-recorder dumps from every rank, then name the rank(s)
+that never entered the collective the others are waiting in.
+
+Gathering: workers run with ``PYTHONFAULTHANDLER=1`` (set by the supervisor), so SIGABRT makes
+each rank print every thread's Python stack from a C-level handler, even while it is blocked
+inside a gloo/NCCL call where no Python signal handler could run. A stopped rank is sent SIGCONT
+after it so it dumps too. The stacks land in the rank's stderr log and are copied to
+``dumps/rank<R>-<t>.txt``; dumps the Guard's own watchdog wrote (``.txt``, ``.fr.json`` flight
+recorder) are used as well. The ranks die of it: the supervisor restarts them anyway.
+
+Evidence, strongest first:
+1. the process was stopped (``T`` in /proc: SIGSTOP, a debugger);
+2. flight-recorder dumps: the rank whose last collective sequence number is behind the others'
+   never issued the collective they wait in;
+3. Python stacks: ranks inside a collective (torch.distributed, backward's all-reduce) vs ranks
+   elsewhere;
+4. heartbeats: a rank whose last completed step is behind the others'.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainguard.rundir import Heartbeat, dumps_dir
+
+_COLLECTIVE = re.compile(
+    r"torch/distributed/|all_reduce|allreduce|all_gather|reduce_scatter|broadcast|barrier|"
+    r"all_to_all|backward|_sync_params",
+    re.I,
+)
+_STACK_START = re.compile(r"^(?:Fatal Python error|Thread 0x|Current thread 0x)", re.M)
+
+
+@dataclass(frozen=True, slots=True)
+class HangReport:
+    laggards: tuple[int, ...]  # ranks that never entered the collective the others wait in
+    reasons: dict[int, str] = field(default_factory=dict)
+    dumps: tuple[str, ...] = ()
+    method: str = "none"  # proc_state | flight_recorder | stacks | heartbeat | none
+
+
+def proc_state(pid: int) -> str | None:
+    """The one-letter Linux process state (R, S, D, T, Z...), None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else None
+
+
+def collect(
+    run_dir: Path,
+    pids: dict[int, int],
+    stderr_paths: dict[int, Path],
+    beats: dict[int, Heartbeat | None],
+    wait_s: float = 3.0,
+) -> HangReport:
+    """Dump every rank (see the module docstring), then `analyze`. Ranks end up dead."""
+    states = {r: proc_state(pid) for r, pid in pids.items()}
+    offsets = {r: _size(p) for r, p in stderr_paths.items()}
+    asked = time.time()
+    for r, pid in pids.items():
+        _kill(pid, signal.SIGABRT)
+        if states.get(r) == "T":
+            _kill(pid, signal.SIGCONT)
+    deadline = time.time() + wait_s
+    while time.time() < deadline and any(proc_state(p) not in (None, "Z") for p in pids.values()):
+        time.sleep(0.05)
+    dumps: dict[int, list[Path]] = {}
+    directory = dumps_dir(run_dir)
+    for r, path in stderr_paths.items():
+        text = _read_from(path, offsets[r])
+        m = _STACK_START.search(text)
+        if m:
+            directory.mkdir(parents=True, exist_ok=True)
+            out = directory / f"rank{r}-{int(asked)}.txt"
+            out.write_text(text[m.start() :])
+            dumps.setdefault(r, []).append(out)
+    for r, paths in _dumps_since(directory, asked - 60).items():
+        for p in paths:
+            if p not in dumps.get(r, []):
+                dumps.setdefault(r, []).append(p)
+    return analyze(sorted(pids), states, dumps, beats)
+
+
+def analyze(
+    ranks: list[int],
+    states: dict[int, str | None],
+    dumps: dict[int, list[Path]],
+    beats: dict[int, Heartbeat | None],
+) -> HangReport:
+    """Pure analysis of what was gathered (see the module docstring for the evidence order)."""
+    files = tuple(str(p) for ps in dumps.values() for p in ps)
+    stopped = {r: "process stopped (state T)" for r in ranks if states.get(r) == "T"}
+    if stopped:
+        return HangReport(tuple(sorted(stopped)), stopped, files, "proc_state")
+    silent = [r for r in ranks if r not in dumps]
+    if dumps and silent and len(silent) < len(ranks):
+        reasons = {r: "did not answer the dump request while the others did" for r in silent}
+        return HangReport(tuple(silent), reasons, files, "proc_state")
+    seqs = {r: s for r in ranks if (s := _fr_last_seq(dumps.get(r, []))) is not None}
+    if len(seqs) >= 2 and len(set(seqs.values())) > 1:
+        top = max(seqs.values())
+        lag = {r: f"last collective #{s} while others reached #{top}" for r, s in seqs.items() if s < top}
+        return HangReport(tuple(sorted(lag)), lag, files, "flight_recorder")
+    inside = {r: _in_collective(dumps.get(r, [])) for r in ranks if r in dumps}
+    if any(inside.values()) and not all(inside.values()):
+        lag = {r: "stack is not inside a collective" for r, v in inside.items() if not v}
+        return HangReport(tuple(sorted(lag)), lag, files, "stacks")
+    steps = {r: b.step for r, b in beats.items() if b is not None}
+    if steps and len(set(steps.values())) > 1:
+        top = max(steps.values())
+        lag = {r: f"last step {s} while others reached {top}" for r, s in steps.items() if s < top}
+        return HangReport(tuple(sorted(lag)), lag, files, "heartbeat")
+    return HangReport((), {}, files, "none")
+
+
+def _dumps_since(directory: Path, since: float) -> dict[int, list[Path]]:
+    found: dict[int, list[Path]] = {}
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return found
+    for path in entries:
+        m = re.match(r"rank(\d+)-", path.name)
+        if not m:
+            continue
+        try:
+            if path.stat().st_mtime + 1.0 < since:
+                continue
+        except OSError:
+            continue
+        found.setdefault(int(m.group(1)), []).append(path)
+    return found
+
+
+def _fr_last_seq(paths: list[Path]) -> int | None:
+    """Highest collective sequence id a rank *issued*, from a flight-recorder JSON dump."""
+    for path in paths:
+        if not path.name.endswith(".fr.json"):
+            continue
+        try:
+            data = json.loads(path.read_text())
+            entries = data.get("entries", []) if isinstance(data, dict) else []
+            seqs = [
+                int(e["collective_seq_id"])
+                for e in entries
+                if isinstance(e, dict) and "collective_seq_id" in e
+            ]
+        except (OSError, ValueError, TypeError, KeyError):  # a torn or foreign dump is no evidence
+            continue
+        if seqs:
+            return max(seqs)
+    return None
+
+
+def _in_collective(paths: list[Path]) -> bool:
+    for path in paths:
+        if path.suffix == ".txt":
+            try:
+                if _COLLECTIVE.search(path.read_text(errors="replace")):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _kill(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)

@@ -1,0 +1,97 @@
+"""Bookkeeping of a supervised job: incidents into the store (and the run directory), and the
+goodput ledger's intervals (init, productive, detection, restart, downtime, lost, checkpoint).
+
+The store is the source of truth; ``<run_dir>/incidents.jsonl`` is a plain copy for humans and
+for the demo's report when no store is configured. A store that cannot be written is logged and
+skipped: bookkeeping must never stop training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from trainguard.incidents import Incident, IncidentStore, Interval, IntervalKind, goodput
+from trainguard.incidents.goodput import GoodputSummary
+
+log = logging.getLogger(__name__)
+
+
+def node_name() -> str:
+    import os
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class JobRecorder:
+    def __init__(self, job: str, run_dir: Path, db: Path | None) -> None:
+        self.job = job
+        self.run_dir = run_dir
+        self.incidents: list[Incident] = []
+        self.intervals: list[Interval] = []
+        self.store: IncidentStore | None = None
+        if db is not None:
+            try:
+                self.store = IncidentStore(db)
+            except Exception as exc:
+                log.warning("incident store %s unavailable, recording into %s only: %s", db, run_dir, exc)
+
+    def start_job(self, started: float, command: str, world_size: int) -> None:
+        self._safe(lambda s: s.start_job(self.job, started=started, command=command, world_size=world_size))
+
+    def add(self, incident: Incident) -> Incident:
+        stored = self._safe(lambda s: s.add(incident))
+        if stored is None:
+            stored = replace(incident, id=-(len(self.incidents) + 1))  # local ids are negative
+        self.incidents.append(stored)
+        self._append_jsonl(stored)
+        return stored
+
+    def update(self, incident: Incident, **changes: Any) -> Incident:
+        updated = replace(incident, **changes)
+        if incident.id is not None and incident.id > 0:
+            self._safe(lambda s: s.update(incident.id, **changes))
+        self.incidents = [updated if i.id == incident.id else i for i in self.incidents]
+        self._append_jsonl(updated)
+        return updated
+
+    def interval(self, kind: IntervalKind, start: float, end: float, attempt: int, detail: str = "") -> None:
+        if end > start:
+            iv = Interval(self.job, kind, start, end, attempt=attempt, detail=detail)
+            self.intervals.append(iv)
+            self._safe(lambda s: s.add_interval(iv))
+
+    def progress(self, time: float, step: int, loss: float | None, attempt: int) -> None:
+        self._safe(lambda s: s.add_progress(self.job, time, step, loss, attempt))
+
+    def finish(self, started: float, ended: float, status: str) -> GoodputSummary:
+        self._safe(lambda s: s.end_job(self.job, ended=ended, status=status))
+        summary = goodput(self.intervals, started, ended)
+        with contextlib.suppress(OSError):
+            (self.run_dir / "goodput.json").write_text(json.dumps(summary.to_dict(), indent=1))
+        return summary
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def _safe(self, fn: Any) -> Any:
+        if self.store is None:
+            return None
+        try:
+            return fn(self.store)
+        except Exception as exc:
+            log.warning("incident store write failed: %s", exc)
+            return None
+
+    def _append_jsonl(self, incident: Incident) -> None:
+        try:
+            with open(self.run_dir / "incidents.jsonl", "a") as f:
+                f.write(json.dumps(incident.to_dict(), default=str) + "\n")
+        except OSError:
+            pass

@@ -1,0 +1,165 @@
+"""Progress watch: reads the ranks' heartbeat files incrementally and says, per attempt, how far
+training got, when it last progressed, whether it hangs, and what the numbers look like.
+
+A hang is "no rank advanced its step within the timeout", where the timeout is learned from this
+run's own step times: ``max(floor, factor x slowest recent step)``. That is seconds for a job with
+sub-second steps, where NCCL's default watchdog waits ten minutes. Before the first step of an
+attempt (start, rendezvous, checkpoint load) the longer ``startup_timeout`` applies.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainguard.rundir import Heartbeat, heartbeat_path
+
+
+@dataclass(slots=True)
+class RankProgress:
+    last: Heartbeat | None = None
+    step_since: float | None = None  # when this rank first reported its current step
+    first_train_time: float | None = None  # first train heartbeat of this attempt
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=20))
+    nan_reported: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressView:
+    max_step: int | None  # the furthest step any local rank completed in this attempt
+    min_step: int | None
+    last_progress: float  # when a rank last advanced (attempt start if none did)
+    first_step_time: float | None  # first completed step of this attempt (recovery done)
+    timeout: float  # the hang timeout that applies right now
+    hung: bool
+    nan_ranks: tuple[int, ...]  # ranks that newly reported a non-finite loss
+    step_time: float | None  # median recent step time
+    loss: float | None  # rank-lowest local rank's last loss
+
+
+class ProgressWatch:
+    """Follows ``heartbeat/rank<R>.jsonl`` of the local ranks for one attempt at a time."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        hang_timeout_floor: float = 30.0,
+        hang_step_factor: float = 5.0,
+        startup_timeout: float = 300.0,
+    ) -> None:
+        self.run_dir = run_dir
+        self.floor = hang_timeout_floor
+        self.factor = hang_step_factor
+        self.startup_timeout = startup_timeout
+        self._offsets: dict[int, int] = {}
+        self._ranks: dict[int, RankProgress] = {}
+        self._attempt = 0
+        self._started = 0.0
+        self._recent: deque[float] = deque(maxlen=50)  # step times across attempts (learning)
+        self.baseline_step_time: float | None = None  # median of the run's first steps
+        self.history: list[Heartbeat] = []  # every train heartbeat seen (for the goodput ledger)
+        self.furthest_step: int | None = None  # furthest step any rank reported (train/exit beats)
+
+    def begin_attempt(self, attempt: int, ranks: list[int], started: float) -> None:
+        self._attempt, self._started = attempt, started
+        self._ranks = {r: RankProgress() for r in ranks}
+        for r in ranks:
+            self._offsets.setdefault(r, 0)
+
+    def poll(self, now: float) -> ProgressView:
+        nan_ranks: list[int] = []
+        for rank, prog in self._ranks.items():
+            for beat in self._read_new(rank):
+                if beat.attempt != self._attempt:
+                    continue
+                if beat.phase in ("train", "exit"):
+                    self.furthest_step = max(beat.step, self.furthest_step or 0)
+                if beat.phase == "train":
+                    self.history.append(beat)
+                    if prog.first_train_time is None:
+                        prog.first_train_time = beat.time
+                    if beat.step_time is not None and beat.step_time > 0:
+                        prog.step_times.append(beat.step_time)
+                        self._recent.append(beat.step_time)
+                        self._learn_baseline()
+                    if not prog.nan_reported and _non_finite(beat.loss):
+                        prog.nan_reported = True
+                        nan_ranks.append(rank)
+                if prog.last is None or beat.step != prog.last.step:
+                    prog.step_since = beat.time
+                prog.last = beat
+        return self._view(now, tuple(nan_ranks))
+
+    def last_beats(self) -> dict[int, Heartbeat | None]:
+        return {r: p.last for r, p in self._ranks.items()}
+
+    def _view(self, now: float, nan_ranks: tuple[int, ...]) -> ProgressView:
+        steps = [p.last.step for p in self._ranks.values() if p.last is not None and p.last.phase == "train"]
+        since = [p.step_since for p in self._ranks.values() if p.step_since is not None]
+        firsts = [p.first_train_time for p in self._ranks.values() if p.first_train_time is not None]
+        trained = bool(firsts)
+        last_progress = max(since, default=self._started) if trained else self._started
+        timeout = self.timeout() if trained else max(self.startup_timeout, self.floor)
+        busy = any(
+            p.last is not None and p.last.phase in ("checkpoint", "exit") for p in self._ranks.values()
+        )
+        if busy:  # a synchronous save, or the final save and teardown, may take a while
+            timeout = max(timeout, self.startup_timeout)
+        recent = [t for p in self._ranks.values() for t in p.step_times]
+        low = min(self._ranks) if self._ranks else None
+        low_beat = self._ranks[low].last if low is not None else None
+        return ProgressView(
+            max_step=max(steps) if steps else None,
+            min_step=min(steps) if steps else None,
+            last_progress=last_progress,
+            first_step_time=min(firsts) if firsts else None,
+            timeout=timeout,
+            hung=now - last_progress > timeout,
+            nan_ranks=nan_ranks,
+            step_time=statistics.median(recent) if recent else None,
+            loss=low_beat.loss if low_beat is not None else None,
+        )
+
+    def timeout(self) -> float:
+        slowest = max(self._recent, default=0.0)
+        return max(self.floor, self.factor * slowest)
+
+    def _learn_baseline(self) -> None:
+        if self.baseline_step_time is None and len(self._recent) >= 5:
+            self.baseline_step_time = statistics.median(self._recent)
+
+    def _read_new(self, rank: int) -> list[Heartbeat]:
+        path = heartbeat_path(self.run_dir, rank)
+        try:
+            with open(path, "rb") as f:
+                f.seek(self._offsets[rank])
+                data = f.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # keep a half-written last line for the next poll
+        self._offsets[rank] += end
+        beats: list[Heartbeat] = []
+        for line in data[:end].split(b"\n"):
+            beat = _parse_beat(line)
+            if beat is not None:
+                beats.append(beat)
+        return beats
+
+
+def _parse_beat(line: bytes) -> Heartbeat | None:
+    line = line.strip()
+    if not line.startswith(b"{"):
+        return None
+    try:
+        raw = json.loads(line)
+        return Heartbeat(**{k: raw[k] for k in raw if k in Heartbeat.__slots__})
+    except (ValueError, TypeError):
+        return None
+
+
+def _non_finite(value: float | None) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)

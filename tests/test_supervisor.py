@@ -1,0 +1,107 @@
+"""`trainguard run` end to end: real workers (tests/workers/ddp_worker.py: DDP over gloo with the
+real Guard and Checkpointer), real faults, the incident store read back afterwards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainguard.incidents import IncidentStore
+
+WORKER = Path(__file__).parent / "workers" / "ddp_worker.py"
+pytestmark = pytest.mark.slow
+
+
+def trainguard_run(
+    tmp_path: Path,
+    *flags: str,
+    worker_args: tuple[str, ...] = (),
+    plan: str | None = None,
+    timeout: float = 90,
+) -> tuple[int, dict, IncidentStore]:
+    args = [
+        sys.executable,
+        "-m",
+        "trainguard.cli",
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--db",
+        str(tmp_path / "tg.db"),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--no-tee",
+        "--json",
+        str(tmp_path / "result.json"),
+        *flags,
+    ]
+    if plan is not None:
+        (tmp_path / "plan.toml").write_text(plan)
+        args += ["--chaos", str(tmp_path / "plan.toml")]
+    args += ["--", sys.executable, str(WORKER), "--checkpoint-dir", str(tmp_path / "ckpt"), *worker_args]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    result = json.loads((tmp_path / "result.json").read_text()) if (tmp_path / "result.json").exists() else {}
+    assert result, proc.stderr[-3000:]
+    return proc.returncode, result, IncidentStore(tmp_path / "tg.db")
+
+
+def test_a_clean_run_exits_0_without_incidents(tmp_path):
+    code, result, store = trainguard_run(tmp_path, worker_args=("--steps", "12"))
+    assert code == 0, result
+    assert result["incidents"] == []
+    assert result["final_step"] == 11
+    assert store.get_job(result["job_id"]).status == "succeeded"
+
+
+def test_a_sigkilled_rank_is_restarted_from_the_checkpoint_and_recorded(tmp_path):
+    plan = '[[fault]]\nkind = "kill"\nrank = 1\nstep = 12\n'
+    code, result, store = trainguard_run(tmp_path, worker_args=("--steps", "24"), plan=plan)
+    assert code == 0, result
+    assert result["attempts"] == 2
+    assert result["final_step"] == 23
+    [incident] = store.list(job=result["job_id"])
+    assert incident.rank == 1
+    assert incident.action == "restart"
+    assert incident.root_cause.value == "host"  # SIGKILL: what an OOM killer does
+    assert "SIGKILL" in incident.summary
+    assert incident.resolved and incident.time_lost_s is not None
+    [recovery] = result["recoveries"]
+    assert recovery["resume_step"] >= 10  # checkpoints every 5 steps: resumed, not restarted from 0
+    assert 0 < recovery["mttr_s"] < 60
+    assert store.goodput(result["job_id"]).interruptions == 1
+
+
+def test_the_same_application_error_three_times_stops_with_the_crash_loop_exit_code(tmp_path):
+    code, result, store = trainguard_run(
+        tmp_path,
+        "--backoff-base",
+        "0.1",
+        "--max-restarts",
+        "10",
+        worker_args=("--steps", "20", "--bug-at", "2"),
+    )
+    assert code == 3, result
+    assert result["status"] == "crash_loop"
+    incidents = store.list(job=result["job_id"])
+    assert [i.action for i in incidents] == ["restart", "restart", "stop_crash_loop"]
+    assert all(i.root_cause.value == "software_bug" and i.rank == 1 for i in incidents)
+    assert "ValueError: bad batch at step" in incidents[-1].summary
+
+
+def test_a_stopped_rank_is_caught_as_a_hang_and_named(tmp_path):
+    plan = '[[fault]]\nkind = "stop"\nrank = 1\nstep = 8\n'
+    code, result, store = trainguard_run(
+        tmp_path, "--hang-timeout-floor", "2", worker_args=("--steps", "16"), plan=plan
+    )
+    assert code == 0, result
+    [incident] = store.list(job=result["job_id"])
+    assert incident.category == "hang"
+    assert incident.rank == 1
+    assert "laggard: rank 1" in incident.summary
+    assert incident.detected_by == "heartbeat"
+    assert 2 <= incident.detection_delay_s < 15
