@@ -99,3 +99,11 @@ def test_no_root_cause_block_gives_none():
 def test_now_is_the_event_time():
     event = classify_training_line("Segmentation fault (core dumped)", now=12.5)
     assert event is not None and event.time == 12.5
+
+
+def test_every_rule_needle_contains_a_scanner_anchor():
+    # the bulk scanner only classifies lines with an anchor; this keeps it equal to line-by-line
+    from trainguard.detect.training_log import TRAINING_ANCHORS, rule_needles
+
+    uncovered = [n for n in rule_needles() if not any(anchor in n for anchor in TRAINING_ANCHORS)]
+    assert uncovered == []

@@ -85,7 +85,7 @@ def event_json(event: Event) -> dict[str, object]:
     }
 
 
-def _emit(events: Iterable[Event], as_json: bool, out: TextIO) -> int:
+def emit_events(events: Iterable[Event], as_json: bool, out: TextIO) -> int:
     count = 0
     for event in events:
         count += 1
@@ -102,7 +102,7 @@ def _emit(events: Iterable[Event], as_json: bool, out: TextIO) -> int:
     return count
 
 
-def _header(as_json: bool, out: TextIO) -> None:
+def emit_header(as_json: bool, out: TextIO) -> None:
     if not as_json:
         out.write(_TABLE.format(loc="PATH:LINE", kind="KIND", xid="XID", pci="PCI", severity="SEVERITY",
                                 action="ACTION", category="CATEGORY", text="TEXT") + "\n")  # fmt: skip
@@ -113,12 +113,12 @@ def run_scan(args: argparse.Namespace) -> int:
     from trainguard.errors import InputError
 
     out, status = sys.stdout, 0
-    _header(args.json, out)
+    emit_header(args.json, out)
     for path in args.paths:
         stats = ScanStats()
         try:
             events = scan_file(path, stats=stats, engine=args.engine, tracker=BurstTracker(args.burst_window))
-            _emit(events, args.json, out)
+            emit_events(events, args.json, out)
         except InputError as exc:
             print(f"trainguard logs scan: error: {exc}", file=sys.stderr)
             status = 2
@@ -151,7 +151,7 @@ def run_follow(args: argparse.Namespace) -> int:
     tracker = BurstTracker(args.burst_window)
     deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
     line_no, out = 0, sys.stdout
-    _header(args.json, out)
+    emit_header(args.json, out)
     try:
         while deadline is None or time.monotonic() < deadline:
             lines = source.poll()
@@ -161,7 +161,7 @@ def run_follow(args: argparse.Namespace) -> int:
                 event = classify_line(text)
                 if event is not None:
                     found.append(tracker.observe(dataclasses.replace(event, path=args.path, line_no=line_no)))
-            _emit(found, args.json, out)
+            emit_events(found, args.json, out)
             out.flush()
             if not lines:
                 time.sleep(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 import sys
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
@@ -93,8 +94,14 @@ def _hyperscan_db() -> object | None:
         import hyperscan  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return None
+    # the anchors, plus one pattern that flags (once per chunk) a NUL or non-ASCII byte, so the
+    # bulk search also tells whether the chunk needs the slower garbage check
+    expressions = [re.escape(a) for a in ANCHORS] + [rb"[\x00\x80-\xff]"]
+    flags = [0] * len(ANCHORS) + [hyperscan.HS_FLAG_SINGLEMATCH]
     db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-    db.compile(expressions=list(ANCHORS), ids=list(range(len(ANCHORS))), elements=len(ANCHORS))
+    db.compile(
+        expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
+    )
     return db
 
 
@@ -109,18 +116,25 @@ def scan_engine(engine: str = "auto") -> str:
     return "hyperscan"
 
 
-def _hits_hyperscan(buf: bytearray, end: int) -> list[int]:
+def _hits_hyperscan(buf: bytearray, end: int) -> tuple[list[int], bool]:
+    """Offsets inside anchor hits (sorted), and whether ``buf[:end]`` may hold garbage bytes."""
     found: list[int] = []
+    flagged = len(ANCHORS)
+    binary = False
 
-    def on_match(_id: int, _start: int, stop: int, _flags: int, _ctx: object) -> None:
-        found.append(stop - 1)
+    def on_match(pattern: int, _start: int, stop: int, _flags: int, _ctx: object) -> None:
+        nonlocal binary
+        if pattern == flagged:
+            binary = True
+        else:
+            found.append(stop - 1)
 
     _hyperscan_db().scan(memoryview(buf)[:end], match_event_handler=on_match)  # type: ignore[attr-defined]
     found.sort()
-    return found
+    return found, binary
 
 
-def _hits_find(buf: bytearray, end: int) -> list[int]:
+def _hits_find(buf: bytearray, end: int) -> tuple[list[int], bool]:
     # One bytes.find pass per anchor beats one re alternation here: the lower-case anchors make
     # re try the alternation at most positions of a text file.
     found: list[int] = []
@@ -131,14 +145,13 @@ def _hits_find(buf: bytearray, end: int) -> list[int]:
             nl = find(b"\n", pos, end)
             pos = end if nl < 0 else nl + 1  # one hit per line and anchor is enough
     found.sort()
-    return found
+    # the whole buffer (stale tail included) being ASCII is a cheap sufficient test
+    return found, buf.find(b"\x00", 0, end) >= 0 or not buf.isascii()
 
 
 def _bad_lines(buf: bytearray, end: int) -> set[int]:
     """Indexes (0-based) of the lines in ``buf[:end]`` with NUL bytes or invalid UTF-8."""
     if buf.find(b"\x00", 0, end) < 0:
-        if buf.isascii():  # the whole buffer, stale tail included: a cheap sufficient test
-            return set()
         try:
             bytes(memoryview(buf)[:end]).decode("utf-8")
             return set()
@@ -184,7 +197,7 @@ def scan_file(
     fh, name = _open(path)
     stats = stats if stats is not None else ScanStats()
     stats.engine = scan_engine(engine)
-    hits: Callable[[bytearray, int], list[int]] = (
+    hits: Callable[[bytearray, int], tuple[list[int], bool]] = (
         _hits_hyperscan if stats.engine == "hyperscan" else _hits_find
     )
     return _scan(fh, name, stats, hits, max(chunk_size, 1 << 12), tracker or BurstTracker())
@@ -194,7 +207,7 @@ def _scan(
     fh: IO[bytes],
     name: str,
     stats: ScanStats,
-    hits: Callable[[bytearray, int], list[int]],
+    hits: Callable[[bytearray, int], tuple[list[int], bool]],
     chunk: int,
     tracker: BurstTracker,
 ) -> Iterator[Event]:
@@ -233,7 +246,10 @@ def _scan(
                     stats.skipped += 1
                     discarding, filled = True, 0
                 continue
-            cursor, counted = yield from _findings(buf, end, name, line_base, hits(buf, end), stats, tracker)
+            positions, maybe_binary = hits(buf, end)
+            bad = _bad_lines(buf, end) if maybe_binary else set()
+            stats.skipped += len(bad)
+            cursor, counted = yield from _findings(buf, end, name, line_base, positions, bad, stats, tracker)
             newlines = counted + buf.count(b"\n", cursor, end)
             line_base += newlines
             stats.lines += newlines + (1 if at_eof and end and buf[end - 1] != 0x0A else 0)
@@ -249,11 +265,11 @@ def _findings(
     name: str,
     line_base: int,
     positions: list[int],
+    bad: set[int],
     stats: ScanStats,
     tracker: BurstTracker,
 ) -> Generator[Event, None, tuple[int, int]]:
     """Classify the candidate lines; returns (offset, lines before it) of the last one seen."""
-    bad: set[int] | None = None
     cursor, cursor_line, done_until = 0, 0, -1
     for pos in positions:
         if pos <= done_until or pos >= end:
@@ -264,15 +280,10 @@ def _findings(
         done_until = stop
         cursor_line += buf.count(b"\n", cursor, start)
         cursor = start
-        if bad is None:
-            bad = _bad_lines(buf, end)
-            stats.skipped += len(bad)
         if cursor_line in bad:
             continue
-        event = classify_line(bytes(buf[start:stop]).decode("utf-8", "replace").rstrip("\r"))
+        event = classify_line(buf[start:stop].decode("utf-8", "replace").rstrip("\r"))
         if event is not None:
             stats.findings += 1
             yield tracker.observe(dataclasses.replace(event, path=name, line_no=line_base + cursor_line + 1))
-    if bad is None:  # no candidates: still count the garbage for the report
-        stats.skipped += len(_bad_lines(buf, end))
     return cursor, cursor_line

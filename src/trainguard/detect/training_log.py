@@ -28,75 +28,92 @@ __all__ = ["TRAINING_ANCHORS", "ElasticRootCause", "classify_training_line", "pa
 
 C, S, A = Category, Severity, Action
 
-# Every line a rule below can match contains one of these literals; the file scanner looks for
-# them in bulk and runs the rules only on lines that have one.
+# The file scanner looks for these literals in bulk and classifies only the lines that have one.
+# Every needle of every rule below contains one of them (a test checks), so the scanner finds
+# exactly what line-by-line classification finds.
 TRAINING_ANCHORS: tuple[str, ...] = (
     "NCCL", "nccl", "NET/IB", "CUDA", "ECC", "OutOfMemory", "out of memory", "Out of memory",
     "illegal", "launch failure", "CUBLAS", "CUDNN", "device-side", "Assertion", "Watchdog",
-    "Killed", "oom-kill", "oom_reaper", "SIGKILL", "SIGSEGV", "SIGBUS", "SIGABRT", "Segmentation fault",
-    "segfault", "Fatal Python", "Bus error", "bus error", "exitcode", "Error", "Exception",
+    "collective operation", "Heartbeat monitor", "Killed", "oom-kill", "oom_reaper", "SIGKILL", "SIGSEGV",
+    "SIGBUS", "SIGABRT", "Segmentation fault", "segfault", "Fatal Python", "Bus error", "bus error",
+    "exitcode", "Error", "Exception",
 )  # fmt: skip
 
-_RULES: tuple[tuple[re.Pattern[str], Category, Severity, Action], ...] = tuple(
-    (re.compile(pattern), category, severity, action)
-    for pattern, category, severity, action in (
-        # GPU memory and GPU faults
-        (r"uncorrectable ECC error|ECC error(?:s)? (?:detected|encountered)", C.GPU_MEMORY_ECC, S.FATAL, A.RESET_GPU),
-        (r"no CUDA-capable device is detected|CUDA error: GPU is lost|cudaErrorDevicesUnavailable",
-         C.GPU_HARDWARE, S.FATAL, A.REBOOT_NODE),
-        (r"uncorrectable NVLink error", C.GPU_HARDWARE, S.ERROR, A.RESET_GPU),
-        # OOM before generic CUDA errors: "CUDA error: out of memory" is the job's size, not the GPU
-        (r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
-         r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED", C.CUDA_OOM, S.ERROR, A.RESTART_APP),
-        (r"illegal memory access|unspecified launch failure|\blaunch failure\b|CUBLAS_STATUS_EXECUTION_FAILED"
-         r"|CUDNN_STATUS_EXECUTION_FAILED|CUDNN_STATUS_MAPPING_ERROR|ncclUnhandledCudaError|CUDA error: unknown error",
-         C.GPU_HARDWARE, S.ERROR, A.RESTART_APP),
-        (r"device-side assert|Assertion `.*` failed|misaligned address|illegal instruction"
-         r"|no kernel image is available|invalid device function", C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
-        (r"CUDA driver version is insufficient|CUDA driver initialization failed|system not yet initialized"
-         r"|forward compatibility was attempted|CUDA error: initialization error|CUBLAS_STATUS_(?:INTERNAL_ERROR"
-         r"|NOT_INITIALIZED|ARCH_MISMATCH)|CUDNN_STATUS_(?:INTERNAL_ERROR|NOT_INITIALIZED|ARCH_MISMATCH"
-         r"|VERSION_MISMATCH|RUNTIME_\w+)", C.DRIVER_SOFTWARE, S.ERROR, A.DRAIN),
-        (r"CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|CUDA error:", C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
-        # NCCL: hangs first (they mention NCCL too), then the network, then the rest
-        (r"Watchdog caught collective operation timeout|collective operation timeout|NCCL communicator was aborted"
-         r"|Some NCCL operations have failed or timed out|Heartbeat monitor timed out|watchdog (?:thread )?got stuck"
-         r"|ncclTimeout|NCCL timeout", C.NCCL_TIMEOUT_HANG, S.ERROR, A.RESTART_APP),
-        (r"NET/IB\s*:.*(?:completion|[Ee]rror)|ncclSystemError|ncclRemoteError|unhandled system error"
-         r"|remote process exited or there was a network error|NCCL WARN.*(?:[Cc]onnect|[Ss]ocket|NET/|IB|timed out)",
-         C.NCCL_NETWORK, S.ERROR, A.RESTART_APP),
-        (r"ncclInternalError|internal error - please report", C.DRIVER_SOFTWARE, S.ERROR, A.RESTART_APP),
-        (r"ncclInvalidUsage|ncclInvalidArgument|invalid usage", C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
-        (r"NCCL WARN|NCCL error", C.NCCL_NETWORK, S.WARNING, A.RESTART_APP),
-        # the host
-        (r"Out of memory: Kill(?:ed)? process|invoked oom-killer|oom-kill:|oom_reaper", C.NODE_HOST, S.ERROR, A.RESTART_APP),
-        (r"^\W*Killed\s*$|\d+\s+Killed\s+\S|\bSIGKILL\b|exitcode\s*:\s*-9\b", C.NODE_HOST, S.ERROR, A.RESTART_APP),
-        (r"\b[Bb]us error\b|\bSIGBUS\b|exitcode\s*:\s*-7\b", C.NODE_HOST, S.ERROR, A.RESTART_APP),  # often /dev/shm full
-        # crashes and torchelastic's summary
-        (r"Segmentation fault|\bSIGSEGV\b|Fatal Python error|\bsegfault at\b|\bSIGABRT\b|exitcode\s*:\s*-(?:11|6)\b",
-         C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
-        (r"ChildFailedError|exitcode\s*:\s*-?[1-9]\d*\b", C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
-        # the last line of a Python traceback, e.g. "ValueError: ..." (possibly behind a "[rank3]:" tag)
-        (r"(?:^|[\]:]\s)\s*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::\s|\s*$)",
-         C.APPLICATION_BUG, S.WARNING, A.RESTART_APP),
-    )
+# (needles, pattern, ...): the pattern is tried only on lines containing one of the needles,
+# which keeps a miss at a few substring tests instead of a regex run per rule.
+_TABLE: tuple[tuple[tuple[str, ...], str, Category, Severity, Action], ...] = (
+    # GPU memory and GPU faults
+    (("ECC error",), r"uncorrectable ECC error|ECC error(?:s)? (?:detected|encountered)", C.GPU_MEMORY_ECC, S.FATAL, A.RESET_GPU),
+    (("CUDA", "cudaErrorDevicesUnavailable"), r"no CUDA-capable device is detected|CUDA error: GPU is lost"
+     r"|cudaErrorDevicesUnavailable", C.GPU_HARDWARE, S.FATAL, A.REBOOT_NODE),
+    (("CUDA",), r"uncorrectable NVLink error", C.GPU_HARDWARE, S.ERROR, A.RESET_GPU),
+    # OOM before generic CUDA errors: "CUDA error: out of memory" is the job's size, not the GPU
+    (("out of memory", "OutOfMemoryError", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC", "CUDNN_STATUS_ALLOC"),
+     r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
+     r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED", C.CUDA_OOM, S.ERROR, A.RESTART_APP),
+    (("illegal memory access", "launch failure", "CUBLAS_STATUS_EXECUTION", "CUDNN_STATUS_EXECUTION",
+      "CUDNN_STATUS_MAPPING", "ncclUnhandledCudaError", "CUDA error: unknown error"),
+     r"illegal memory access|launch failure|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_EXECUTION_FAILED"
+     r"|CUDNN_STATUS_MAPPING_ERROR|ncclUnhandledCudaError|CUDA error: unknown error", C.GPU_HARDWARE, S.ERROR, A.RESTART_APP),
+    (("device-side assert", "Assertion `", "CUDA error: "), r"device-side assert|Assertion `.*` failed"
+     r"|CUDA error: (?:misaligned address|an illegal instruction|no kernel image|invalid device function)",
+     C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
+    (("CUDA", "CUBLAS_STATUS_", "CUDNN_STATUS_"), r"CUDA driver version is insufficient|CUDA driver initialization failed"
+     r"|CUDA error: system not yet initialized|CUDA error: forward compatibility|CUDA error: initialization error"
+     r"|CUBLAS_STATUS_(?:INTERNAL_ERROR|NOT_INITIALIZED|ARCH_MISMATCH)"
+     r"|CUDNN_STATUS_(?:INTERNAL_ERROR|NOT_INITIALIZED|ARCH_MISMATCH|VERSION_MISMATCH|RUNTIME_\w+)",
+     C.DRIVER_SOFTWARE, S.ERROR, A.DRAIN),
+    (("CUBLAS_STATUS_", "CUDNN_STATUS_", "CUDA error:"), r"CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|CUDA error:",
+     C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
+    # NCCL: hangs first (they mention NCCL too), then the network, then the rest
+    (("collective operation timeout", "NCCL", "Heartbeat monitor timed out", "ncclTimeout"),
+     r"collective operation timeout|NCCL communicator was aborted|Some NCCL operations have failed or timed out"
+     r"|Heartbeat monitor timed out|watchdog (?:thread )?got stuck|ncclTimeout|NCCL timeout",
+     C.NCCL_TIMEOUT_HANG, S.ERROR, A.RESTART_APP),
+    (("NET/IB", "nccl", "NCCL"), r"NET/IB\s*:.*(?:completion|[Ee]rror)|ncclSystemError|ncclRemoteError"
+     r"|unhandled system error|remote process exited or there was a network error"
+     r"|NCCL WARN.*(?:[Cc]onnect|[Ss]ocket|NET/|IB|timed out)", C.NCCL_NETWORK, S.ERROR, A.RESTART_APP),
+    (("ncclInternalError", "NCCL"), r"ncclInternalError|internal error - please report", C.DRIVER_SOFTWARE, S.ERROR, A.RESTART_APP),
+    (("ncclInvalid", "NCCL"), r"ncclInvalidUsage|ncclInvalidArgument|invalid usage", C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
+    (("NCCL WARN", "NCCL error"), r"NCCL WARN|NCCL error", C.NCCL_NETWORK, S.WARNING, A.RESTART_APP),
+    # the host
+    (("Out of memory", "oom-kill", "oom_reaper"), r"Out of memory: Kill(?:ed)? process|invoked oom-killer|oom-kill:"
+     r"|oom_reaper", C.NODE_HOST, S.ERROR, A.RESTART_APP),
+    (("Killed", "SIGKILL", "exitcode"), r"^\W*Killed\s*$|\d+\s+Killed\s+\S|\bSIGKILL\b|exitcode\s*:\s*-9\b",
+     C.NODE_HOST, S.ERROR, A.RESTART_APP),
+    (("Bus error", "bus error", "SIGBUS", "exitcode"), r"\b[Bb]us error\b|\bSIGBUS\b|exitcode\s*:\s*-7\b",
+     C.NODE_HOST, S.ERROR, A.RESTART_APP),  # often /dev/shm full
+    # crashes and torchelastic's summary
+    (("Segmentation fault", "SIGSEGV", "Fatal Python", "segfault", "SIGABRT", "exitcode"),
+     r"Segmentation fault|\bSIGSEGV\b|Fatal Python error|\bsegfault at\b|\bSIGABRT\b|exitcode\s*:\s*-(?:11|6)\b",
+     C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
+    (("ChildFailedError", "exitcode"), r"ChildFailedError|exitcode\s*:\s*-?[1-9]\d*\b", C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
+    # the last line of a Python traceback, e.g. "ValueError: ..." (possibly behind a "[rank3]:" tag)
+    (("Error", "Exception"), r"(?:^|[\]:]\s)\s*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::\s|\s*$)",
+     C.APPLICATION_BUG, S.WARNING, A.RESTART_APP),
 )  # fmt: skip
+_RULES = tuple((needles, re.compile(pattern), c, s, a) for needles, pattern, c, s, a in _TABLE)
 
 
 def classify_training_line(line: str, now: float | None = None) -> Event | None:
     """One training-log line -> a TRAINING ``Event``, or None when it is not a failure. Never raises."""
     try:
         text = line.rstrip("\r\n")
-        if "NCCL INFO" in text or not any(anchor in text for anchor in TRAINING_ANCHORS):
-            return None  # NCCL INFO lines are chatter, even when they mention errors being retried
-        for pattern, category, severity, action in _RULES:
-            if pattern.search(text):
+        if "NCCL INFO" in text:
+            return None  # chatter, even when it mentions an error being retried
+        for needles, pattern, category, severity, action in _RULES:
+            if any(map(text.__contains__, needles)) and pattern.search(text):
                 return Event(
                     EventKind.TRAINING, text, now, category=category, severity=severity, action=action
                 )
     except Exception:  # a classifier bug must not take the supervisor down
         log.debug("unclassifiable training line %r", line[:200], exc_info=True)
     return None
+
+
+def rule_needles() -> tuple[str, ...]:
+    """Every needle of the rule table (for the check that the scanner's anchors cover them)."""
+    return tuple(dict.fromkeys(n for needles, *_ in _TABLE for n in needles))
 
 
 @dataclass(frozen=True, slots=True)
