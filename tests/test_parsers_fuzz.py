@@ -14,8 +14,8 @@ from trainguard.detect.scan import ScanStats, classify_line, scan_engine, scan_f
 from trainguard.detect.training_log import classify_training_line
 from trainguard.records import Event
 
-FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-FILES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FILES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # pieces of real lines, recombined into near misses
 PREFIXES = [
