@@ -16,6 +16,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from typing import TextIO
 
 import torch
 import torch.distributed as dist
@@ -60,6 +61,16 @@ def batches(loader: DataLoader, sampler: ResumableSampler) -> Iterator[list[torc
         yield from loader
 
 
+def open_metrics(path: str) -> TextIO:
+    """Append to the metrics of earlier attempts (after a kill, the last line may be torn)."""
+    f = open(path, "a+")  # noqa: SIM115 (closed at the end of main)
+    if f.tell() > 0:
+        f.seek(f.tell() - 1)
+        if f.read(1) != "\n":
+            f.write("\n")
+    return f
+
+
 def setup() -> tuple[torch.device, int, int]:
     if "LOCAL_RANK" not in os.environ:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu"), 0, 1
@@ -101,7 +112,7 @@ def main() -> None:
     start = ckpt.resume(state) if ckpt else 0  # trainguard
     if rank == 0 and start:
         print(f"resumed from step {start}", flush=True)
-    metrics = open(args.metrics, "a") if args.metrics and rank == 0 else None
+    metrics = open_metrics(args.metrics) if args.metrics and rank == 0 else None
 
     with Guard(ckpt, state, checkpoint_every=args.checkpoint_every) as guard:  # trainguard
         data = batches(loader, sampler)
@@ -129,7 +140,9 @@ def main() -> None:
         x, y = (t.to(device) for t in test_set.tensors)
         accuracy = (model(x).argmax(1) == y).float().mean().item()
     if rank == 0:
-        print(f"test accuracy: {accuracy:.4f} ({len(y)} images, {args.steps} steps, {world} ranks)", flush=True)
+        print(
+            f"test accuracy: {accuracy:.4f} ({len(y)} images, {args.steps} steps, {world} ranks)", flush=True
+        )
     if world > 1:
         dist.destroy_process_group()
 
