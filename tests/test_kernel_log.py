@@ -147,3 +147,19 @@ def test_timestamp_prefixes_are_recognised():
 )
 def test_malformed_lines_never_raise(line):
     parse_kernel_line(line)  # a None or an Event, never an exception
+
+
+@pytest.mark.parametrize("code", [13, 31, 45, 48, 63, 64, 74, 79, 94, 95, 119, 154])
+def test_simulated_fleet_lines_parse_like_real_ones(code):
+    import random
+
+    kmsg = pytest.importorskip("trainguard.telemetry.sim.kmsg")
+    text = kmsg.xid_messages(code, random.Random(code))[0]
+    line = kmsg.dmesg_line(1234.5678901, kmsg.format_xid("0000:3B:00.0", code, text, pid=77, who=code != 154))
+    event = parse_kernel_line(line)
+    assert event is not None and (event.kind, event.xid, event.pci) == (EventKind.XID, code, "0000:3b:00")
+    assert event.time == pytest.approx(1234.56789)
+    mapping = parse_kernel_line(
+        kmsg.dmesg_line(3.0, kmsg.gpu_map_lines("0000:3b:00", "GPU-11111111-2222-3333-4444-555555555555")[0])
+    )
+    assert mapping is not None and mapping.uuid == "GPU-11111111-2222-3333-4444-555555555555"
