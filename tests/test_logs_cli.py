@@ -100,3 +100,9 @@ def test_console_script_scans_stdin():
     assert done.returncode == 0, done.stderr
     row = json.loads(done.stdout)
     assert (row["path"], row["xid"], row["pci"]) == ("-", 79, "0000:3b:00")
+
+
+def test_follow_of_a_missing_path_is_an_error_naming_it(tmp_path, capsys):
+    missing = tmp_path / "nope.log"
+    assert main(["logs", "follow", str(missing), "--max-seconds", "0.1"]) == 2
+    assert str(missing) in capsys.readouterr().err

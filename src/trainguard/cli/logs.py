@@ -140,9 +140,14 @@ def run_scan(args: argparse.Namespace) -> int:
 
 
 def run_follow(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from trainguard.detect.follow import KmsgReader, LogFollower
     from trainguard.detect.scan import BurstTracker, classify_line
+    from trainguard.errors import InputError
 
+    if not Path(args.path).exists():  # a typo, most likely; the Python API waits for the file instead
+        raise InputError(f"{args.path}: no such file")
     source: KmsgReader | LogFollower
     if args.path == "/dev/kmsg" or str(args.path).endswith("/kmsg"):
         source = KmsgReader(args.path, from_start=args.from_start)
