@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=1024, help="size of the generated log (default 1024)")
     parser.add_argument("--quick", action="store_true", help="same as --size-mb 64")
-    parser.add_argument("--engine", default="auto", choices=["auto", "hyperscan", "find"])
+    parser.add_argument("--engine", default="auto", choices=["auto", "hyperscan", "stdlib"])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     grep = shutil.which("grep")

@@ -13,7 +13,7 @@ from trainguard.errors import InputError
 from trainguard.records import Action, Severity
 
 DATA = Path(__file__).parent / "data"
-ENGINES = ["find", *(["hyperscan"] if scan_engine() == "hyperscan" else [])]
+ENGINES = ["stdlib", *(["hyperscan"] if scan_engine() == "hyperscan" else [])]
 FILLER = [
     "Nov 22 08:40:07 node3 systemd[1]: Started Session 1234 of user root.",
     "Nov 22 08:40:07 node3 sshd[2211]: Accepted publickey for ops from 10.0.0.5 port 51234 ssh2",

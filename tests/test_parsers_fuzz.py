@@ -97,7 +97,7 @@ def test_scanner_never_raises_and_agrees_with_line_by_line(lines, chunk):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fuzz.log"
         path.write_bytes(data)
-        for engine in {"find", scan_engine()}:
+        for engine in {"stdlib", scan_engine()}:
             stats = ScanStats()
             events = list(scan_file(path, stats=stats, engine=engine, chunk_size=chunk))
             assert stats.bytes == len(data)

@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _common(scan)
     scan.add_argument(
         "--engine",
-        choices=["auto", "hyperscan", "find"],
+        choices=["auto", "hyperscan", "stdlib"],
         default="auto",
         help="bulk search engine (auto: hyperscan when installed)",
     )

@@ -4,7 +4,7 @@ Sits beside the line parsers (``kernel_log``, ``training_log``): instead of feed
 line, it reads big binary chunks, finds the few lines that contain an anchor literal (``NVRM``,
 ``SXid``, ``NCCL``, ``CUDA``, ``Killed``...) in bulk, counts line numbers with ``bytes.count`` and
 parses only those lines. The bulk search uses Hyperscan when ``trainguard[logscan]`` is installed
-(several GB/s) and one ``bytes.find`` pass per anchor otherwise; both find the same lines::
+(several GB/s) and the stdlib (``re`` + ``bytes.find``) otherwise; both find the same lines::
 
     >>> stats = ScanStats()
     >>> for event in scan_file("/var/log/kern.log", stats=stats):  # doctest: +SKIP
@@ -106,11 +106,11 @@ def _hyperscan_db() -> object | None:
 
 
 def scan_engine(engine: str = "auto") -> str:
-    """The bulk-search engine that will run: "hyperscan" or "find" (stdlib ``bytes.find``)."""
-    if engine not in ("auto", "hyperscan", "find"):
-        raise InputError(f"unknown scan engine {engine!r}: use auto, hyperscan or find")
-    if engine == "find" or (engine == "auto" and _hyperscan_db() is None):
-        return "find"
+    """The bulk-search engine that will run: "hyperscan" or "stdlib" (``re`` + ``bytes.find``)."""
+    if engine not in ("auto", "hyperscan", "stdlib"):
+        raise InputError(f"unknown scan engine {engine!r}: use auto, hyperscan or stdlib")
+    if engine == "stdlib" or (engine == "auto" and _hyperscan_db() is None):
+        return "stdlib"
     if _hyperscan_db() is None:
         raise InputError("engine 'hyperscan' needs the hyperscan package: pip install 'trainguard[logscan]'")
     return "hyperscan"
@@ -134,16 +134,30 @@ def _hits_hyperscan(buf: bytearray, end: int) -> tuple[list[int], bool]:
     return found, binary
 
 
+@functools.cache
+def _stdlib_search() -> tuple[re.Pattern[bytes], tuple[bytes, ...]]:
+    # re's alternation is quick when every branch starts with an upper-case letter (few text
+    # positions can start a match) and slow otherwise, so the lower-case anchors get one
+    # bytes.find pass each instead.
+    upper = tuple(a for a in ANCHORS if a[:1].isupper())
+    return re.compile(b"|".join(map(re.escape, upper))), tuple(a for a in ANCHORS if a not in upper)
+
+
 def _hits_find(buf: bytearray, end: int) -> tuple[list[int], bool]:
-    # One bytes.find pass per anchor beats one re alternation here: the lower-case anchors make
-    # re try the alternation at most positions of a text file.
+    """The stdlib engine: same contract as ``_hits_hyperscan``."""
     found: list[int] = []
-    for anchor in ANCHORS:
-        find, pos = buf.find, 0
+    upper, lower = _stdlib_search()
+    find, pos = buf.find, 0
+    while (m := upper.search(buf, pos, end)) is not None:
+        found.append(m.start())
+        nl = find(b"\n", m.end(), end)
+        pos = end if nl < 0 else nl + 1  # one hit per line is enough
+    for anchor in lower:
+        pos = 0
         while (pos := find(anchor, pos, end)) >= 0:
             found.append(pos)
             nl = find(b"\n", pos, end)
-            pos = end if nl < 0 else nl + 1  # one hit per line and anchor is enough
+            pos = end if nl < 0 else nl + 1
     found.sort()
     # the whole buffer (stale tail included) being ASCII is a cheap sufficient test
     return found, buf.find(b"\x00", 0, end) >= 0 or not buf.isascii()
