@@ -163,3 +163,9 @@ def test_simulated_fleet_lines_parse_like_real_ones(code):
         kmsg.dmesg_line(3.0, kmsg.gpu_map_lines("0000:3b:00", "GPU-11111111-2222-3333-4444-555555555555")[0])
     )
     assert mapping is not None and mapping.uuid == "GPU-11111111-2222-3333-4444-555555555555"
+
+
+def test_syslog_stamp_without_a_year_read_in_january_is_last_december():
+    january = datetime.fromisoformat("2027-01-02T00:00:00").timestamp()
+    stamp = line_time("Dec 31 23:59:00 host kernel: ", now=january)
+    assert stamp == datetime.fromisoformat("2026-12-31T23:59:00").timestamp()

@@ -107,7 +107,10 @@ def line_time(prefix: str, now: float | None = None, boot_time: float | None = N
     elif m := _FULL.match(prefix):
         wall = _wall(m["d"], m["t"], m["f"], m["z"])
     elif (m := _BSD.match(prefix)) and m["mon"] in _MONTHS:
-        wall = _wall(f"{_year(now)}-{_MONTHS[m['mon']]:02d}-{int(m['day']):02d}", m["t"], m["f"], None)
+        year, month, day = _year(now), _MONTHS[m["mon"]], int(m["day"])
+        wall = _wall(f"{year}-{month:02d}-{day:02d}", m["t"], m["f"], None)
+        if wall is not None and now is not None and wall > now + 86400:  # a December line read in January
+            wall = _wall(f"{year - 1}-{month:02d}-{day:02d}", m["t"], m["f"], None)
     if wall is not None:
         return wall
     if m := _MONO.search(prefix):
