@@ -101,3 +101,18 @@ def test_unknown_codes_get_an_unknown_entry_instead_of_raising(code):
 
 def test_catalog_is_loaded_once():
     assert xid_catalog() is xid_catalog()
+
+
+def test_packaged_catalog_is_what_the_generator_produces():
+    import importlib.util
+
+    _reference_rows()  # skips without the reference
+    tool = Path(__file__).resolve().parents[1] / "tools" / "gen_xid_catalog.py"
+    spec = importlib.util.spec_from_file_location("gen_xid_catalog", tool)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    packaged = (Path(__file__).resolve().parents[1] / "src/trainguard/detect/data/xid_catalog.csv").read_text(
+        "utf-8"
+    )
+    assert module.render(REFERENCE) == packaged, "run: python tools/gen_xid_catalog.py"

@@ -10,6 +10,8 @@ kept in the tables below. Writes ``src/trainguard/detect/data/xid_catalog.csv``.
 from __future__ import annotations
 
 import csv
+import io
+import os
 import sys
 from pathlib import Path
 
@@ -214,26 +216,35 @@ def severity(code: int, bucket: str, in_use: bool) -> str:
     return "error"
 
 
-def main(ref: Path) -> None:
+def render(ref: Path) -> str:
+    """The project catalog's CSV text for the reference export at ``ref``."""
     rows = list(csv.DictReader(ref.open(newline="", encoding="utf-8")))
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\n")
+    out.writerow(["code", "mnemonic", "immediate", "investigatory", "generations", "class", "severity",
+                  "category", "action", "description"])  # fmt: skip
+    for row in rows:
+        code = int(row["Code"])
+        mnemonic = row["Mnemonic"].strip()
+        bucket = row["Resolution Bucket (Immediate Action)"].strip()
+        gens = [g for g in GENERATIONS if row[f"Applies to {g}"].strip().upper() == "YES"]
+        in_use = bool(gens)
+        cls = classify(code, mnemonic)
+        action = ACTION_NO_BUCKET.get(code) or ACTION.get(bucket, "contact_support")
+        category = CATEGORY_OVERRIDE.get(code, CATEGORY[cls])
+        out.writerow([code, mnemonic, bucket, row["Resolution Bucket (Investigatory Action)"].strip(),
+                      ";".join(gens), cls, severity(code, bucket, in_use), category, action,
+                      describe(code, mnemonic, in_use)])  # fmt: skip
+    return buf.getvalue()
+
+
+def main(ref: Path) -> None:
+    text = render(ref)
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    with OUT.open("w", newline="", encoding="utf-8") as fh:
-        out = csv.writer(fh, lineterminator="\n")
-        out.writerow(["code", "mnemonic", "immediate", "investigatory", "generations", "class", "severity",
-                      "category", "action", "description"])  # fmt: skip
-        for row in rows:
-            code = int(row["Code"])
-            mnemonic = row["Mnemonic"].strip()
-            bucket = row["Resolution Bucket (Immediate Action)"].strip()
-            gens = [g for g in GENERATIONS if row[f"Applies to {g}"].strip().upper() == "YES"]
-            in_use = bool(gens)
-            cls = classify(code, mnemonic)
-            action = ACTION_NO_BUCKET.get(code) or ACTION.get(bucket, "contact_support")
-            category = CATEGORY_OVERRIDE.get(code, CATEGORY[cls])
-            out.writerow([code, mnemonic, bucket, row["Resolution Bucket (Investigatory Action)"].strip(),
-                          ";".join(gens), cls, severity(code, bucket, in_use), category, action,
-                          describe(code, mnemonic, in_use)])  # fmt: skip
-    print(f"wrote {OUT.relative_to(ROOT)} ({len(rows)} codes)")
+    tmp = OUT.with_suffix(".tmp")
+    tmp.write_text(text, encoding="utf-8", newline="")
+    os.replace(tmp, OUT)
+    print(f"wrote {OUT.relative_to(ROOT)} ({text.count(chr(10)) - 1} codes)")
 
 
 if __name__ == "__main__":
