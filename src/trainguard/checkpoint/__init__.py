@@ -13,7 +13,7 @@ Layout and manifest: see ``trainguard.checkpoint.layout`` / ``.manifest`` and do
 
 from __future__ import annotations
 
-from trainguard.checkpoint.commit import ChecksumFile, clean_stale, commit, remove_checkpoint
+from trainguard.checkpoint.atomic import ChecksumFile, clean_stale, commit, remove_checkpoint
 from trainguard.checkpoint.layout import (
     LATEST_NAME,
     MANIFEST_NAME,

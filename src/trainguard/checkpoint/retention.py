@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainguard.checkpoint.commit import remove_checkpoint
+from trainguard.checkpoint.atomic import remove_checkpoint
 from trainguard.checkpoint.layout import list_checkpoints
 
 

@@ -45,14 +45,16 @@ def write_replicated(
     clean_stale(directory)
     tmp = new_tmp_dir(directory, step)
     try:
-        sink = ChecksumFile(tmp / STATE_FILE)
+        sink = ChecksumFile(tmp / STATE_FILE, overlap=True)
         try:
             with _no_zip_crc():
                 torch.save(payload, sink)  # type: ignore[arg-type]  # any object with write() works
         except BaseException:
             sink.abort()
             raise
+        saved = time.perf_counter()
         entry = sink.close()
+        synced = time.perf_counter()
         manifest = Manifest(
             step=step,
             files={STATE_FILE: entry},
@@ -69,4 +71,12 @@ def write_replicated(
         raise
     write_s = time.perf_counter() - start
     deleted = apply_retention(directory, step, keep_last, milestone_every)
-    return {"step": step, "path": str(path), "bytes": entry.size, "write_s": write_s, "deleted": deleted}
+    return {
+        "step": step,
+        "path": str(path),
+        "bytes": entry.size,
+        "write_s": write_s,  # temporary directory to durable commit
+        "save_s": saved - start,  # torch.save into the page cache + checksum
+        "fsync_s": synced - saved,
+        "deleted": deleted,
+    }

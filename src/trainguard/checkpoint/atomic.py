@@ -14,12 +14,17 @@ shared filesystems that honour them (NFS, Lustre, GPFS).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
+import queue
 import secrets
 import shutil
+import sys
+import threading
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from trainguard.checkpoint.layout import (
@@ -35,29 +40,64 @@ from trainguard.rundir import fsync_dir
 log = logging.getLogger(__name__)
 
 _SLICE = 64 << 20  # write + checksum in 64 MiB slices, starting writeback behind each one
-# Linux only; elsewhere the final fsync does all the work.
-_sync_file_range = getattr(os, "sync_file_range", None)
-_SYNC_FILE_RANGE_WRITE = getattr(os, "SYNC_FILE_RANGE_WRITE", 2)
+_SMALL = 1 << 20
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _find_sync_file_range() -> Callable[[int, int, int, int], object] | None:
+    """libc's sync_file_range (Linux; Python's os module does not expose it). Elsewhere None:
+    the final fsync then does all the work."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        func = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    func.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    func.restype = ctypes.c_int
+    return func
+
+
+_sync_file_range = _find_sync_file_range()
 
 
 class ChecksumFile:
     """A write-only file that computes CRC-32 and size of what passes through it.
 
     ``write`` accepts any buffer (torch.save hands over memoryviews of tensor storage, so nothing is
-    copied in Python). Behind each slice it asks the kernel to start writeback
-    (``sync_file_range``), so the disk is busy while the next slice is checksummed and the final
-    fsync has little left to do.
+    copied in Python). Large buffers are written in 64 MiB slices; with ``overlap=True`` their
+    checksum runs on a helper thread while the next slice is written (zlib and os.write both
+    release the GIL), so the checksum costs no wall time. Then a buffer handed to ``write`` must
+    stay unchanged until ``close()`` (true for torch.save of tensors nobody modifies meanwhile).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, overlap: bool = False) -> None:
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.crc = 0
         self.size = 0
+        self._queue: queue.SimpleQueue[memoryview | None] | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        if overlap:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._checksum_loop, daemon=True, name="crc32")
+            self._thread.start()
+
+    def _checksum_loop(self) -> None:
+        assert self._queue is not None
+        while (item := self._queue.get()) is not None:
+            try:
+                self.crc = zlib.crc32(item, self.crc)
+            except BaseException as exc:  # reported by close()
+                self._error = exc
 
     def write(self, data: object) -> int:
         view = memoryview(data).cast("B")  # type: ignore[arg-type]
         total = len(view)
+        if self._queue is not None and total < _SMALL:
+            view = memoryview(bytes(view))  # small header records may be temporaries: keep a copy
         for start in range(0, total, _SLICE):
             chunk = view[start : start + _SLICE]
             part, offset = chunk, self.size
@@ -68,23 +108,36 @@ class ChecksumFile:
             if _sync_file_range is not None and len(chunk) >= (1 << 20):
                 with contextlib.suppress(OSError):
                     _sync_file_range(self._fd, offset, len(chunk), _SYNC_FILE_RANGE_WRITE)
-            self.crc = zlib.crc32(chunk, self.crc)
+            if self._queue is not None:
+                self._queue.put(chunk)
+            else:
+                self.crc = zlib.crc32(chunk, self.crc)
         return total
 
     def flush(self) -> None:
         """Nothing buffered in user space; durability comes from close()."""
 
+    def _join(self) -> None:
+        if self._thread is not None and self._queue is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
     def close(self) -> FileEntry:
         """fsync and close; returns the file's entry for the manifest."""
+        self._join()
         if self._fd >= 0:
             try:
                 os.fsync(self._fd)
             finally:
                 os.close(self._fd)
                 self._fd = -1
+        if self._error is not None:
+            raise self._error
         return FileEntry(self.size, crc_hex(self.crc))
 
     def abort(self) -> None:
+        self._join()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

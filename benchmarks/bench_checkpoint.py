@@ -1,0 +1,163 @@
+"""Training stall of an asynchronous checkpoint vs a synchronous torch.save, on a >= 1 GB state.
+
+    python benchmarks/bench_checkpoint.py                 # 1 GB state, 3 rounds
+    python benchmarks/bench_checkpoint.py --size-gb 0.25 --rounds 2
+    python benchmarks/bench_checkpoint.py --json [--dir /mnt/ckpt]
+
+The state is a model of 4096x4096 linear layers plus Adam's two moments (params x 3), saved
+through ``TrainState``. Measured in one run, interleaved round by round:
+
+* ``stall_s``: how long ``Checkpointer.save`` blocks the training loop (median of the rounds; the
+  first save, which spawns the writer process and allocates the staging buffer, is not counted);
+* ``sync_save_s``: ``torch.save`` of the same state to a file + fsync, the plain baseline;
+* ``copy_s``: one ``torch._foreach_copy_`` of the state into already-allocated host memory, the
+  floor for any snapshot that copies;
+* ``write_mb_s``: the background writer's throughput (bytes / time from temporary directory to
+  durable commit, checksum included) and ``dd_mb_s``: ``dd bs=64M conv=fsync`` to the same directory.
+
+Keys: stall_ratio = stall / sync save (target <= 0.04), copy_ratio = stall / copy (target
+<= 1.5), disk_ratio = write / dd throughput (target >= 0.8), plus the raw figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from trainguard.torch import Checkpointer, TrainState
+
+LAYER_BYTES = 4096 * 4096 * 4
+
+
+def make_state(size_gb: float) -> TrainState:
+    layers = max(1, math.ceil(size_gb * (1 << 30) / (3 * LAYER_BYTES)))
+    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(layers)])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()  # materialise exp_avg / exp_avg_sq
+    for p in model.parameters():
+        p.grad = None
+    return TrainState(model, opt)
+
+
+def state_tensors(state: TrainState) -> list[torch.Tensor]:
+    tensors = [p.detach() for p in state.model.parameters()]
+    tensors += [t for s in state.optimizer.state.values() for t in s.values() if t.numel() > 1]
+    return tensors
+
+
+def sync_save(state: TrainState, path: Path) -> float:
+    payload = {**state.global_state_dict(), "local": [state.local_state_dict()]}
+    start = time.perf_counter()
+    with open(path, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    elapsed = time.perf_counter() - start
+    path.unlink()
+    return elapsed
+
+
+def dd(path: Path, nbytes: int) -> float:
+    count = math.ceil(nbytes / (64 << 20))
+    start = time.perf_counter()
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={path}", "bs=64M", f"count={count}", "conv=fsync"],
+        check=True,
+        capture_output=True,
+    )
+    elapsed = time.perf_counter() - start
+    path.unlink()
+    return count * (64 << 20) / elapsed / 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size-gb", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    root = Path(tempfile.mkdtemp(prefix="tg-bench-ckpt-", dir=args.dir))
+    try:
+        state = make_state(args.size_gb)
+        tensors = state_tensors(state)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        floor = [torch.empty_like(t) for t in tensors]
+        torch._foreach_copy_(floor, tensors)  # fault the pages in: "already allocated"
+
+        ckpt = Checkpointer(root / "ckpt", keep_last=1)
+        ckpt.save(0, state)  # spawns the writer, allocates and pins the staging buffer
+        ckpt.wait()
+        stalls, writes, dds, copies, syncs = [], [], [], [], []
+        for step in range(1, args.rounds + 1):
+            dds.append(dd(root / "dd.bin", nbytes))
+            start = time.perf_counter()
+            torch._foreach_copy_(floor, tensors)
+            copies.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            ckpt.save(step, state)
+            stalls.append(time.perf_counter() - start)
+            ckpt.wait()
+            assert ckpt.last_result is not None
+            writes.append(ckpt.last_result["bytes"] / ckpt.last_result["write_s"] / 1e6)
+            if step <= 2:
+                syncs.append(sync_save(state, root / "sync.pt"))
+        ckpt.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    stall, copy, sync = statistics.median(stalls), statistics.median(copies), statistics.median(syncs)
+    write, dd_rate = statistics.median(writes), statistics.median(dds)
+    result = {
+        "state_mb": round(nbytes / 1e6, 1),
+        "tensors": len(tensors),
+        "stall_s": round(stall, 4),
+        "sync_save_s": round(sync, 3),
+        "copy_s": round(copy, 4),
+        "write_mb_s": round(write, 1),
+        "dd_mb_s": round(dd_rate, 1),
+        "stall_ratio": round(stall / sync, 4),
+        "copy_ratio": round(stall / copy, 3),
+        "disk_ratio": round(write / dd_rate, 3),
+        "rounds": args.rounds,
+        "stalls_s": [round(s, 4) for s in stalls],
+        "copies_s": [round(c, 4) for c in copies],
+        "writes_mb_s": [round(w, 1) for w in writes],
+        "dds_mb_s": [round(d, 1) for d in dds],
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"state: {result['state_mb']} MB in {len(tensors)} tensors (model + Adam moments)")
+        print(f"async save stall        {stall:8.3f} s   (median of {args.rounds})")
+        print(
+            f"sync torch.save + fsync {sync:8.3f} s   stall_ratio {result['stall_ratio']:.4f}  (target <= 0.04)"
+        )
+        print(
+            f"copy into host memory   {copy:8.3f} s   copy_ratio  {result['copy_ratio']:.3f}   (target <= 1.5)"
+        )
+        print(f"background write        {write:8.1f} MB/s")
+        print(
+            f"dd bs=64M conv=fsync    {dd_rate:8.1f} MB/s disk_ratio  {result['disk_ratio']:.3f}   (target >= 0.8)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
