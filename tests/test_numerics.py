@@ -144,3 +144,15 @@ def test_findings_round_trip_through_the_run_dir(tmp_path):
     [(rank, step, finding)] = read_findings(tmp_path)
     assert (rank, step) == (1, 7)
     assert finding == d.findings[0]
+
+
+def test_the_fast_path_agrees_with_the_full_check():
+    rng = random.Random(1)
+    fast, full = NumericsMonitor(on_spike="skip"), NumericsMonitor(on_spike="skip")
+    for step in range(2000):
+        loss = rng.lognormvariate(0, 0.3) * (30 if rng.random() < 0.02 else 1)
+        if rng.random() < 0.01:
+            loss = math.nan
+        slow = full.observe(step, loss).action
+        quick = Policy.PROCEED if fast.clean(loss) else fast.observe(step, loss).action
+        assert quick is slow, (step, loss)

@@ -60,7 +60,7 @@ class SpikeConfig:
     min_history: int = 20  # no spike verdict before this many losses were seen
     min_rel_jump: float = 0.2  # and the loss must exceed the median by this fraction of it
     log_scale: bool = True  # score log(loss) when the losses are positive
-    refresh: int = 10  # recompute median / MAD every N accepted losses
+    refresh: int = 25  # recompute median / MAD every N accepted losses
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,15 +156,39 @@ class NumericsMonitor:
         self._history: deque[float] = deque(maxlen=self.config.window)
         self._stats: RobustStats | None = None
         self._stale = 0  # accepted losses since the stats were computed
+        self._bound = math.inf  # losses above this may be spikes (check_loss decides)
+        self._refresh_every = 0
         self._replaying: dict[int, LossCheck] = {}  # step -> the anomaly we rolled back from
 
-    def observe(
-        self, step: int, loss: float | None, *, grads_finite: bool = True, time: float | None = None
-    ) -> Decision:
+    def clean(self, loss: float | None) -> bool:
+        """Fast path for the common step: True (and the loss is accepted) when ``loss`` is finite,
+        no spike and no replayed step is awaited; False means "call ``observe``" (which then
+        decides). No allocation: this runs on every training step."""
+        if self._replaying or loss is None or not math.isfinite(loss):
+            return False
+        if self._stale > self._refresh_every:
+            self._refresh()
+        if loss > self._bound:  # the largest loss that cannot be a spike, precomputed by _refresh
+            return False
+        self._history.append(loss)
+        self._stale += 1
+        return True
+
+    def _refresh(self) -> None:
         if self._stale >= self.config.refresh or (
             self._stale and len(self._history) <= self.config.min_history
         ):
             self._stats, self._stale = robust_stats(self._history, self.config.log_scale), 0
+            self._bound = _spike_bound(self._stats, self.config)
+            # During warm-up every accepted loss refreshes; later, every ``refresh`` losses.
+            self._refresh_every = (
+                self.config.refresh - 1 if len(self._history) > self.config.min_history else 0
+            )
+
+    def observe(
+        self, step: int, loss: float | None, *, grads_finite: bool = True, time: float | None = None
+    ) -> Decision:
+        self._refresh()
         check = check_loss(step, loss, self._stats, self.config)
         if check.anomaly is Anomaly.NONE and not grads_finite:
             check = LossCheck(step, check.loss, Anomaly.NONFINITE, source="grad")
@@ -230,6 +254,16 @@ class NumericsMonitor:
             Category.GPU_HARDWARE,
             _evidence(first) + _evidence(again),
         )
+
+
+def _spike_bound(stats: RobustStats | None, config: SpikeConfig) -> float:
+    """The loss above which ``check_loss`` could call a spike (a conservative fast-path bound)."""
+    if stats is None or stats.n < config.min_history:
+        return math.inf
+    edge = stats.center + config.threshold * stats.scale
+    if stats.log:
+        edge = math.exp(min(edge, 700.0))
+    return max(edge, stats.median + config.min_rel_jump * abs(stats.median))
 
 
 def _evidence(c: LossCheck) -> tuple[str, ...]:

@@ -123,7 +123,7 @@ class Guard:
         self.current_step: int | None = None  # the step in progress (error files name it)
         self._last_saved: int | None = None
         self._t_last = 0.0
-        self._last_beat = 0.0
+        self._last_beat = -1e9  # perf_counter of the last heartbeat written
         self._phase = ""
 
     # -- context -------------------------------------------------------------------------------
@@ -183,26 +183,45 @@ class Guard:
 
     def step(self, step: int, loss: Any) -> StepAction:
         """Check one step's loss (a tensor or float) after backward, before the optimizer step."""
+        # The common path is kept short and allocation-free: it runs right after backward, with
+        # the caches cold, on every step.
         now = time.perf_counter()
         dt = now - self._t_last
         self._t_last = now
         self.step_times.append(dt)
         self.last_step = self.current_step = step
         self.restored = False
-        if self._chaos_next is not None and self._chaos is not None and step >= self._chaos_next:
-            if self._chaos.at_step(step):
-                loss = self._poison_now(loss)
-            self._chaos_next = self._chaos.next_step
+        if self._chaos_next is not None and step >= self._chaos_next:
+            loss = self._apply_chaos(step, loss)
         preempt = self._preempt is not None and self._preempt.requested is not None
-        value, grads_bad, self._preempt_agreed = gather_step(loss, self._grad_flag, preempt, self.world_size)
-        self._grad_flag = None
+        if (
+            self.world_size == 1
+            and self._grad_flag is None
+            and isinstance(loss, torch.Tensor)
+            and loss.numel() == 1
+        ):
+            value: float | None = loss.item()
+            grads_bad = False
+        else:
+            value, grads_bad, preempt = gather_step(loss, self._grad_flag, preempt, self.world_size)
+            self._grad_flag = None
+        self._preempt_agreed = preempt
         self.last_loss = value
+        if self._watchdog is not None:
+            self._watchdog.beat(dt)
+        if self._hb is not None and (
+            self._phase != "train" or now - self._last_beat >= self.heartbeat_interval_s
+        ):
+            self._hb.beat(step, value, dt, "train")
+            self._last_beat, self._phase = now, "train"
+        if not grads_bad and self.monitor.clean(value):
+            return StepAction.PROCEED
+        return self._decide(step, value, dt, grads_bad)
+
+    def _decide(self, step: int, value: float | None, dt: float, grads_bad: bool) -> StepAction:
         decision = self.monitor.observe(step, value, grads_finite=not grads_bad, time=time.time())
         for finding in decision.findings:
             self._report(finding, step)
-        if self._watchdog is not None:
-            self._watchdog.beat(dt)
-        self._beat(step, value, dt, "train")
         action = decision.action
         if action is Policy.STOP:
             log.error("numerics stop at step %d: %s", step, decision.findings[0].reason)
@@ -217,6 +236,13 @@ class Guard:
             self._zero_grad()
             return StepAction.SKIP
         return StepAction.PROCEED
+
+    def _apply_chaos(self, step: int, loss: Any) -> Any:
+        if self._chaos is not None:
+            if self._chaos.at_step(step):
+                loss = self._poison_now(loss)
+            self._chaos_next = self._chaos.next_step
+        return loss
 
     def end_step(self, step: int) -> int:
         """The boundary after ``step`` (its update applied): save if due, honour preemption.
@@ -326,9 +352,9 @@ class Guard:
     def _beat(self, step: int, loss: float | None, dt: float | None, phase: str, force: bool = False) -> None:
         if self._hb is None:
             return
-        now = time.time()
+        now = time.perf_counter()
         if force or phase != self._phase or now - self._last_beat >= self.heartbeat_interval_s:
-            self._hb.beat(step, loss, dt, phase, now=now)
+            self._hb.beat(step, loss, dt, phase)
             self._last_beat, self._phase = now, phase
 
     def _on_hang(self, reason: str) -> None:

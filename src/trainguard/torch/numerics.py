@@ -20,16 +20,32 @@ NAN = float("nan")
 def nonfinite_grads(params: Iterable[torch.nn.Parameter]) -> torch.Tensor | None:
     """A 0-d float tensor, 1.0 when any gradient holds NaN/Inf (no sync); None without grads.
 
-    The norm of a tensor is finite exactly when all its elements are, so one norm per gradient
-    (fused per device and dtype by ``_foreach_norm``) is all the check needs.
+    One fused kernel per (device, dtype): the found-inf check GradScaler uses, with a scale of
+    exactly 1.0 (multiplying by 1.0 changes no float, NaN and -0.0 included). Where that op is
+    unavailable, the norm of each gradient is finite exactly when all its elements are.
     """
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        if g.is_sparse:
+            g = g.coalesce()._values()
+        groups.setdefault((g.device, g.dtype), []).append(g)
+    if not groups:
         return None
-    norms = torch._foreach_norm(grads)
-    device = norms[0].device
-    stacked = torch.stack([n.to(device=device, dtype=torch.float32) for n in norms])
-    return (~torch.isfinite(stacked)).any().float()
+    flags = []
+    for (device, _), grads in groups.items():
+        found = torch.zeros(1, device=device)
+        try:
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, torch.ones(1, device=device))
+        except (AttributeError, RuntimeError, NotImplementedError):
+            norms = torch.stack([n.float() for n in torch._foreach_norm(grads)])
+            found = (~torch.isfinite(norms)).any().float().reshape(1)
+        flags.append(found)
+    if len(flags) == 1:
+        return flags[0].reshape(())
+    return torch.stack([f.to(flags[0].device).reshape(()) for f in flags]).amax()
 
 
 def poison(loss: torch.Tensor) -> torch.Tensor:
@@ -52,10 +68,12 @@ def gather_step(
     With several ranks the loss is the mean over ranks (a NaN anywhere makes it NaN everywhere)
     and the flags are "any rank": every rank then takes the same decision at the same step.
     """
-    if world <= 1 and grad_flag is None:
+    if world <= 1 and (grad_flag is None or grad_flag.device.type == "cpu"):
+        # No peers to agree with, and nothing to batch into one device sync: plain item() calls.
+        bad = grad_flag is not None and grad_flag.item() > 0
         if isinstance(loss, torch.Tensor):
-            return float(loss.detach().reshape(-1)[0].item()), False, preempt
-        return _as_float(loss), False, preempt
+            return float((loss if loss.numel() == 1 else loss.reshape(-1)[0]).item()), bad, preempt
+        return _as_float(loss), bad, preempt
     device = _device(loss, grad_flag, world)
     if isinstance(loss, torch.Tensor):
         loss_t = loss.detach().reshape(-1)[0].to(device=device, dtype=torch.float32)
