@@ -76,32 +76,40 @@ class Checkpointer:
 
     def save(self, step: int, state: TrainState) -> None:
         """Checkpoint ``state`` as of ``step`` completed steps. Asynchronous: returns once the
-        state is in host memory; the previous save's error, if any, is raised here."""
+        state is in host memory; the previous save's error, if any, is raised here (on every
+        rank: errors travel with the collective, so no rank is left waiting in one)."""
         if self._closed:
             raise CheckpointError("save() after close(): create a new Checkpointer")
         started = time.perf_counter()
-        self._collect()
+        error = self._collect_error()
         rank, world = dist.rank_and_world()
         if sharded.is_sharded(state):
+            _raise_any(dist.all_gather_object(error))
             self._latest = sharded.save(self, step, state)
             self.last_stall_s = time.perf_counter() - started
             return
-        local = dist.all_gather_object(state.local_state_dict())
+        gathered = dist.all_gather_object((state.local_state_dict(), error))
+        _raise_any([e for _, e in gathered])
         if rank == 0:
             payload = {
                 "trainguard": {"format": PAYLOAD_FORMAT, "step": step, "world_size": world},
                 **state.global_state_dict(),
-                "local": local,
+                "local": [local for local, _ in gathered],
             }
             if self._writer is None:
-                self.last_result = write_replicated(
-                    self.directory, step, payload, world, self.keep_last, self.milestone_every
-                )
-                self._latest = step
+                try:
+                    self.last_result = write_replicated(
+                        self.directory, step, payload, world, self.keep_last, self.milestone_every
+                    )
+                    self._latest = step
+                except Exception as exc:
+                    error = f"save of step {step} failed: {exc!r}"
             else:
                 self._submit(step, payload, world)
         if self._writer is None:
-            dist.barrier()  # a synchronous save is durable for every rank when save() returns
+            # a synchronous save is durable for every rank when save() returns (or failed for all)
+            _raise_any([dist.broadcast_object(error)])
+            self._latest = step
         else:
             self._unsynced = True
         self.last_stall_s = time.perf_counter() - started
@@ -140,13 +148,23 @@ class Checkpointer:
             if result.get("deleted"):
                 log.debug("retention deleted checkpoints %s", result["deleted"])
 
+    def _collect_error(self) -> str | None:
+        try:
+            self._collect()
+        except CheckpointError as exc:
+            return str(exc)
+        return None
+
     def wait(self) -> None:
         """Block until the last save is durable (on rank 0) and every rank knows it; re-raise its
-        error. Collective when distributed, but only synchronises after a save."""
-        self._collect()
+        error on every rank. Collective when distributed, but only synchronises after a save."""
+        error = self._collect_error()
         if self._unsynced:
-            dist.barrier()
             self._unsynced = False
+            status = dist.broadcast_object((error, self._latest))
+            error = status[0]
+            self._latest = status[1]
+        _raise_any([error])
 
     @property
     def latest_step(self) -> int | None:
@@ -255,6 +273,12 @@ class Checkpointer:
         if not isinstance(payload, dict) or "trainguard" not in payload:
             raise CheckpointError(f"{path / STATE_FILE} is not a trainguard checkpoint payload")
         return payload
+
+
+def _raise_any(errors: list[str | None]) -> None:
+    messages = [e for e in errors if e]
+    if messages:
+        raise CheckpointError(messages[0])
 
 
 def _weak_finalizer(ckpt: Checkpointer) -> Any:

@@ -10,6 +10,7 @@ including 1 without a process group. Saves on this path are synchronous.
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,37 +64,46 @@ def save(ckpt: Checkpointer, step: int, state: TrainState) -> int:
     started = time.perf_counter()
     dcp.save(_state_dicts(state), checkpoint_id=tmp)
     local = dist.all_gather_object(state.local_state_dict())
-    if rank == 0:
-        payload = {
-            "trainguard": {"format": 1, "step": step, "world_size": world, "sharded": True},
-            **state.global_state_dict(include_model=False),
-            "local": local,
-        }
-        sink = ChecksumFile(tmp / TRAINER_FILE)
-        torch.save(payload, sink)  # type: ignore[arg-type]  # any object with write() works
-        sink.close()
     dist.barrier()  # every rank's shards are on disk
+    error = None
     if rank == 0:
-        manifest = Manifest(
-            step=step,
-            files=describe_files(tmp),
-            time=time.time(),
-            world_size=world,
-            sharded=True,
-            kind="dcp",
-            torch_version=torch.__version__,
-            trainguard_version=trainguard.__version__,
-        )
-        path = commit(tmp, manifest)
-        ckpt.last_result = {
-            "step": step,
-            "path": str(path),
-            "bytes": sum(e.size for e in manifest.files.values()),
-            "write_s": time.perf_counter() - started,
-            "deleted": apply_retention(ckpt.directory, step, ckpt.keep_last, ckpt.milestone_every),
-        }
-    dist.barrier()  # the commit is visible to every rank before save() returns
+        try:
+            payload = {
+                "trainguard": {"format": 1, "step": step, "world_size": world, "sharded": True},
+                **state.global_state_dict(include_model=False),
+                "local": local,
+            }
+            sink = ChecksumFile(tmp / TRAINER_FILE)
+            torch.save(payload, sink)  # type: ignore[arg-type]  # any object with write() works
+            sink.close()
+            _commit(ckpt, tmp, step, world, started)
+        except Exception as exc:
+            error = f"sharded save of step {step} failed: {exc!r}"
+    error = dist.broadcast_object(error)  # the commit is visible (or failed) for every rank
+    if error:
+        raise CheckpointError(error)
     return step
+
+
+def _commit(ckpt: Checkpointer, tmp: Path, step: int, world: int, started: float) -> None:
+    manifest = Manifest(
+        step=step,
+        files=describe_files(tmp),
+        time=time.time(),
+        world_size=world,
+        sharded=True,
+        kind="dcp",
+        torch_version=torch.__version__,
+        trainguard_version=trainguard.__version__,
+    )
+    path = commit(tmp, manifest)
+    ckpt.last_result = {
+        "step": step,
+        "path": str(path),
+        "bytes": sum(e.size for e in manifest.files.values()),
+        "write_s": time.perf_counter() - started,
+        "deleted": apply_retention(ckpt.directory, step, ckpt.keep_last, ckpt.milestone_every),
+    }
 
 
 def load(path: Path, state: TrainState, weights_only: bool = True) -> None:
@@ -103,7 +113,9 @@ def load(path: Path, state: TrainState, weights_only: bool = True) -> None:
     rank, _ = dist.rank_and_world()
     sds = _state_dicts(state)
     try:
-        dcp.load(sds, checkpoint_id=path)
+        with warnings.catch_warnings():  # loading without a process group is intended here
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(sds, checkpoint_id=path)
     except Exception as exc:
         raise CheckpointError(f"could not load sharded checkpoint {path}: {exc}") from exc
     optimizers = [state.optimizer] if state.optimizer is not None else []
