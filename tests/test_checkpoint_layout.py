@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from trainguard.checkpoint import (
     apply_retention,
     clean_stale,
     commit,
+    damage,
     decode_manifest,
     describe_files,
     encode_manifest,
@@ -139,3 +141,13 @@ def test_apply_retention_deletes_only_older_checkpoints(tmp_path):
     assert apply_retention(tmp_path, 4, keep_last=2, milestone_every=0) == [1, 2]
     assert [c.step for c in list_checkpoints(tmp_path)] == [3, 4]
     assert newest_valid(tmp_path).step == 4
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "delete-manifest", "delete-file"])
+def test_damage_for_chaos_drills_makes_the_newest_checkpoint_invalid(tmp_path, how):
+    make_checkpoint(tmp_path, 1)
+    newest = make_checkpoint(tmp_path, 2)
+    note = damage(newest, how, random.Random(7))
+    assert note
+    assert not verify(newest).ok
+    assert newest_valid(tmp_path).step == 1

@@ -14,6 +14,7 @@ Layout and manifest: see ``trainguard.checkpoint.layout`` / ``.manifest`` and do
 from __future__ import annotations
 
 from trainguard.checkpoint.atomic import ChecksumFile, clean_stale, commit, remove_checkpoint
+from trainguard.checkpoint.damage import damage
 from trainguard.checkpoint.layout import (
     LATEST_NAME,
     MANIFEST_NAME,
@@ -47,6 +48,7 @@ __all__ = [
     "apply_retention",
     "clean_stale",
     "commit",
+    "damage",
     "decode_manifest",
     "describe_files",
     "encode_manifest",

@@ -216,7 +216,9 @@ class Checkpointer:
 
     def resume(self, state: TrainState) -> int:
         """Load the newest valid checkpoint into ``state``; the step to continue from (0: none).
-        Invalid checkpoints are logged and skipped. Every rank loads the same one."""
+        Invalid checkpoints are logged and skipped. Every rank loads the same one. A save still
+        in flight is waited for first, so it is a candidate."""
+        self.wait()
         rank, world = dist.rank_and_world()
         choice: tuple[int, str] | None = None
         if rank == 0:
