@@ -25,6 +25,7 @@ from trainguard.rundir import atomic_write_bytes
 log = logging.getLogger(__name__)
 
 CHAOS_FILE = "chaos.json"
+FIRED_DIR = "chaos-fired"  # where the Guard records the faults it fired
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +71,18 @@ class ChaosExecutor:
         self.checkpoint_dir = checkpoint_dir
         self.fired: dict[int, Injected] = {}
         self._entries: list[dict[str, Any]] = []
+        self._guard_ids: dict[int, str] = {}  # plan index -> the Guard's fault id
 
     def prepare(self) -> None:
         """Write every in-process fault to chaos.json before the workers start (the Guard reads
         it once, at start, and keeps its own rank's). Each node writes the same file."""
-        self._entries = []
+        self._entries, self._guard_ids = [], {}
         for i, fault in enumerate(self.plan.faults):
             entry = _in_process_entry(fault, fault.step) if fault.step is not None else None
             if entry is not None:
+                # The Guard names a fault by its position in chaos.json (trainguard.torch.chaos).
+                pos = len(self._entries)
+                self._guard_ids[i] = f"{pos:03d}-{entry['kind']}-rank{fault.rank}-step{fault.step}"
                 self._entries.append({**entry, "id": i})
         self._write()
 
@@ -88,16 +93,30 @@ class ChaosExecutor:
         pids: dict[int, int],
         gpu_of: Callable[[int], int | None],
     ) -> list[Injected]:
-        """Fire every due fault of the ranks running here; returns what fired this time."""
+        """Fire every due fault of the ranks running here; returns what fired this time.
+
+        In-process faults are reported when the Guard records firing them (chaos-fired/), with
+        the Guard's own time and step: that is the ground truth a drill report matches against."""
         out: list[Injected] = []
         for i, fault in enumerate(self.plan.faults):
-            if i in self.fired or not self._due(fault, now, step):
+            if i in self.fired:
                 continue
-            if fault.rank is not None and fault.rank not in pids:
-                continue  # another node's rank (or not started yet)
-            if fault.rank is None and 0 not in pids:
-                continue  # node-wide faults are done by the node that hosts rank 0
-            injected = self._fire(i, fault, now, step, pids, gpu_of)
+            guard_id = self._guard_ids.get(i)
+            if guard_id is not None:
+                record = _read_fired(self.run_dir / FIRED_DIR / guard_id)
+                if record is None:
+                    continue
+                injected = self._fire(
+                    i, fault, float(record.get("time", now)), record.get("step"), pids, gpu_of
+                )
+            else:
+                if not self._due(fault, now, step):
+                    continue
+                if fault.rank is not None and fault.rank not in pids:
+                    continue  # another node's rank (or not started yet)
+                if fault.rank is None and 0 not in pids:
+                    continue  # node-wide faults are done by the node that hosts rank 0
+                injected = self._fire(i, fault, now, step, pids, gpu_of)
             self.fired[i] = injected
             out.append(injected)
             log.warning("chaos: injected %s (%s)", fault.label, injected.detail)
@@ -106,12 +125,7 @@ class ChaosExecutor:
     def _due(self, fault: Fault, now: float, step: int | None) -> bool:
         if fault.at_s is not None:
             return now - self.started >= fault.at_s
-        if step is None or fault.step is None:
-            return False
-        # The xid's CUDA error fires inside the rank at `step`; the kernel line goes out as the
-        # rank reaches it (a driver logs the Xid as the faulting kernel runs).
-        lead = 1 if fault.kind is FaultKind.XID else 0
-        return step >= fault.step - lead
+        return step is not None and fault.step is not None and step >= fault.step
 
     def _fire(
         self,
@@ -125,7 +139,6 @@ class ChaosExecutor:
         rank = fault.rank
         pid = pids.get(rank) if rank is not None else None
         gpu = gpu_of(rank) if rank is not None else None
-        detail = ""
         if fault.kind is FaultKind.KILL:
             sig = getattr(signal, fault.signal, signal.SIGKILL)
             detail = _signal(pid, sig)
@@ -133,18 +146,26 @@ class ChaosExecutor:
             detail = _signal(pid, signal.SIGSTOP)
         elif fault.kind is FaultKind.CORRUPT_CHECKPOINT:
             detail = corrupt_newest_checkpoint(self.checkpoint_dir, fault.bytes)
+        elif fault.kind is FaultKind.XID:  # the rank is dying of the CUDA error right now
+            detail = sim_xid(self.fleet, fault.xid, gpu) + f"; rank raised {fault.cuda_message()!r}"
+        elif fault.kind is FaultKind.SLOW:
+            detail = sim_straggler(self.fleet, gpu) + f"; rank sleeps {fault.delay_s}s per step"
         else:
-            if fault.kind is FaultKind.XID:
-                detail = sim_xid(self.fleet, fault.xid, gpu) + "; "
-            if fault.kind is FaultKind.SLOW:
-                detail = sim_straggler(self.fleet, gpu) + "; "
-            detail += f"{fault.kind.value} written to {CHAOS_FILE}"
+            detail = f"{fault.kind.value} fired inside rank {rank} at step {step}"
         return Injected(i, fault, now, step, rank, gpu, pid, detail)
 
     def _write(self) -> None:
         path = self.run_dir / CHAOS_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, json.dumps({"faults": self._entries}, indent=1).encode())
+
+
+def _read_fired(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _in_process_entry(fault: Fault, step: int) -> dict[str, Any] | None:

@@ -123,7 +123,7 @@ def exit_trouble(
         gpu=gpu,
         gpu_health=gpu_health.get(gpu) if gpu is not None else None,
     )
-    started = min([first.time] if first is not None and first.time else [], default=None)
+    started = wall_time(first.time, now) if first is not None else None
     if started is None:
         started = min((e.seen for e in exited), default=now)
     how = "; ".join(f"rank {e.rank} {describe_exit(e.code)}" for e in sorted(exited, key=lambda e: e.seen))
@@ -149,7 +149,7 @@ def gpu_trouble(now: float, gpu: int, health: Health, findings: list[Finding], r
     fatal = health is Health.FAILED
     kind = FailureKind.GPU_FAILED if fatal else FailureKind.GPU_DEGRADED
     reasons = [f.reason for f in findings] or [f"GPU {gpu} is {health.value}"]
-    times = [f.time for f in findings if f.time is not None]
+    times = [t for f in findings if (t := wall_time(f.time, now)) is not None]
     return Trouble(
         failure=Failure(
             kind=kind, category=first.category if first else None, gpu=gpu, gpu_health=health, fatal=fatal
@@ -162,6 +162,12 @@ def gpu_trouble(now: float, gpu: int, health: Health, findings: list[Finding], r
         rank=rank,
         evidence=reasons[:8],
     )
+
+
+def wall_time(t: float | None, now: float) -> float | None:
+    """A timestamp if it is wall-clock time near ``now``; kernel-log lines carry seconds since
+    boot (dmesg), which must not be mistaken for when a failure started."""
+    return t if t is not None and now - 86400 < t <= now + 5 else None
 
 
 def _hw_cause(category: Category) -> RootCause:

@@ -86,7 +86,10 @@ class Supervisor:
         self.gpu_map = GpuMap(tuple(range(config.nproc_per_node)))
         self._stopping: tuple[ExitCode, str] | None = None
         self._straggler_seen = False
+        self._degraded_reported = False
         self._pool: Any = None
+        self._findings_seen: set[tuple[Any, ...]] = set()
+        self._numerics_steps: dict[int, Incident] = {}
 
     # -- public --------------------------------------------------------------------------------
 
@@ -295,7 +298,10 @@ class Supervisor:
                 return trouble, False
         if prog.hung:
             return self._hang_trouble(now, prog), False
-        if prog.nan_ranks:
+        numerics = self._numerics_trouble(now)
+        if numerics is not None:
+            return numerics, False
+        if prog.nan_ranks and not self._numerics_steps:  # a trainer without the Guard's numerics
             r = prog.nan_ranks[0]
             return Trouble(
                 Failure(FailureKind.NUMERICS, gpu=self._gpu_of_rank(r), fatal=False),
@@ -307,7 +313,8 @@ class Supervisor:
                 r,
             ), False
         base = self.watch.baseline_step_time
-        if base and prog.step_time and prog.step_time > 2.5 * base and not self._straggler_seen:
+        slow = base and prog.step_time and prog.step_time > 2.5 * base
+        if slow and not self._straggler_seen and not self._degraded_reported:
             self._straggler_seen = True
             suspect = self._degraded_gpu()
             rank = self._rank_of_gpu(suspect)
@@ -321,6 +328,46 @@ class Supervisor:
                 rank,
             ), False
         return None, False
+
+    def _numerics_trouble(self, now: float) -> Trouble | None:
+        """The Guard's numerics findings: one incident per bad step; its verdict (transient =
+        silent data corruption suspect, repeated = data/program) updates the incident later."""
+        from trainguard.rundir import read_findings
+
+        ranks = set(self._rank_of.values())
+        for rank, step, f in read_findings(self.run_dir):
+            key = (rank, step, f.rule, f.time)
+            if key in self._findings_seen or rank not in ranks or not f.rule.startswith("numerics."):
+                continue
+            self._findings_seen.add(key)
+            if f.time is not None and f.time < self._attempt_started - 1:
+                continue
+            incident = self._numerics_steps.get(step) if step is not None else None
+            if f.rule in ("numerics.transient", "numerics.data_problem") and incident is not None:
+                cause = (
+                    RootCause.SILENT_DATA_CORRUPTION
+                    if f.rule == "numerics.transient"
+                    else RootCause.SOFTWARE_BUG
+                )
+                self._numerics_steps[step] = self.recorder.update(  # type: ignore[index]
+                    incident, root_cause=cause, resolved=True, resolution=f.reason
+                )
+                continue
+            if (
+                f.rule.startswith("numerics.nonfinite") or f.rule == "numerics.loss_spike"
+            ) and incident is None:
+                return Trouble(
+                    Failure(FailureKind.NUMERICS, category="numerics", fatal=False),
+                    "numerics",
+                    now,
+                    f.time or now,
+                    f"rank {rank}: {f.reason}",
+                    RootCause.SILENT_DATA_CORRUPTION,
+                    rank,
+                    [f"{f.rule}: {f.reason}", *f.evidence[:4]],
+                    {"step": step},
+                )
+        return None
 
     def _exit_trouble(self, now: float, failed: list[Exited]) -> Trouble:
         time.sleep(0.05)  # the dying ranks' last log lines and error files
@@ -426,6 +473,10 @@ class Supervisor:
                 resolution="workers kept running" if decision.verb is Verb.CONTINUE else None,
             )
         )
+        if trouble.failure.kind is FailureKind.NUMERICS and "step" in trouble.extra:
+            self._numerics_steps[trouble.extra["step"]] = incident
+        if trouble.failure.kind is FailureKind.GPU_DEGRADED:
+            self._degraded_reported = True
         self._emit("incident", **incident.to_dict(), kind=trouble.failure.kind.value, extra=trouble.extra)
         log.warning(
             "incident %s: %s -> %s (%s)", incident.id, trouble.summary, decision.verb.value, decision.reason
@@ -599,13 +650,15 @@ class Supervisor:
         return self._rank_of.get(lr) if lr is not None else None
 
     def _gpu_findings(self) -> list[Finding]:
+        """Findings of FAILED GPUs in use: evidence for a crash. A merely degraded GPU (warm,
+        slow) is recorded on its own and must not become the root cause of an unrelated death."""
         last = self.health.last
         if last is None:
             return []
         return [
             f
             for gv in last.gpus
-            if gv.gpu.index in self.gpu_map.gpus and gv.health is not Health.OK
+            if gv.gpu.index in self.gpu_map.gpus and gv.health is Health.FAILED
             for f in gv.findings
         ]
 

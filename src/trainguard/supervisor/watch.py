@@ -25,6 +25,7 @@ class RankProgress:
     step_since: float | None = None  # when this rank first reported its current step
     first_train_time: float | None = None  # first train heartbeat of this attempt
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=20))
+    ckpt_since: float | None = None  # when this rank reported a checkpoint in progress
     nan_reported: bool = False
 
 
@@ -60,6 +61,8 @@ class ProgressWatch:
         self._attempt = 0
         self._started = 0.0
         self._recent: deque[float] = deque(maxlen=50)  # step times across attempts (learning)
+        self._ckpt_times: deque[float] = deque(maxlen=10)  # checkpoint stalls seen (learning)
+        self.checkpoint_timeout = 60.0  # allowance for a checkpoint before one was measured
         self.baseline_step_time: float | None = None  # median of the run's first steps
         self.history: list[Heartbeat] = []  # every train heartbeat seen (for the goodput ledger)
         self.furthest_step: int | None = None  # furthest step any rank reported (train/exit beats)
@@ -78,11 +81,19 @@ class ProgressWatch:
                     continue
                 if beat.phase in ("train", "exit"):
                     self.furthest_step = max(beat.step, self.furthest_step or 0)
+                if beat.phase == "checkpoint" and prog.ckpt_since is None:
+                    prog.ckpt_since = beat.time
                 if beat.phase == "train":
                     self.history.append(beat)
-                    if prog.first_train_time is None:
+                    if prog.ckpt_since is not None:
+                        self._ckpt_times.append(max(0.0, beat.time - prog.ckpt_since))
+                        prog.ckpt_since = None
+                    first = prog.first_train_time is None
+                    if first:
                         prog.first_train_time = beat.time
-                    if beat.step_time is not None and beat.step_time > 0:
+                    # The first step of an attempt carries warm-up (DDP buckets, caches): not
+                    # a step time to learn the hang timeout from.
+                    if not first and beat.step_time is not None and beat.step_time > 0:
                         prog.step_times.append(beat.step_time)
                         self._recent.append(beat.step_time)
                         self._learn_baseline()
@@ -104,11 +115,13 @@ class ProgressWatch:
         trained = bool(firsts)
         last_progress = max(since, default=self._started) if trained else self._started
         timeout = self.timeout() if trained else max(self.startup_timeout, self.floor)
-        busy = any(
-            p.last is not None and p.last.phase in ("checkpoint", "exit") for p in self._ranks.values()
-        )
-        if busy:  # a synchronous save, or the final save and teardown, may take a while
+        phases = {p.last.phase for p in self._ranks.values() if p.last is not None}
+        if "exit" in phases:  # the final save and teardown
             timeout = max(timeout, self.startup_timeout)
+        elif "checkpoint" in phases:  # a synchronous save: as long as the slowest one seen, x factor
+            slowest = max(self._ckpt_times, default=None)
+            allowance = self.checkpoint_timeout if slowest is None else self.factor * slowest
+            timeout = max(timeout, allowance)
         recent = [t for p in self._ranks.values() for t in p.step_times]
         low = min(self._ranks) if self._ranks else None
         low_beat = self._ranks[low].last if low is not None else None
