@@ -1,0 +1,149 @@
+"""Matching a drill's injected faults to the incidents trainguard recorded (pure, stdlib only).
+
+The rule (also printed in the demo's JSON as ``matching_rule``)::
+
+    an incident is a candidate for an injected fault when
+      - it names the fault's rank, or the GPU that rank used, or it is job-wide (names neither),
+        or both are numerics (the Guard all-reduces the loss: every rank sees a NaN at once,
+        so whichever rank reported it first may be named), and
+      - it was detected no earlier than 1 s before the injection and at most WINDOW s after it;
+    faults are taken in the order they happened; each takes the candidate with the expected
+    root cause (then the expected action, then the earliest), and each incident matches at most
+    one fault. Left-over candidates of a matched fault are "related" (the same fault seen by a
+    second detector). A fault that expects no incident (a torn checkpoint) is matched when the
+    next resume after it started from an older checkpoint, i.e. the resume skipped it.
+
+A fault is OK when it matched an incident whose root cause is one of the expected ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from trainguard.demo.plan import DemoFault
+from trainguard.demo.truth import InjectedFault
+from trainguard.incidents import Incident
+
+WINDOW_S = 60.0
+EARLY_S = 1.0
+MATCHING_RULE = " ".join(__doc__.split("::", 1)[1].split("A fault is OK")[0].split()) if __doc__ else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """An attempt that started from a checkpoint: when, and from which step (None: from scratch)."""
+
+    time: float
+    step: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    fault_id: str
+    incident_id: int | None  # the matched incident (None: unmatched, or a no-incident fault)
+    ok: bool
+    reason: str  # why it is (not) OK, in words
+    detection_delay_s: float | None = None  # incident detection time - injection time
+    related: tuple[int, ...] = field(default=())
+
+
+def match(
+    faults: list[DemoFault],
+    injected: list[InjectedFault],
+    incidents: list[Incident],
+    resumes: Sequence[Resume] = (),
+    window_s: float = WINDOW_S,
+) -> list[Outcome]:
+    """One `Outcome` per planned fault, in plan order."""
+    plan = {f.id: f for f in faults}
+    taken: set[int] = set()
+    results: dict[str, Outcome] = {}
+    ordered = sorted(injected, key=lambda i: (i.time is None, i.time or 0.0))
+    for inj in ordered:
+        spec = plan[inj.id]
+        if not inj.fired or inj.time is None:
+            results[inj.id] = Outcome(inj.id, None, False, "never injected: the run ended before its step")
+            continue
+        if not spec.expects_incident:
+            results[inj.id] = _resume_check(inj, list(resumes))
+            continue
+        pool = [i for i in candidates(inj, incidents, window_s) if i.id not in taken]
+        if not pool:
+            results[inj.id] = Outcome(inj.id, None, False, f"no incident on rank {inj.rank} / GPU {inj.gpu}")
+            continue
+        best = min(pool, key=lambda i: _preference(i, spec))
+        assert best.id is not None
+        taken.add(best.id)
+        ok = best.root_cause.value in spec.expected_causes
+        reason = (
+            f"root cause {best.root_cause.value}"
+            if ok
+            else f"root cause {best.root_cause.value}, expected {' or '.join(spec.expected_causes)}"
+        )
+        results[inj.id] = Outcome(inj.id, best.id, ok, reason, round(best.time - inj.time, 3))
+    # Second pass: the same fault seen again by another detector.
+    for inj in ordered:
+        out = results[inj.id]
+        if out.incident_id is None or inj.time is None:
+            continue
+        extra = tuple(
+            i.id for i in candidates(inj, incidents, window_s) if i.id is not None and i.id not in taken
+        )
+        if extra:
+            taken.update(extra)
+            results[inj.id] = Outcome(
+                out.fault_id, out.incident_id, out.ok, out.reason, out.detection_delay_s, extra
+            )
+    return [results[f.id] for f in faults if f.id in results]
+
+
+def candidates(inj: InjectedFault, incidents: list[Incident], window_s: float = WINDOW_S) -> list[Incident]:
+    """Incidents that could be this fault: same rank or GPU (or job-wide), detected in the window."""
+    if inj.time is None:
+        return []
+    out = []
+    for inc in incidents:
+        if inc.id is None or not inj.time - EARLY_S <= inc.time <= inj.time + window_s:
+            continue
+        same_rank = inj.rank is not None and inc.rank == inj.rank
+        same_gpu = inj.gpu is not None and inc.gpu == inj.gpu
+        job_wide = inc.rank is None and inc.gpu is None
+        numerics = inj.kind == "nan" and inc.category == "numerics"
+        if same_rank or same_gpu or job_wide or numerics:
+            out.append(inc)
+    return out
+
+
+def unmatched(outcomes: list[Outcome], incidents: list[Incident]) -> list[Incident]:
+    """Incidents no fault claimed (neither matched nor related): false alarms, or real trouble."""
+    used = {o.incident_id for o in outcomes} | {r for o in outcomes for r in o.related}
+    return [i for i in incidents if i.id not in used]
+
+
+def _preference(inc: Incident, spec: DemoFault) -> tuple[int, int, float]:
+    return (
+        0 if inc.root_cause.value in spec.expected_causes else 1,
+        0 if inc.action in spec.expected_actions else 1,
+        inc.time,
+    )
+
+
+def _resume_check(inj: InjectedFault, resumes: list[Resume]) -> Outcome:
+    after = sorted((r for r in resumes if inj.time is not None and r.time >= inj.time), key=lambda r: r.time)
+    if inj.checkpoint_step is None:
+        return Outcome(inj.id, None, False, f"nothing was corrupted ({inj.detail or 'no checkpoint yet'})")
+    if not after:
+        return Outcome(inj.id, None, False, "no restart after it: the torn checkpoint was never read")
+    first = after[0]
+    if first.step is not None and first.step >= inj.checkpoint_step:
+        return Outcome(
+            inj.id, None, False, f"the next resume used step {first.step}, not an older checkpoint"
+        )
+    return Outcome(
+        inj.id,
+        None,
+        True,
+        f"checksum mismatch: resume skipped step {inj.checkpoint_step}, used step {first.step or 0}",
+        round(first.time - (inj.time or first.time), 3),
+    )

@@ -1,0 +1,133 @@
+"""The demo's built-in fault plan: which faults hit the simulated 4-GPU node, when, and what
+trainguard is expected to conclude about each (the demo is also a self-test).
+
+Every fault is step-triggered, so it lands mid-run however fast the machine is. ``chaos_toml``
+turns the plan into a `trainguard run --chaos` plan (docs/chaos.md), which the supervisor's
+chaos executor carries out; examples/chaos/demo.toml is the same plan as a file.
+
+    >>> plan = build_plan(quick=True)
+    >>> [f.kind for f in plan.faults]
+    ['nan', 'xid', 'crash', 'corrupt_checkpoint', 'hang', 'straggler']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+# What an application bug looks like: a data-pipeline error, nothing hardware about it.
+CRASH_EXC = "ValueError"
+CRASH_MESSAGE = "malformed sample in shard 7: expected 64 pixels, got 63"
+
+
+@dataclass(frozen=True, slots=True)
+class DemoFault:
+    """One injected fault and the conclusion expected of trainguard.
+
+    ``expected_causes`` are `RootCause` values; ``expected_actions`` the supervisor's decisions
+    (`recover.policy.Verb` values, or "rollback" for the trainer's own NaN rollback). A fault
+    with ``expects_incident=False`` (a torn checkpoint) is checked another way: the next resume
+    must skip it.
+    """
+
+    id: str  # "F1".."F6": the key the report and the JSON use
+    kind: str  # straggler | nan | xid | crash | corrupt_checkpoint | hang
+    label: str
+    step: int
+    rank: int | None = None
+    expected_causes: tuple[str, ...] = ()
+    expected_actions: tuple[str, ...] = ()
+    expects_incident: bool = True
+    xid: int = 79
+    delay_s: float = 0.5  # straggler: extra seconds per step ...
+    slow_steps: int = 6  # ... for this many steps
+
+
+@dataclass(frozen=True, slots=True)
+class DemoPlan:
+    steps: int
+    checkpoint_every: int
+    step_delay: float  # seconds of sleep per step, so the faults land while a human watches
+    faults: tuple[DemoFault, ...] = field(default=())
+    nproc: int = 4
+
+    def fault(self, fault_id: str) -> DemoFault:
+        return next(f for f in self.faults if f.id == fault_id)
+
+
+def build_plan(quick: bool = False, steps: int | None = None, speed: float = 1.0) -> DemoPlan:
+    """The built-in plan. ``quick`` is the short run of the tests; ``steps`` stretches or shrinks
+    the run (fault steps scale with it); ``speed`` > 1 shortens the per-step delay."""
+    # The straggler comes last: its GPU stays degraded (clocks stuck low), and the supervisor
+    # weighs a degraded GPU's findings into the root cause of any later crash (see docs/demo.md).
+    # The torn checkpoint leaves a few heartbeats (~4 steps each) before the hang, and the hang
+    # comes before the next checkpoint, so the restart after it must skip the torn one.
+    if quick:
+        base = DemoPlan(steps=130, checkpoint_every=10, step_delay=0.06)
+        at = {"nan": 20, "xid": 35, "crash": 55, "corrupt_checkpoint": 81, "hang": 89, "straggler": 105}
+        slow_steps = 4
+    else:
+        base = DemoPlan(steps=220, checkpoint_every=20, step_delay=0.1)
+        at = {"nan": 35, "xid": 60, "crash": 95, "corrupt_checkpoint": 143, "hang": 152, "straggler": 180}
+        slow_steps = 6
+    scale = 1.0
+    if steps is not None:
+        scale = steps / base.steps
+        base = replace(base, steps=steps, checkpoint_every=max(2, round(base.checkpoint_every * scale)))
+    base = replace(base, step_delay=round(base.step_delay / max(speed, 0.01), 4))
+
+    def s(kind: str) -> int:
+        return max(3, round(at[kind] * scale))
+
+    faults = (
+        DemoFault(
+            "F1", "nan", "NaN in the loss (SDC suspect)", s("nan"), rank=0,
+            expected_causes=("silent_data_corruption",), expected_actions=("rollback",),
+        ),
+        DemoFault(
+            "F2", "xid", "Xid 79: GPU 3 fell off the bus", s("xid"), rank=3,
+            expected_causes=("faulty_gpu",), expected_actions=("exclude_gpu",),
+        ),
+        DemoFault(
+            "F3", "crash", f"software crash ({CRASH_EXC})", s("crash"), rank=1,
+            expected_causes=("software_bug",), expected_actions=("restart",),
+        ),
+        DemoFault(
+            "F4", "corrupt_checkpoint", "torn newest checkpoint", s("corrupt_checkpoint"),
+            expects_incident=False,
+        ),
+        DemoFault(
+            "F5", "hang", "hang: rank 2 stops before a collective", s("hang"), rank=2,
+            expected_causes=("nccl_watchdog_timeout",), expected_actions=("restart",),
+        ),
+        DemoFault(
+            "F6", "straggler", "straggler: GPU 2 clocks stuck low", s("straggler"), rank=2,
+            expected_causes=("faulty_gpu",), expected_actions=("continue",), slow_steps=slow_steps,
+        ),
+    )  # fmt: skip
+    return replace(base, faults=faults)
+
+
+def chaos_toml(plan: DemoPlan) -> str:
+    """The plan as a `trainguard run --chaos` TOML plan (what the supervisor executes)."""
+    out = ["# trainguard demo: built-in chaos plan (generated by trainguard.demo.plan)"]
+    for f in plan.faults:
+        out += ["", "[[fault]]", f'name = "{f.id} {f.label}"']
+        if f.kind == "straggler":
+            out += ['kind = "slow"', f"rank = {f.rank}", f"delay_s = {f.delay_s}", f"steps = {f.slow_steps}"]
+        elif f.kind == "nan":
+            out += ['kind = "nan"', f"rank = {f.rank}"]
+        elif f.kind == "xid":
+            out += ['kind = "xid"', f"rank = {f.rank}", f"xid = {f.xid}"]
+        elif f.kind == "crash":
+            out += [
+                'kind = "raise"',
+                f"rank = {f.rank}",
+                f'exc = "{CRASH_EXC}"',
+                f'message = "{CRASH_MESSAGE}"',
+            ]
+        elif f.kind == "corrupt_checkpoint":
+            out += ['kind = "corrupt_checkpoint"']
+        elif f.kind == "hang":
+            out += ['kind = "hang"', f"rank = {f.rank}"]
+        out.append(f"step = {f.step}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,232 @@
+"""The demo's final report: each injected fault next to the incident it became, ETTR, accuracy.
+
+`build_report` gathers plain data into one JSON-ready dict (what ``--json`` writes);
+`render` prints it for a human in 80 columns. `verdict` decides the exit code: the demo is
+also a self-test.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from trainguard.demo.match import MATCHING_RULE, WINDOW_S, Outcome, unmatched
+from trainguard.demo.plan import DemoPlan
+from trainguard.demo.truth import InjectedFault
+from trainguard.incidents import Incident
+from trainguard.rundir import read_heartbeats
+
+ACCURACY_THRESHOLD = 0.90
+
+
+def median_step_time(run_dir: Path) -> float | None:
+    times = [
+        b.step_time
+        for path in sorted((run_dir / "heartbeat").glob("rank*.jsonl"))
+        for b in read_heartbeats(path)
+        if b.phase == "train" and b.step_time
+    ]
+    return statistics.median(times) if times else None
+
+
+def build_report(
+    plan: DemoPlan,
+    injected: list[InjectedFault],
+    outcomes: list[Outcome],
+    incidents: list[Incident],
+    *,
+    job: str,
+    started: float,
+    goodput: dict[str, Any],
+    accuracy: float | None,
+    reference_accuracy: float | None,
+    supervisor: dict[str, Any],
+    step_time: float | None,
+    paths: dict[str, str | None],
+    duration_s: float,
+) -> dict[str, Any]:
+    by_id = {i.id: i for i in incidents if i.id is not None}
+    spec = {f.id: f for f in plan.faults}
+    out_of = {o.fault_id: o for o in outcomes}
+    fault_of: dict[int, str] = {}
+    related_of: dict[int, str] = {}
+    for oc in outcomes:
+        if oc.incident_id is not None:
+            fault_of[oc.incident_id] = oc.fault_id
+        for r in oc.related:
+            related_of[r] = oc.fault_id
+    faults = []
+    for inj in injected:
+        f, o = spec[inj.id], out_of.get(inj.id)
+        inc = by_id.get(o.incident_id) if o is not None and o.incident_id is not None else None
+        lost, estimated = _time_lost(inj, inc, f, step_time, o)
+        faults.append(
+            {
+                "id": inj.id,
+                "kind": inj.kind,
+                "label": inj.label,
+                "fired": inj.fired,
+                "time": inj.time,
+                "t_s": round(inj.time - started, 3) if inj.time is not None else None,
+                "step": inj.step,
+                "rank": inj.rank,
+                "gpu": inj.gpu,
+                "detail": inj.detail,
+                "expected_root_cause": list(f.expected_causes),
+                "expected_action": list(f.expected_actions),
+                "matched_incident": o.incident_id if o else None,
+                "matched": bool(o and o.ok),
+                "reason": o.reason if o else "not evaluated",
+                "detected_by": inc.detected_by if inc else ("checkpoint_verify" if o and o.ok else None),
+                "detection_delay_s": o.detection_delay_s if o else None,
+                "root_cause": inc.root_cause.value if inc else None,
+                "action": inc.action if inc else ("skip_torn_checkpoint" if o and o.ok else None),
+                "time_lost_s": lost,
+                "time_lost_estimated": estimated,
+                "related_incidents": list(o.related) if o else [],
+            }
+        )
+    rows = []
+    for inc in incidents:
+        d = inc.to_dict()
+        d["t_s"] = round(inc.time - started, 3)
+        d["matched_fault"] = fault_of.get(inc.id) if inc.id is not None else None
+        d["related_to_fault"] = related_of.get(inc.id) if inc.id is not None else None
+        rows.append(d)
+    report: dict[str, Any] = {
+        "job": job,
+        "steps": plan.steps,
+        "nproc": plan.nproc,
+        "injected": faults,
+        "incidents": rows,
+        "unmatched_incidents": [i.id for i in unmatched(outcomes, incidents)],
+        "matching_rule": MATCHING_RULE,
+        "window_s": WINDOW_S,
+        "ettr": goodput.get("ettr"),
+        "goodput": goodput,
+        "accuracy": accuracy,
+        "reference_accuracy": reference_accuracy,
+        "accuracy_threshold": ACCURACY_THRESHOLD,
+        "supervisor": supervisor,
+        "duration_s": round(duration_s, 2),
+        **paths,
+    }
+    problems = verdict(report)
+    report["all_matched"] = all(f["matched"] for f in faults) and bool(faults)
+    report["problems"] = problems
+    report["passed"] = not problems
+    return report
+
+
+def verdict(report: dict[str, Any]) -> list[str]:
+    """Everything that makes the self-test fail, in words (empty: passed)."""
+    problems = []
+    for f in report["injected"]:
+        if not f["matched"]:
+            problems.append(f"{f['id']} {f['label']}: {f['reason']}")
+    acc = report["accuracy"]
+    if acc is None:
+        problems.append("training did not finish: no test accuracy was printed")
+    elif acc <= ACCURACY_THRESHOLD:
+        problems.append(f"accuracy {acc:.1%} is not above {ACCURACY_THRESHOLD:.0%}")
+    if report["supervisor"].get("exit_code") != 0:
+        problems.append(
+            f"trainguard run ended with {report['supervisor'].get('status')}: {report['supervisor'].get('reason')}"
+        )
+    return problems
+
+
+def _time_lost(
+    inj: InjectedFault, inc: Incident | None, f: Any, step_time: float | None, o: Outcome | None
+) -> tuple[float | None, bool]:
+    if inc is not None and inc.time_lost_s is not None:
+        return round(inc.time_lost_s, 2), False
+    if inj.kind == "straggler":  # every rank waits for the slow one in the all-reduce
+        return round(f.slow_steps * f.delay_s, 2), True
+    if inj.kind == "corrupt_checkpoint" and o is not None and o.ok and step_time and inj.checkpoint_step:
+        used = int(o.reason.rsplit(" ", 1)[-1]) if o.reason.rsplit(" ", 1)[-1].isdigit() else 0
+        return round(max(0, inj.checkpoint_step - used) * step_time, 2), True
+    return None, False
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report for a terminal or a log, 80 columns."""
+    lines = ["", "trainguard demo report", "=" * 22, ""]
+    lines.append(f"injected faults ({len(report['injected'])}), each matched to the incident it became:")
+    for f in report["injected"]:
+        where = []
+        if f["rank"] is not None:
+            where.append(f"rank {f['rank']}")
+        if f["gpu"] is not None:
+            where.append(f"GPU {f['gpu']}")
+        when = f"at {_clock(f['t_s'])}, step {f['step']}" if f["fired"] else "never fired"
+        mark = "ok  " if f["matched"] else "FAIL"
+        inc = f" -> incident #{f['matched_incident']}" if f["matched_incident"] is not None else ""
+        lines.append(f" {mark} {f['id']} {f['label']}{' (' + ', '.join(where) + ')' if where else ''}")
+        lines.append(f"        {when}{inc}")
+        if f["detected_by"]:
+            delay = f" after {f['detection_delay_s']:.1f}s" if f["detection_delay_s"] is not None else ""
+            lost = (
+                "-"
+                if f["time_lost_s"] is None
+                else f"{'~' if f['time_lost_estimated'] else ''}{f['time_lost_s']:.1f}s"
+            )
+            lines.append(
+                f"        detected by {f['detected_by']}{delay}; root cause {f['root_cause'] or '-'}"
+            )
+            lines.append(f"        action {f['action']}; time lost {lost}")
+        if not f["matched"]:
+            lines.append(f"        problem: {f['reason']}")
+    others = [i for i in report["incidents"] if i["matched_fault"] is None]
+    if others:
+        lines += ["", "other incidents:"]
+        for i in others:
+            rel = f" (also {i['related_to_fault']})" if i["related_to_fault"] else ""
+            lines.append(
+                f"  #{i['id']} {_clock(i['t_s'])} {i['detected_by']}: {i['root_cause']} -> {i['action']}{rel}"
+            )
+            lines.append(f"      {_clip(i['summary'], 72)}")
+    g = report["goodput"]
+    lines += [""]
+    if g:
+        lines.append(
+            f"ETTR {g['ettr']:.1%}: {g['productive_s']:.1f}s productive of {g['wall_s']:.1f}s wall "
+            f"({g['attempts']} attempts, {g['interruptions']} interruptions)"
+        )
+        parts = [
+            (k, g[k]) for k in ("init_s", "restart_s", "lost_s", "detection_s", "downtime_s", "checkpoint_s")
+        ]
+        lines.append("  lost to: " + ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in parts if v >= 0.05))
+    acc, ref = report["accuracy"], report["reference_accuracy"]
+    acc_s = f"{acc:.1%}" if acc is not None else "n/a"
+    ref_s = f"{ref:.1%} fault-free reference" if ref is not None else "no reference run"
+    lines.append(f"test accuracy {acc_s} under chaos vs {ref_s}")
+    if report.get("plot"):
+        lines.append(f"timeline plot: {report['plot']}")
+    if report.get("json"):
+        lines.append(f"report JSON:   {report['json']}")
+    lines.append(f"run dir:       {report.get('run_dir')}")
+    lines.append(f"incident DB:   {report.get('db')}  (trainguard report {report['job']} --db ...)")
+    lines.append("")
+    if report["passed"]:
+        lines.append(
+            f"PASSED in {_clock(report['duration_s'])}: every injected fault matched its incident with the"
+        )
+        lines.append(f"expected root cause, and training reached {acc_s} accuracy.")
+    else:
+        lines.append(f"FAILED after {_clock(report['duration_s'])}:")
+        lines += [f"  - {p}" for p in report["problems"]]
+    return "\n".join(lines)
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    return f"{int(seconds // 60)}:{seconds % 60:04.1f}"
+
+
+def _clip(text: str, n: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
