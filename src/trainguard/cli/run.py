@@ -169,4 +169,5 @@ def result_to_dict(result: Any) -> dict[str, Any]:
         "incidents": [i.to_dict() for i in result.incidents],
         "injected": [i.to_dict() for i in result.injected],
         "recoveries": list(result.recoveries),
+        "world_sizes": list(result.world_sizes),
     }

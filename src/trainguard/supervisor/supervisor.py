@@ -65,6 +65,7 @@ class RunResult:
     injected: tuple[Injected, ...] = ()
     goodput: dict[str, Any] = field(default_factory=dict)
     recoveries: tuple[dict[str, Any], ...] = ()  # per restart: failure time, first step after, mttr
+    world_sizes: tuple[int, ...] = ()  # per attempt: the job's world size after rendezvous
 
 
 class Supervisor:
@@ -89,6 +90,7 @@ class Supervisor:
         self._degraded_reported = False
         self._pool: Any = None
         self._findings_seen: set[tuple[Any, ...]] = set()
+        self.world_sizes: list[int] = []
         self._numerics_steps: dict[int, Incident] = {}
 
     # -- public --------------------------------------------------------------------------------
@@ -129,7 +131,9 @@ class Supervisor:
         except Exception as exc:
             log.exception("supervisor failed")
             code, reason = ExitCode.FAILED, f"launcher error: {exc}"
-        finally:
+        # Like torchrun: a node that is told to go (a signal) leaves the rendezvous open, so the
+        # other nodes re-form the group without it; a finished job closes it.
+        if code is not ExitCode.INTERRUPTED:
             try:
                 spec.rdzv_handler.shutdown()
             except Exception:
@@ -548,6 +552,7 @@ class Supervisor:
             for stream in ("stdout", "stderr"):
                 files[(rank, stream)] = self._attempt_dir() / f"rank{rank}.{stream}"
         self.logtail.follow(files)
+        self.world_sizes.append(group.workers[0].world_size if group.workers else 0)
         self._emit(
             "attempt_started",
             attempt=self.attempt,
@@ -632,6 +637,7 @@ class Supervisor:
             tuple(getattr(self, "injected", [])),
             summary.to_dict(),
             tuple(getattr(self, "recoveries", [])),
+            tuple(self.world_sizes),
         )
         self.recorder.close()
         self._emit("finished", exit_code=int(code), reason=reason, ettr=summary.ettr, final_step=final_step)

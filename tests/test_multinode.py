@@ -1,0 +1,92 @@
+"""Two `trainguard run` processes on one machine acting as two nodes (c10d rendezvous over
+127.0.0.1, --nnodes 1:2) train one DDP job together, and recover when one node's workers die."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainguard.incidents import IncidentStore
+
+WORKER = Path(__file__).parent / "workers" / "ddp_worker.py"
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_node(tmp_path: Path, name: str, port: int, steps: int, plan: str | None = None) -> subprocess.Popen:
+    args = [
+        sys.executable, "-m", "trainguard.cli", "run", "--nnodes", "1:2", "--nproc-per-node", "1",
+        "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "mn", "--max-restarts", "3",
+        "--rdzv-conf", "join_timeout=60,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2",
+        "--db", str(tmp_path / "tg.db"), "--runs-dir", str(tmp_path / name), "--no-tee",
+        "--json", str(tmp_path / f"{name}.json"),
+    ]  # fmt: skip
+    if plan is not None:
+        (tmp_path / "plan.toml").write_text(plan)
+        args += ["--chaos", str(tmp_path / "plan.toml")]
+    args += ["--", sys.executable, str(WORKER), "--checkpoint-dir", str(tmp_path / "ckpt"),
+             "--steps", str(steps), "--step-sleep", "0.1"]  # fmt: skip
+    log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+
+
+def result(tmp_path: Path, name: str) -> dict:
+    path = tmp_path / f"{name}.json"
+    assert path.exists(), (tmp_path / f"{name}.log").read_text()[-3000:]
+    return json.loads(path.read_text())
+
+
+def test_killed_workers_on_one_node_rejoin_and_both_nodes_finish(tmp_path):
+    port = free_port()
+    plan = '[[fault]]\nkind = "kill"\nrank = 1\nstep = 10\n'
+    a = start_node(tmp_path, "a", port, steps=30, plan=plan)
+    time.sleep(1.5)  # node a hosts the rendezvous store
+    b = start_node(tmp_path, "b", port, steps=30, plan=plan)
+    try:
+        assert a.wait(timeout=90) == 0, (tmp_path / "a.log").read_text()[-3000:]
+        assert b.wait(timeout=30) == 0, (tmp_path / "b.log").read_text()[-3000:]
+    finally:
+        for p in (a, b):
+            p.kill()
+    ra, rb = result(tmp_path, "a"), result(tmp_path, "b")
+    assert ra["final_step"] == rb["final_step"] == 29
+    incidents = IncidentStore(tmp_path / "tg.db").list(job="mn")
+    killed = [i for i in incidents if "SIGKILL" in i.summary]
+    assert len(killed) == 1 and killed[0].rank == 1  # the root cause, on the node that lost it
+    assert all(i.action == "restart" for i in incidents)
+    assert ra["attempts"] >= 2 and rb["attempts"] >= 2  # both re-formed the group
+    assert ra["world_sizes"][-1] == rb["world_sizes"][-1] == 2
+
+
+def test_when_a_node_leaves_the_survivor_continues_alone(tmp_path):
+    port = free_port()
+    a = start_node(tmp_path, "a", port, steps=40)
+    time.sleep(1.5)
+    b = start_node(tmp_path, "b", port, steps=40)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not list((tmp_path / "ckpt").glob("step-*")):
+            time.sleep(0.2)  # both nodes are training once the first checkpoint exists
+        assert list((tmp_path / "ckpt").glob("step-*")), (tmp_path / "a.log").read_text()[-3000:]
+        b.send_signal(signal.SIGTERM)  # node b is drained: its workers stop, it leaves the job
+        assert b.wait(timeout=30) == 130
+        assert a.wait(timeout=90) == 0, (tmp_path / "a.log").read_text()[-3000:]
+    finally:
+        for p in (a, b):
+            p.kill()
+    ra = result(tmp_path, "a")
+    assert ra["final_step"] == 39
+    assert 2 in ra["world_sizes"] and ra["world_sizes"][-1] == 1  # continued on the survivor
+    assert ra["recoveries"], ra
