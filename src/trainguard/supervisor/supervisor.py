@@ -317,7 +317,7 @@ class Supervisor:
                 r,
             ), False
         base = self.watch.baseline_step_time
-        slow = base and prog.step_time and prog.step_time > 2.5 * base
+        slow = base and prog.step_time and prog.step_time > 3.0 * base
         if slow and not self._straggler_seen and not self._degraded_reported:
             self._straggler_seen = True
             suspect = self._degraded_gpu()

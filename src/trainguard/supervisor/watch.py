@@ -133,7 +133,7 @@ class ProgressWatch:
             timeout=timeout,
             hung=now - last_progress > timeout,
             nan_ranks=nan_ranks,
-            step_time=statistics.median(recent) if recent else None,
+            step_time=statistics.median(recent) if len(recent) >= 8 else None,  # not warm-up noise
             loss=low_beat.loss if low_beat is not None else None,
         )
 
