@@ -19,6 +19,7 @@ from trainguard.demo.runner import quiet_logs, run_chaos, run_reference
 from trainguard.demo.truth import ground_truth, read_accuracy
 from trainguard.incidents import IncidentStore
 
+SHORT = {"xid": "xid 79", "corrupt_checkpoint": "torn ckpt"}  # fault names on the live view
 EXIT_FAILED = 1  # the self-test failed: a fault unmatched, wrong root cause, or accuracy too low
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -45,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
 
     state = DemoState(total_steps=plan.steps, nproc=plan.nproc, started=t0)
     state.faults = {f.id: "pending" for f in plan.faults}
-    state.fault_labels = {f.id: f.kind.replace("_", " ") for f in plan.faults}
+    state.fault_labels = {f.id: SHORT.get(f.kind, f.kind) for f in plan.faults}
     display = make_display(state, force_plain=args.plain)
     display.start()
     reference = None

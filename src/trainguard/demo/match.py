@@ -9,8 +9,8 @@ The rule (also printed in the demo's JSON as ``matching_rule``)::
       - it was detected no earlier than 1 s before the injection and at most WINDOW s after it;
     faults are taken in the order they happened; each takes the candidate with the expected
     root cause (then the expected action, then the earliest), and each incident matches at most
-    one fault. Left-over candidates of a matched fault are "related" (the same fault seen by a
-    second detector). A fault that expects no incident (a torn checkpoint) is matched when the
+    one fault. A left-over incident that is a candidate of matched faults is "related" to the
+    latest of them (the same fault seen by a second detector). A fault that expects no incident (a torn checkpoint) is matched when the
     next resume after it started from an older checkpoint, i.e. the resume skipped it.
 
 A fault is OK when it matched an incident whose root cause is one of the expected ones.
@@ -27,7 +27,8 @@ from trainguard.incidents import Incident
 
 WINDOW_S = 60.0
 EARLY_S = 1.0
-MATCHING_RULE = " ".join(__doc__.split("::", 1)[1].split("A fault is OK")[0].split()) if __doc__ else ""
+_RULE_TEXT = (__doc__ or "::").split("::", 1)[1].split("A fault is OK")[0]
+MATCHING_RULE = " ".join(_RULE_TEXT.replace("WINDOW s", f"{WINDOW_S:g} s").split())
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,19 +83,25 @@ def match(
             else f"root cause {best.root_cause.value}, expected {' or '.join(spec.expected_causes)}"
         )
         results[inj.id] = Outcome(inj.id, best.id, ok, reason, round(best.time - inj.time, 3))
-    # Second pass: the same fault seen again by another detector.
-    for inj in ordered:
-        out = results[inj.id]
-        if out.incident_id is None or inj.time is None:
+    # Second pass: the same fault seen again by another detector; a left-over incident belongs
+    # to the latest matched fault before it.
+    related: dict[str, list[int]] = {}
+    for inc in incidents:
+        if inc.id is None or inc.id in taken:
             continue
-        extra = tuple(
-            i.id for i in candidates(inj, incidents, window_s) if i.id is not None and i.id not in taken
+        owners = [
+            inj
+            for inj in ordered
+            if results[inj.id].incident_id is not None and inc in candidates(inj, incidents, window_s)
+        ]
+        if owners:
+            owner = max(owners, key=lambda i: i.time or 0.0)
+            related.setdefault(owner.id, []).append(inc.id)
+    for fid, ids in related.items():
+        out = results[fid]
+        results[fid] = Outcome(
+            out.fault_id, out.incident_id, out.ok, out.reason, out.detection_delay_s, tuple(ids)
         )
-        if extra:
-            taken.update(extra)
-            results[inj.id] = Outcome(
-                out.fault_id, out.incident_id, out.ok, out.reason, out.detection_delay_s, extra
-            )
     return [results[f.id] for f in faults if f.id in results]
 
 

@@ -31,10 +31,9 @@ _ACTION_STYLE = {"exclude_gpu": "bold red", "restart": "yellow", "rollback": "ye
 
 def panel(state: DemoState, width: int) -> Any:
     inner = max(40, min(width, 120) - 4)
-    parts: list[Any] = [_progress(state, inner), _attempt(state)]
-    if state.phase == "chaos":
-        parts += [_gpus(state), *_gpu_reasons(state, inner), _faults(state)]
-        parts.append(_incidents(state))
+    parts: list[Any] = [_progress(state, inner), _loss(state, inner), _attempt(state)]
+    if state.phase in ("chaos", "report"):
+        parts += [_gpus(state), *_gpu_reasons(state), _faults(state), _incidents(state)]
     parts += [Text(line, style="dim", no_wrap=True, overflow="ellipsis") for line in state.log]
     title = "[bold]trainguard demo[/]: simulated 4-GPU node, DDP digits CNN on CPU/gloo"
     elapsed = clock(time.time() - state.started)
@@ -48,17 +47,25 @@ def _progress(state: DemoState, inner: int) -> Text:
     step = state.step if state.step is not None else 0
     total = max(1, state.total_steps)
     frac = min(1.0, (step + 1) / total) if state.step is not None else 0.0
-    bar_w = max(10, min(30, inner - 60))
+    head = f"{label:<25} step {step:>4}/{total:<4} "
+    bar_w = max(10, min(40, inner - len(head) - 6))
     filled = round(frac * bar_w)
     text = Text(no_wrap=True, overflow="ellipsis")
-    text.append(f"{label:<26}", style=style)
-    text.append(f" step {step:>4}/{total:<4} ")
+    text.append(head[:25], style=style)
+    text.append(head[25:])
     text.append("█" * filled, style="green")
     text.append("░" * (bar_w - filled), style="dim")
     text.append(f" {frac:4.0%}")
-    if state.loss is not None:
-        text.append(f"  loss {state.loss:6.3f} ")
-        text.append(sparkline(list(state.losses))[-max(8, inner - len(text.plain) - 1) :], style="cyan")
+    return text
+
+
+def _loss(state: DemoState, inner: int) -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis")
+    if state.loss is None:
+        text.append("loss      -", style="dim")
+        return text
+    text.append(f"loss {state.loss:6.3f}  ")
+    text.append(sparkline(list(state.losses))[-max(8, inner - 14) :], style="cyan")
     return text
 
 
@@ -87,7 +94,7 @@ def _gpus(state: DemoState) -> Text:
     return text
 
 
-def _gpu_reasons(state: DemoState, inner: int) -> list[Text]:
+def _gpu_reasons(state: DemoState) -> list[Text]:
     out = []
     for gpu in range(state.nproc):
         health, reason = gpu_health(state.verdict, gpu)
@@ -97,28 +104,33 @@ def _gpu_reasons(state: DemoState, inner: int) -> list[Text]:
 
 
 def _faults(state: DemoState) -> Text:
-    text = Text("faults ", no_wrap=True, overflow="ellipsis")
-    for fid, status in state.faults.items():
+    text = Text(no_wrap=True, overflow="ellipsis")
+    for n, (fid, status) in enumerate(state.faults.items()):
         short = state.fault_labels.get(fid, "")
         mark, style = ("●", "bold yellow") if status == "injected" else ("○", "dim")
-        text.append(f"{mark} {fid} {short}  ", style=style)
+        text.append(("  " if n else "") + f"{mark} {fid} {short}", style=style)
     return text
 
 
 def _incidents(state: DemoState) -> Any:
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), expand=True, header_style="bold", show_edge=False)
-    table.add_column("#", justify="right", no_wrap=True, width=2)
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        expand=True,
+        header_style="bold",
+        show_edge=False,
+    )
     table.add_column("t", justify="right", no_wrap=True, width=5)
-    table.add_column("detected by", no_wrap=True, max_width=11)
+    table.add_column("seen by", no_wrap=True, max_width=10)
     table.add_column("root cause", no_wrap=True, max_width=22)
     table.add_column("action", no_wrap=True, max_width=11)
-    table.add_column("what happened", no_wrap=True, overflow="ellipsis", ratio=1)
-    rows = state.incidents[-8:]
+    table.add_column("what happened", no_wrap=True, overflow="ellipsis", ratio=1, min_width=16)
+    rows = state.incidents[-6:]
     if not rows:
-        table.add_row("", "", Text("no incidents yet", style="dim"), "", "", "")
+        table.add_row("", Text("no incidents yet", style="dim"), "", "", "")
     for r in rows:
         table.add_row(
-            str(r.id or ""),
             clock(r.t),
             r.detected_by,
             Text(r.root_cause, style=_CAUSE_STYLE.get(r.root_cause, "")),

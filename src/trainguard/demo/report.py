@@ -153,7 +153,8 @@ def _time_lost(
 def render(report: dict[str, Any]) -> str:
     """The report for a terminal or a log, 80 columns."""
     lines = ["", "trainguard demo report", "=" * 22, ""]
-    lines.append(f"injected faults ({len(report['injected'])}), each matched to the incident it became:")
+    lines.append(f"injected faults ({len(report['injected'])}) and the incidents they became")
+    lines.append("(times are since the chaos run started):")
     for f in report["injected"]:
         where = []
         if f["rank"] is not None:

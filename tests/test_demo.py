@@ -1,0 +1,61 @@
+"""`trainguard demo --quick` end to end, as CI runs it (stdout is a pipe: plain lines): six real
+faults on a simulated 4-GPU node, each matched to its incident with the expected root cause."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+DEMO = (
+    "import argparse, sys\n"
+    "from trainguard.demo import add_arguments, run\n"
+    "p = argparse.ArgumentParser()\n"
+    "add_arguments(p)\n"
+    "sys.exit(run(p.parse_args()))\n"
+)
+EXPECTED = {
+    "nan": ("silent_data_corruption", "numerics"),
+    "xid": ("faulty_gpu", "exclude_gpu"),
+    "crash": ("software_bug", "restart"),
+    "hang": ("nccl_watchdog_timeout", "restart"),
+    "straggler": ("faulty_gpu", "continue"),
+}
+
+
+@pytest.mark.timeout(240)
+def test_quick_demo_matches_every_injected_fault_to_its_incident_and_trains_above_90_percent(tmp_path):
+    report_path = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", DEMO, "--quick", "--no-reference", "--workdir", str(tmp_path / "work"),
+         "--json", str(report_path)],
+        capture_output=True, text=True, timeout=230, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert report_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert proc.returncode == 0, report["problems"]
+    assert report["all_matched"] and report["passed"]
+    assert report["accuracy"] > 0.90 and report["reference_accuracy"] is None
+    injected = {f["kind"]: f for f in report["injected"]}
+    assert set(EXPECTED) | {"corrupt_checkpoint"} == set(injected)
+    incidents = {i["id"]: i for i in report["incidents"]}
+    for kind, (cause, action_or_detector) in EXPECTED.items():
+        fault = injected[kind]
+        incident = incidents[fault["matched_incident"]]
+        assert incident["matched_fault"] == fault["id"]
+        assert incident["root_cause"] == cause == fault["root_cause"]
+        assert action_or_detector in (incident["action"], incident["detected_by"])
+        assert 0 <= fault["detection_delay_s"] < 30
+    assert injected["xid"]["gpu"] == 3 and incidents[injected["xid"]["matched_incident"]]["gpu"] == 3
+    assert injected["hang"]["detection_delay_s"] < 20  # the heartbeat watchdog, not gloo's 30 min
+    assert injected["corrupt_checkpoint"]["matched"]  # the next resume skipped the torn checkpoint
+    assert 0 < report["ettr"] < 1
+    assert Path(report["plot"]).is_file() and Path(report["db"]).is_file()
+    # Not a terminal: plain lines, no cursor movement, and the report at the end.
+    assert "\x1b[" not in proc.stdout
+    assert "incident #" in proc.stdout and "PASSED" in proc.stdout

@@ -1,0 +1,251 @@
+"""The demo's self-test logic: injected faults matched one to one to incidents, the built-in plan,
+the report's verdict and its rendering. Pure and fast (the end-to-end run is tests/test_demo.py)."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+from trainguard.chaos import parse_plan
+from trainguard.demo.live import DemoState, IncidentRow, PlainDisplay, sparkline
+from trainguard.demo.match import Resume, match, unmatched
+from trainguard.demo.plan import build_plan, chaos_toml
+from trainguard.demo.report import build_report, render, verdict
+from trainguard.demo.truth import InjectedFault, fired_in_process, ground_truth, read_accuracy
+from trainguard.incidents import Incident, RootCause
+
+PLAN = build_plan(quick=True)
+T0 = 1000.0
+
+
+def inj(fid: str, t: float, **kw) -> InjectedFault:
+    spec = PLAN.fault(fid)
+    kw.setdefault("rank", spec.rank)
+    kw.setdefault("gpu", spec.rank)
+    return InjectedFault(fid, spec.kind, spec.label, True, T0 + t, spec.step, **kw)
+
+
+def inc(id: int, t: float, cause: RootCause, action: str, rank: int | None, **kw) -> Incident:
+    kw.setdefault("gpu", rank)
+    return Incident(job="j", time=T0 + t, root_cause=cause, action=action, rank=rank, id=id, **kw)
+
+
+def all_faults() -> list[InjectedFault]:
+    return [
+        inj("F1", 10),
+        inj("F2", 20),
+        inj("F3", 40),
+        inj("F4", 60, rank=None, gpu=None, checkpoint_step=80),
+        inj("F5", 61),
+        inj("F6", 90),
+    ]
+
+
+def all_incidents() -> list[Incident]:
+    return [
+        inc(1, 10.1, RootCause.SILENT_DATA_CORRUPTION, "continue", 2, category="numerics"),
+        inc(2, 20.3, RootCause.FAULTY_GPU, "exclude_gpu", 3),
+        inc(3, 42.0, RootCause.SOFTWARE_BUG, "restart", 1),
+        inc(4, 65.0, RootCause.NCCL_WATCHDOG_TIMEOUT, "restart", 2),
+        inc(5, 90.3, RootCause.FAULTY_GPU, "continue", 2),
+        inc(6, 91.0, RootCause.UNKNOWN, "continue", 2),
+    ]
+
+
+def test_every_fault_of_a_good_run_matches_its_incident_one_to_one():
+    outcomes = match(list(PLAN.faults), all_faults(), all_incidents(), [Resume(T0 + 66, 70)])
+    assert [o.ok for o in outcomes] == [True] * 6
+    assert [o.incident_id for o in outcomes] == [1, 2, 3, None, 4, 5]
+    assert outcomes[1].detection_delay_s == 0.3
+
+
+def test_a_second_detector_of_the_same_fault_is_related_not_unmatched():
+    incidents = all_incidents()
+    outcomes = match(list(PLAN.faults), all_faults(), incidents, [Resume(T0 + 66, 70)])
+    assert outcomes[5].related == (6,)
+    assert unmatched(outcomes, incidents) == []
+
+
+def test_an_incident_on_another_rank_does_not_match_a_fault():
+    faults = [inj("F3", 40)]
+    incidents = [inc(3, 42.0, RootCause.SOFTWARE_BUG, "restart", 0)]
+    [outcome] = match(list(PLAN.faults), faults, incidents)
+    assert not outcome.ok and outcome.incident_id is None
+    assert "no incident on rank 1" in outcome.reason
+
+
+def test_an_incident_detected_before_the_injection_or_after_the_window_does_not_match():
+    faults = [inj("F3", 40)]
+    early = [inc(3, 30.0, RootCause.SOFTWARE_BUG, "restart", 1)]
+    late = [inc(3, 40.0 + 61, RootCause.SOFTWARE_BUG, "restart", 1)]
+    assert match(list(PLAN.faults), faults, early)[0].incident_id is None
+    assert match(list(PLAN.faults), faults, late)[0].incident_id is None
+
+
+def test_a_wrong_root_cause_fails_the_fault_even_when_the_incident_matches():
+    faults = [inj("F3", 40)]
+    incidents = [inc(3, 42.0, RootCause.FAULTY_GPU, "restart", 1)]
+    [outcome] = match(list(PLAN.faults), faults, incidents)
+    assert outcome.incident_id == 3 and not outcome.ok
+    assert "expected software_bug" in outcome.reason
+
+
+def test_one_incident_never_matches_two_faults():
+    faults = [inj("F5", 61), inj("F6", 62)]  # both on rank 2
+    incidents = [inc(4, 65.0, RootCause.NCCL_WATCHDOG_TIMEOUT, "restart", 2)]
+    outcomes = match(list(PLAN.faults), faults, incidents)
+    assert [o.incident_id for o in outcomes] == [4, None]
+
+
+def test_the_incident_with_the_expected_root_cause_wins_over_an_earlier_one():
+    faults = [inj("F6", 90)]
+    incidents = [
+        inc(6, 90.1, RootCause.UNKNOWN, "continue", 2),
+        inc(5, 90.5, RootCause.FAULTY_GPU, "continue", 2),
+    ]
+    [outcome] = match(list(PLAN.faults), faults, incidents)
+    assert outcome.incident_id == 5 and outcome.ok and outcome.related == (6,)
+
+
+def test_a_nan_matches_a_numerics_incident_whichever_rank_reported_it():
+    faults = [inj("F1", 10)]  # injected on rank 0; the all-reduced loss is NaN on every rank
+    incidents = [inc(1, 10.1, RootCause.SILENT_DATA_CORRUPTION, "continue", 3, category="numerics")]
+    assert match(list(PLAN.faults), faults, incidents)[0].ok
+
+
+def test_a_fault_that_never_fired_fails():
+    spec = PLAN.fault("F5")
+    faults = [InjectedFault("F5", spec.kind, spec.label, False, rank=2)]
+    [outcome] = match(list(PLAN.faults), faults, all_incidents())
+    assert not outcome.ok and "never injected" in outcome.reason
+
+
+def test_a_torn_checkpoint_matches_only_when_the_next_resume_skipped_it():
+    torn = [inj("F4", 60, rank=None, gpu=None, checkpoint_step=80)]
+    skipped = match(list(PLAN.faults), torn, [], [Resume(T0 + 10, 30), Resume(T0 + 66, 70)])
+    used = match(list(PLAN.faults), torn, [], [Resume(T0 + 66, 80)])
+    never = match(list(PLAN.faults), torn, [], [Resume(T0 + 10, 30)])
+    assert skipped[0].ok and "skipped step 80" in skipped[0].reason
+    assert not used[0].ok and not never[0].ok
+
+
+def test_the_built_in_plan_has_the_five_required_fault_kinds_mid_run_and_parses_as_a_chaos_plan():
+    for plan in (build_plan(), build_plan(quick=True), build_plan(steps=400)):
+        kinds = {f.kind for f in plan.faults}
+        assert {"xid", "hang", "nan", "straggler", "crash"} <= kinds
+        assert all(0 < f.step < plan.steps for f in plan.faults)
+        parsed = parse_plan(chaos_toml(plan))
+        assert [f.kind.value for f in parsed.faults] == [
+            "nan",
+            "xid",
+            "raise",
+            "corrupt_checkpoint",
+            "hang",
+            "slow",
+        ]
+
+
+def test_the_shipped_demo_plan_file_is_the_built_in_plan():
+    shipped = Path(__file__).parents[1] / "examples" / "chaos" / "demo.toml"
+    assert shipped.read_text() == chaos_toml(build_plan())
+
+
+def test_ground_truth_takes_the_guards_fired_record_and_the_executors_gpu(tmp_path):
+    (tmp_path / "chaos.json").write_text(
+        '{"faults": [{"kind": "nan", "rank": 0, "step": 20, "id": 0},'
+        ' {"kind": "raise", "rank": 3, "step": 35, "id": 1}]}'
+    )
+    (tmp_path / "chaos-fired").mkdir()
+    (tmp_path / "chaos-fired" / "000-nan-rank0-step20").write_text(
+        '{"time": 1010.0, "step": 20, "kind": "nan"}'
+    )
+    (tmp_path / "chaos-fired" / "001-raise-rank3-step35").write_text('{"time": 1020.0, "step": 35}')
+    executor = [{"index": 1, "time": 1020.2, "step": 35, "gpu": 3, "detail": "Xid 79 logged for GPU 3"}]
+    assert set(fired_in_process(tmp_path)) == {0, 1}
+    truth = ground_truth(PLAN, tmp_path, executor, [(900.0, (0, 1, 2, 3))])
+    assert (truth[0].fired, truth[0].time, truth[0].gpu) == (True, 1010.0, 0)
+    assert (truth[1].time, truth[1].gpu) == (1020.0, 3)
+    assert "Xid 79 logged" in truth[1].detail
+    assert not truth[4].fired  # the hang never happened in this run dir
+
+
+def test_accuracy_is_read_from_the_last_attempt_of_rank_0(tmp_path):
+    for attempt, text in (
+        (0, "test accuracy: 0.5000 (x)\n"),
+        (2, "resumed\ntest accuracy: 0.9610 (359 images)\n"),
+    ):
+        d = tmp_path / "logs" / "node" / f"attempt{attempt}"
+        d.mkdir(parents=True)
+        (d / "rank0.stdout").write_text(text)
+    assert read_accuracy(tmp_path) == 0.961
+    assert read_accuracy(tmp_path / "missing") is None
+
+
+def report_for(accuracy: float | None, incidents: list[Incident] | None = None, exit_code: int = 0) -> dict:
+    incidents = all_incidents() if incidents is None else incidents
+    faults = all_faults()
+    outcomes = match(list(PLAN.faults), faults, incidents, [Resume(T0 + 66, 70)])
+    return build_report(
+        PLAN, faults, outcomes, incidents, job="j", started=T0,
+        goodput={"ettr": 0.5, "wall_s": 100.0, "productive_s": 50.0, "attempts": 4, "interruptions": 3,
+                 "init_s": 30.0, "restart_s": 1.0, "lost_s": 2.0, "detection_s": 7.0, "downtime_s": 0.0,
+                 "checkpoint_s": 0.0},
+        accuracy=accuracy, reference_accuracy=0.975,
+        supervisor={"exit_code": exit_code, "status": "ok", "reason": "all workers finished"},
+        step_time=0.1, paths={"plot": "/tmp/t.png", "db": "/tmp/tg.db", "run_dir": "/tmp/r"}, duration_s=150.0,
+    )  # fmt: skip
+
+
+def test_the_report_passes_only_with_every_fault_matched_and_accuracy_above_90_percent():
+    good = report_for(0.96)
+    assert good["passed"] and good["all_matched"] and good["problems"] == []
+    assert [f["matched_incident"] for f in good["injected"]] == [1, 2, 3, None, 4, 5]
+    assert good["incidents"][1]["matched_fault"] == "F2"
+    assert good["incidents"][5]["related_to_fault"] == "F6"
+    assert verdict(report_for(0.89)) == ["accuracy 89.0% is not above 90%"]
+    assert "training did not finish" in verdict(report_for(None))[0]
+    missing = report_for(0.96, [i for i in all_incidents() if i.id != 3])
+    assert not missing["passed"] and not missing["all_matched"]
+    assert any(p.startswith("F3 ") for p in missing["problems"])
+
+
+def test_the_rendered_report_fits_80_columns_and_names_each_fault_and_verdict():
+    text = render(report_for(0.96))
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for fid in ("F1", "F2", "F3", "F4", "F5", "F6"):
+        assert f" {fid} " in text
+    assert "ETTR 50.0%" in text and "96.0% under chaos vs 97.5% fault-free" in text
+    assert "PASSED" in text and "timeline plot: /tmp/t.png" in text
+    assert "FAILED" in render(report_for(0.5))
+
+
+def test_the_plain_display_prints_one_line_per_event_without_escape_codes():
+    out = io.StringIO()
+    state = DemoState(total_steps=100, nproc=4, started=time.time())
+    display = PlainDisplay(state, out=out)
+    display.phase("chaos", "chaos run")
+    display.fault_injected("F2", "Xid 79 on GPU 3")
+    display.fault_injected("F2", "again")  # reported once
+    display.incident({"id": 2, "time": time.time(), "detected_by": "kernel_log", "root_cause": "faulty_gpu",
+                      "action": "exclude_gpu", "summary": "GPU 3 failed"})  # fmt: skip
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and "\x1b" not in out.getvalue()
+    assert "incident #2: kernel_log -> faulty_gpu -> exclude_gpu: GPU 3 failed" in lines[2]
+
+
+def test_the_live_panel_fits_an_80_column_terminal():
+    from rich.console import Console
+
+    from trainguard.demo.panel import panel
+
+    state = DemoState(total_steps=220, nproc=4, started=time.time() - 70, phase="chaos", step=143, loss=0.2)
+    state.losses.extend([2.3, 1.0, 0.5, 0.2])
+    state.faults = {f.id: "injected" for f in PLAN.faults}
+    state.incidents = [IncidentRow(2, 14.0, "kernel_log", "silent_data_corruption", "exclude_gpu", "x" * 200)]
+    console = Console(width=80, record=True, force_terminal=False)
+    console.print(panel(state, 80))
+    lines = console.export_text().splitlines()
+    assert lines and max(len(line) for line in lines) <= 80
+    assert any("silent_data_corruption" in line for line in lines)
+    assert sparkline([3.0, 2.0, 1.0]) == "█▅▁"
