@@ -249,3 +249,17 @@ def test_the_live_panel_fits_an_80_column_terminal():
     assert lines and max(len(line) for line in lines) <= 80
     assert any("silent_data_corruption" in line for line in lines)
     assert sparkline([3.0, 2.0, 1.0]) == "█▅▁"
+
+
+def test_the_steps_a_nan_rollback_threw_away_come_from_the_guards_finding(tmp_path):
+    from trainguard.demo.truth import rollback_steps
+    from trainguard.records import Action, Category, Finding, Health
+    from trainguard.rundir import append_finding
+
+    reason = "rolled back from step 35 to the checkpoint of step 20"
+    finding = Finding(
+        "numerics.rollback", Health.OK, Action.NONE, reason, time=1010.0, category=Category.NUMERICS
+    )
+    append_finding(tmp_path, 0, finding, step=35)
+    assert rollback_steps(tmp_path, after=1009.5) == 15
+    assert rollback_steps(tmp_path, after=1100.0) is None

@@ -88,9 +88,10 @@ class Display:
 
     def phase(self, name: str, text: str | None = None) -> None:
         with self.lock:
+            if name in ("reference", "chaos"):  # a new training run: its own progress
+                self.state.step, self.state.loss = None, None
+                self.state.losses.clear()
             self.state.phase = name
-            self.state.step, self.state.loss = None, None
-            self.state.losses.clear()
         if text:
             self.line(text)
 

@@ -16,7 +16,7 @@ from trainguard.demo.match import match
 from trainguard.demo.plan import build_plan
 from trainguard.demo.report import build_report, median_step_time, render
 from trainguard.demo.runner import quiet_logs, run_chaos, run_reference
-from trainguard.demo.truth import ground_truth, read_accuracy
+from trainguard.demo.truth import ground_truth, read_accuracy, rollback_steps
 from trainguard.incidents import IncidentStore
 
 SHORT = {"xid": "xid 79", "corrupt_checkpoint": "torn ckpt"}  # fault names on the live view
@@ -110,15 +110,21 @@ def assemble(
         reference_accuracy=read_accuracy(Path(reference.run_dir)) if reference is not None else None,
         supervisor=supervisor,
         step_time=median_step_time(run_dir),
+        rollback_steps=_nan_rollback(run_dir, injected),
         paths={
             "workdir": str(workdir),
             "run_dir": str(run_dir),
             "db": str(db),
             "plot": plot,
-            "json": str(json_path) if json_path is not None else None,
+            "json": str(json_path.resolve()) if json_path is not None else None,
         },
         duration_s=time.time() - t0,
     )
+
+
+def _nan_rollback(run_dir: Path, injected: list[Any]) -> int | None:
+    nan = next((i for i in injected if i.kind == "nan" and i.time is not None), None)
+    return rollback_steps(run_dir, nan.time) if nan is not None else None
 
 
 def _plot(store: IncidentStore, job: str, path: Path) -> str | None:

@@ -44,6 +44,7 @@ def build_report(
     supervisor: dict[str, Any],
     step_time: float | None,
     paths: dict[str, str | None],
+    rollback_steps: int | None = None,
     duration_s: float,
 ) -> dict[str, Any]:
     by_id = {i.id: i for i in incidents if i.id is not None}
@@ -60,7 +61,7 @@ def build_report(
     for inj in injected:
         f, o = spec[inj.id], out_of.get(inj.id)
         inc = by_id.get(o.incident_id) if o is not None and o.incident_id is not None else None
-        lost, estimated = _time_lost(inj, inc, f, step_time, o)
+        lost, estimated = _time_lost(inj, inc, f, step_time, o, rollback_steps)
         faults.append(
             {
                 "id": inj.id,
@@ -138,10 +139,18 @@ def verdict(report: dict[str, Any]) -> list[str]:
 
 
 def _time_lost(
-    inj: InjectedFault, inc: Incident | None, f: Any, step_time: float | None, o: Outcome | None
+    inj: InjectedFault,
+    inc: Incident | None,
+    f: Any,
+    step_time: float | None,
+    o: Outcome | None,
+    rollback_steps: int | None,
 ) -> tuple[float | None, bool]:
+    """The incident's own figure when it has one, else an estimate (flagged as such)."""
     if inc is not None and inc.time_lost_s is not None:
         return round(inc.time_lost_s, 2), False
+    if inj.kind == "nan" and rollback_steps is not None and step_time:  # the steps replayed
+        return round(rollback_steps * step_time, 2), True
     if inj.kind == "straggler":  # every rank waits for the slow one in the all-reduce
         return round(f.slow_steps * f.delay_s, 2), True
     if inj.kind == "corrupt_checkpoint" and o is not None and o.ok and step_time and inj.checkpoint_step:

@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.demo.plan import DemoPlan
+from trainguard.rundir import read_findings
 
 _ACCURACY = re.compile(r"test accuracy:\s*([0-9.]+)")
 _CKPT_STEP = re.compile(r"step-0*(\d+)")
+_ROLLBACK = re.compile(r"rolled back from step (\d+) to the checkpoint of step (\d+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,3 +126,12 @@ def read_accuracy(run_dir: Path) -> float | None:
         if matches:
             found.append((attempt, float(matches[-1])))
     return max(found)[1] if found else None
+
+
+def rollback_steps(run_dir: Path, after: float) -> int | None:
+    """Steps thrown away by the Guard's first numerics rollback at or after ``after`` (unix s)."""
+    for _rank, _step, f in read_findings(run_dir):
+        m = _ROLLBACK.search(f.reason) if f.rule == "numerics.rollback" else None
+        if m and (f.time or 0.0) >= after - 1.0:
+            return max(0, int(m.group(1)) - int(m.group(2)))
+    return None
