@@ -35,12 +35,12 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    if args.steps is not None and args.steps < 40:
+    if args.steps is not None and args.steps < 40:  # six faults, each with room to be detected
         print("trainguard demo: --steps must be at least 40 (six faults need room)", file=sys.stderr)
         return EXIT_USAGE
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="trainguard-demo-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    plan = build_plan(quick=args.quick, steps=args.steps, speed=args.speed)
+    plan = build_plan(quick=args.quick, steps=args.steps, speed=getattr(args, "speed", None) or 1.0)
     job = time.strftime("demo-%Y%m%d-%H%M%S")
     quiet_logs(getattr(args, "verbose", 0))
 
