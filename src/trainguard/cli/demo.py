@@ -1,9 +1,9 @@
-"""`trainguard demo --node`: a simulated 8-GPU node walks through the `tour` scenario, live.
+"""`trainguard demo`: the main demo, and `trainguard demo --node`, the node-health demo.
 
-    trainguard demo              # (until the training demo lands, the node demo is the default)
-    trainguard demo --node --speed 4
+    trainguard demo                      # DDP training on a simulated 4-GPU node under chaos (trainguard.demo)
+    trainguard demo --node --speed 4     # a simulated 8-GPU node walks through the `tour` scenario, live
 
-Faults are scripted on a simulated fleet (the same evidence real ones leave: NVML-shaped readings
+The node demo: faults are scripted on a simulated fleet (the same evidence real ones leave: NVML-shaped readings
 and kernel-log lines); the agent turns them into verdicts. The monitor table shows every GPU, an
 incident log beneath it records each verdict change, and a summary at the end pairs every fault
 with the verdict it produced and how long detection took.
@@ -25,20 +25,28 @@ LOG_ROWS = 12
 
 
 def register(subparsers: Any) -> None:
+    from trainguard import demo
+
     p = subparsers.add_parser(
         "demo",
-        help="live demo: a simulated GPU node through a scripted series of faults",
+        help="live demo: training kept alive through injected faults on a simulated GPU node",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--node", action="store_true", help="the node-health demo (default for now)")
-    p.add_argument("--speed", type=float, default=2.0, metavar="X", help="simulated time runs X times faster")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the simulated node")
-    p.set_defaults(func=run)
+    demo.add_arguments(p)
+    p.add_argument("--node", action="store_true", help="the node-health demo instead (no training)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the simulated node (--node)")
+    # --speed defaults differ per demo: 1x for training, 2x for the node tour.
+    p.set_defaults(func=run, speed=None)
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_node_demo(speed=args.speed, seed=args.seed)
+    if args.node:
+        return run_node_demo(speed=args.speed or 2.0, seed=args.seed)
+    from trainguard import demo
+
+    args.speed = args.speed or 1.0
+    return demo.run(args)
 
 
 @dataclass(frozen=True, slots=True)
