@@ -49,6 +49,7 @@ class DemoState:
     incidents: list[IncidentRow] = field(default_factory=list)
     log: deque[str] = field(default_factory=lambda: deque(maxlen=6))
     verdict: NodeVerdict | None = None
+    waiting_since: float | None = None  # an attempt started and has not completed a step yet
 
 
 def sparkline(values: list[float]) -> str:
@@ -114,7 +115,7 @@ class Display:
         with self.lock:
             self.state.incidents.append(row)
         self.line(
-            f"incident #{row.id}: {row.detected_by} -> {row.root_cause} -> {row.action}: {row.summary[:70]}"
+            f"incident #{row.id}: {row.detected_by} -> {row.root_cause} -> {row.action}: {row.summary[:100]}"
         )
 
     def event(self, ev: Any) -> None:
@@ -123,6 +124,7 @@ class Display:
         s = self.state
         if ev.kind == "progress":
             with self.lock:
+                s.waiting_since = None
                 s.step = d.get("step")
                 loss = d.get("loss")
                 if isinstance(loss, (int, float)):
@@ -136,12 +138,10 @@ class Display:
                 s.world_size = int(d.get("world_size") or len(d.get("ranks", ())))
                 s.gpus = tuple(d.get("gpus", ()))
                 s.resume_step = d.get("resume_step")
-            if s.attempt:
-                gpus = ",".join(map(str, s.gpus))
-                frm = f"step {s.resume_step}" if s.resume_step else "scratch"
-                self.line(
-                    f"attempt {s.attempt}: world size {s.world_size} on GPUs {gpus}, resuming from {frm}"
-                )
+                s.waiting_since = ev.time
+            gpus = ",".join(map(str, s.gpus))
+            frm = f"resuming from step {s.resume_step}" if s.resume_step else "starting from scratch"
+            self.line(f"attempt {s.attempt}: world size {s.world_size} on GPUs {gpus}, {frm}")
         elif ev.kind == "incident":
             self.incident(d)
         elif ev.kind == "recovered":

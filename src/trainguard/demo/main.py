@@ -54,6 +54,8 @@ def main(args: argparse.Namespace) -> int:
         display.line(f"work dir {workdir}")
         if not args.no_reference:
             reference = run_reference(plan, script, workdir, f"{job}-reference", display, args.quick)
+            if int(reference.exit_code) == EXIT_INTERRUPTED:  # Ctrl-C / SIGTERM reached the supervisor
+                raise KeyboardInterrupt
             acc = read_accuracy(reference.run_dir)
             display.line(
                 f"reference run done: accuracy {acc:.1%}" if acc is not None else "reference run: no accuracy"

@@ -61,6 +61,12 @@ def _progress(state: DemoState, inner: int) -> Text:
 
 def _loss(state: DemoState, inner: int) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
+    if state.waiting_since is not None:
+        waited = time.time() - state.waiting_since
+        what = "loading the checkpoint, " if state.resume_step else ""
+        text.append(f"starting {state.world_size} workers ({waited:.0f}s): ", style="yellow")
+        text.append(f"python + torch import, gloo rendezvous, {what}first step", style="dim")
+        return text
     if state.loss is None:
         text.append("loss      -", style="dim")
         return text
