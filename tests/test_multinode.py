@@ -30,7 +30,7 @@ def start_node(tmp_path: Path, name: str, port: int, steps: int, plan: str | Non
         sys.executable, "-m", "trainguard.cli", "run", "--nnodes", "1:2", "--nproc-per-node", "1",
         "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "mn", "--max-restarts", "3",
         "--rdzv-conf", "join_timeout=60,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2",
-        "--db", str(tmp_path / "tg.db"), "--runs-dir", str(tmp_path / name), "--no-tee",
+        "--db", str(tmp_path / "tg.db"), "--runs-dir", str(tmp_path / name), "--no-tee", "--no-warm-standby",
         "--json", str(tmp_path / f"{name}.json"),
     ]  # fmt: skip
     if plan is not None:

@@ -40,6 +40,8 @@ def trainguard_run(
         str(tmp_path / "result.json"),
         *flags,
     ]
+    if "--warm-standby" not in flags:
+        args.append("--no-warm-standby")  # spare interpreters cost CPU the other tests need
     if plan is not None:
         (tmp_path / "plan.toml").write_text(plan)
         args += ["--chaos", str(tmp_path / "plan.toml")]
@@ -60,7 +62,7 @@ def test_a_clean_run_exits_0_without_incidents(tmp_path):
 
 def test_a_sigkilled_rank_is_restarted_from_the_checkpoint_and_recorded(tmp_path):
     plan = '[[fault]]\nkind = "kill"\nrank = 1\nstep = 12\n'
-    code, result, store = trainguard_run(tmp_path, worker_args=("--steps", "24"), plan=plan)
+    code, result, store = trainguard_run(tmp_path, "--warm-standby", worker_args=("--steps", "24"), plan=plan)
     assert code == 0, result
     assert result["attempts"] == 2
     assert result["final_step"] == 23
@@ -74,6 +76,10 @@ def test_a_sigkilled_rank_is_restarted_from_the_checkpoint_and_recorded(tmp_path
     assert recovery["resume_step"] >= 10  # checkpoints every 5 steps: resumed, not restarted from 0
     assert 0 < recovery["mttr_s"] < 60
     assert store.goodput(result["job_id"]).interruptions == 1
+    # the restarted ranks ran in warm standbys: torch was already imported when their script began
+    logs = Path(result["run_dir"]) / "logs"
+    assert all("warm=True" in p.read_text() for p in logs.glob("*/attempt1/rank*.stdout"))
+    assert len(list(logs.glob("*/attempt1/rank*.stdout"))) == 2
 
 
 def test_the_same_application_error_three_times_stops_with_the_crash_loop_exit_code(tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 
 def main() -> int:
+    warm = "torch" in sys.modules  # started in a warm standby (trainguard run --warm-standby)
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--checkpoint-dir", type=Path, required=True)
@@ -31,15 +32,17 @@ def main() -> int:
 
     @record
     def run() -> None:
+        t0 = time.time()
         dist.init_process_group("gloo")
         rank = dist.get_rank()
+        print(f"rank {rank} warm={warm} timing: start {t0:.3f} pg {time.time():.3f}", flush=True)
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         state = TrainState(model=model, optimizer=opt)
         ckpt = Checkpointer(args.checkpoint_dir, keep_last=3, async_save=False)
         start = ckpt.resume(state)
-        print(f"rank {rank} resumes at step {start}", flush=True)
+        print(f"rank {rank} resumes at step {start} at {time.time():.3f}", flush=True)
         with Guard(ckpt, state, checkpoint_every=args.checkpoint_every, watchdog=False) as guard:
             for step in guard.range(start, args.steps):
                 if step == args.bug_at and rank == 1:

@@ -88,8 +88,9 @@ def register(subparsers: Any) -> None:
     g.add_argument(
         "--warm-standby",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="keep pre-imported spare interpreters for fast restarts",
+        default=True,
+        help="keep one pre-imported spare interpreter per local rank, so a restart skips process "
+        "start and `import torch` (default on; --no-warm-standby to save the CPU)",
     )
     g.add_argument("--no-tee", action="store_true", help="do not copy worker output to the console")
     g.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the run result as JSON")

@@ -57,7 +57,14 @@ class SupervisorConfig:
     backoff_max_s: float = 60.0
     min_nproc: int = 1  # fewest local workers to continue with after excluding GPUs
     warm_standby: bool = False  # keep pre-imported spare interpreters for fast restarts
-    preload: tuple[str, ...] = ("torch", "torch.distributed")  # modules standbys import ahead
+    # Modules standbys import ahead: torch, and torch._dynamo (DDP's constructor imports it: ~3 s).
+    preload: tuple[str, ...] = (
+        "torch",
+        "torch.distributed",
+        "torch._dynamo",
+        "numpy",
+        "trainguard.torch.guard",
+    )
     tee: bool = True  # copy worker output to the console with rank prefixes
     kill_grace_s: float = 0.0  # SIGTERM grace before SIGKILL when stopping failed workers
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the workers

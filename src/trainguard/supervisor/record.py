@@ -61,15 +61,16 @@ class JobRecorder:
         return updated
 
     def interval(self, kind: IntervalKind, start: float, end: float, attempt: int, detail: str = "") -> None:
+        """Kept in memory and written in one transaction at `finish`: a restart should not wait
+        for fsyncs of bookkeeping (incidents, which matter more, are written at once)."""
         if end > start:
-            iv = Interval(self.job, kind, start, end, attempt=attempt, detail=detail)
-            self.intervals.append(iv)
-            self._safe(lambda s: s.add_interval(iv))
+            self.intervals.append(Interval(self.job, kind, start, end, attempt=attempt, detail=detail))
 
     def progress(self, time: float, step: int, loss: float | None, attempt: int) -> None:
         self._safe(lambda s: s.add_progress(self.job, time, step, loss, attempt))
 
     def finish(self, started: float, ended: float, status: str) -> GoodputSummary:
+        self._safe(lambda s: s.add_intervals(self.intervals))
         self._safe(lambda s: s.end_job(self.job, ended=ended, status=status))
         summary = goodput(self.intervals, started, ended)
         with contextlib.suppress(OSError):

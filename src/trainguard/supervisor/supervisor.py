@@ -206,6 +206,7 @@ class Supervisor:
             from trainguard.supervisor.warm import WarmPool
 
             pool = WarmPool(cfg.preload)
+            pool.fill(cfg.nproc_per_node)  # they import torch while the rendezvous runs
         agent = GuardedAgent(
             spec,
             make_logs_specs(self._attempt_dir),
@@ -515,10 +516,14 @@ class Supervisor:
         restart_at = time.time()
         self.attempt += 1
         self._agent.restart_group(decision.counts_as_retry)
+        log.info(
+            "restart: decided %.3fs after detection, group started in %.3fs",
+            restart_at - trouble.time,
+            time.time() - restart_at,
+        )
         self.recorder.interval(
             IntervalKind.RESTART, trouble.time, time.time(), self.attempt, decision.verb.value
         )
-        del restart_at
         self._start_attempt()
         return True
 

@@ -1,0 +1,180 @@
+"""Warm standby workers: restarts without paying interpreter start and ``import torch`` again.
+
+Most of a torchrun restart is process start plus ``import torch`` (seconds on a busy host). The
+pool keeps one pre-imported interpreter (`trainguard.supervisor.standby`) per local rank; when the
+agent starts a group, each rank's job (argv, torch's environment, log files) is handed to a
+standby, which becomes the worker. The pool then refills itself a few seconds later, off the
+restart's critical path. Process management stays torch's: the context below has the shape of
+torch's ``SubprocessContext`` (``pids``, ``close``, ``subprocess_handlers[i].proc``).
+
+Only ``python [-u] script.py ...`` and ``python -m module ...`` commands run warm (the standby is
+a Python interpreter); anything else starts cold, exactly as torchrun would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class _Handle:
+    """What torch's code and ours read from a worker handle: ``proc`` (a Popen)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+
+    def close(self, death_sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, death_sig)
+
+
+class WarmContext:
+    """The running group, shaped like torch's SubprocessContext for the agent's purposes."""
+
+    def __init__(self, handlers: dict[int, _Handle]) -> None:
+        self.subprocess_handlers = handlers
+
+    def pids(self) -> dict[int, int]:
+        return {lr: h.proc.pid for lr, h in self.subprocess_handlers.items()}
+
+    def close(self, death_sig: signal.Signals | None = None, timeout: float = 30) -> None:
+        sig = death_sig or signal.SIGTERM
+        for h in self.subprocess_handlers.values():
+            if h.proc.poll() is None:
+                h.close(sig)
+        deadline = time.monotonic() + timeout
+        for h in self.subprocess_handlers.values():
+            try:
+                h.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                h.close(signal.SIGKILL)
+                try:
+                    h.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    log.error("worker %s did not exit after SIGKILL (uninterruptible?)", h.proc.pid)
+
+
+class WarmPool:
+    def __init__(
+        self, preload: tuple[str, ...] = ("torch", "torch.distributed"), refill_delay_s: float = 2.0
+    ):
+        self.preload = preload
+        self.refill_delay_s = refill_delay_s
+        self._idle: list[subprocess.Popen[bytes]] = []
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._closed = False
+
+    def fill(self, n: int) -> None:
+        """Start standbys until ``n`` are idle (they import in the background)."""
+        with self._lock:
+            self._idle = [p for p in self._idle if p.poll() is None]
+            while len(self._idle) < n and not self._closed:
+                self._idle.append(self._spawn())
+
+    def can_run(self, entrypoint: Any, args: tuple[Any, ...]) -> bool:
+        return isinstance(entrypoint, str) and _is_python(entrypoint) and _script_argv(args) is not None
+
+    def start(
+        self,
+        role: str,
+        entrypoint: str,
+        args: dict[int, tuple[Any, ...]],
+        envs: dict[int, dict[str, str]],
+        logs_specs: Any,
+    ) -> WarmContext:
+        dest = logs_specs.reify(envs)  # also sets TORCHELASTIC_ERROR_FILE in each env
+        handlers: dict[int, _Handle] = {}
+        for lr in sorted(args):
+            env = {**os.environ, **{k: str(v) for k, v in envs[lr].items() if v is not None}}
+            job = {
+                "argv": _script_argv(args[lr]),
+                "env": env,
+                "cwd": os.getcwd(),
+                "stdout": dest.stdouts[lr],
+                "stderr": dest.stderrs[lr],
+            }
+            proc = self._take()
+            assert proc.stdin is not None
+            proc.stdin.write((json.dumps(job) + "\n").encode())
+            proc.stdin.close()
+            handlers[lr] = _Handle(proc)
+        self._schedule_refill(len(args))
+        log.info("%s: %d workers started from warm standbys", role, len(handlers))
+        return WarmContext(handlers)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            for p in self._idle:
+                try:
+                    if p.stdin is not None:
+                        p.stdin.close()  # "not needed": the standby exits
+                except OSError:
+                    pass
+                try:
+                    p.wait(2)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            self._idle = []
+
+    def _take(self) -> subprocess.Popen[bytes]:
+        with self._lock:
+            while self._idle:
+                p = self._idle.pop(0)
+                if p.poll() is None:
+                    return p
+            return self._spawn()
+
+    def _schedule_refill(self, n: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        # Later, not now: two fresh interpreters importing torch would slow the restarted ranks.
+        self._timer = threading.Timer(self.refill_delay_s, self.fill, args=(n,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "trainguard.supervisor.standby", *self.preload]
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def _is_python(entrypoint: str) -> bool:
+    """The same interpreter as ours (a standby runs under sys.executable)."""
+    resolved = shutil.which(entrypoint) or entrypoint
+    try:
+        return Path(resolved).resolve() == Path(sys.executable).resolve()
+    except OSError:
+        return False
+
+
+def _script_argv(args: tuple[Any, ...]) -> list[str] | None:
+    """``[-u] script.py a b`` -> ``[script.py, a, b]``; ``-m mod a`` -> ``[-m, mod, a]``; else None."""
+    rest = [str(a) for a in args]
+    while rest and rest[0] in ("-u", "-B", "-O"):
+        rest = rest[1:]
+    if len(rest) >= 2 and rest[0] == "-m":
+        return rest
+    if rest and rest[0].endswith(".py") and Path(rest[0]).is_file():
+        return rest
+    return None
