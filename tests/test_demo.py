@@ -12,13 +12,6 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-DEMO = (
-    "import argparse, sys\n"
-    "from trainguard.demo import add_arguments, run\n"
-    "p = argparse.ArgumentParser()\n"
-    "add_arguments(p)\n"
-    "sys.exit(run(p.parse_args()))\n"
-)
 EXPECTED = {
     "nan": ("silent_data_corruption", "numerics"),
     "xid": ("faulty_gpu", "exclude_gpu"),
@@ -32,8 +25,8 @@ EXPECTED = {
 def test_quick_demo_matches_every_injected_fault_to_its_incident_and_trains_above_90_percent(tmp_path):
     report_path = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-c", DEMO, "--quick", "--no-reference", "--workdir", str(tmp_path / "work"),
-         "--json", str(report_path)],
+        [sys.executable, "-m", "trainguard.cli", "demo", "--quick", "--no-reference",
+         "--workdir", str(tmp_path / "work"), "--json", str(report_path)],
         capture_output=True, text=True, timeout=230, cwd=Path(__file__).parents[1],
     )  # fmt: skip
     assert report_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
