@@ -208,7 +208,7 @@ def test_sigterm_saves_at_the_next_step_boundary_and_exits_preempted(tmp_path):
     args = ["--ckpt-dir", str(ckpt_dir), "--steps", "100000", "--step-sleep", "0.02"]
     proc = _worker(tmp_path, *args)
     beats = rundir.heartbeat_path(tmp_path / "run", 0)
-    deadline = time.time() + 30
+    deadline = time.time() + 60
     while (hb := read_last_heartbeat(beats)) is None or hb.step < 5:
         assert time.time() < deadline and proc.poll() is None
         time.sleep(0.05)
@@ -224,3 +224,20 @@ def test_sigterm_saves_at_the_next_step_boundary_and_exits_preempted(tmp_path):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0
     assert json.loads(out.strip().splitlines()[-1])["start"] == last.step + 1
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_while_the_first_is_pending_ends_the_process(tmp_path):
+    proc = _worker(tmp_path, "--steps", "100000", "--hang-at", "5")  # stuck before any boundary
+    beats = rundir.heartbeat_path(tmp_path / "run", 0)
+    deadline = time.time() + 60
+    while (hb := read_last_heartbeat(beats)) is None or hb.phase != "train":
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert proc.poll() is None  # the first one waits for a step boundary that never comes
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM

@@ -306,9 +306,16 @@ class Guard:
         if self.checkpointer is None or self.state is None:
             log.warning("step %d: rollback asked but there is no checkpointer/state; skipping the step", step)
             return False
-        self.checkpointer.wait()
-        restore = getattr(self.checkpointer, "rollback", None) or self.checkpointer.resume
-        resumed = int(restore(self.state) or 0)
+        restore = getattr(self.checkpointer, "rollback", None)
+        if restore is None:  # a checkpointer with only the brief's API: wait, then resume
+            self.checkpointer.wait()
+            restore = self.checkpointer.resume
+        self._beat(step, self.last_loss, None, "checkpoint", force=True)
+        if self._watchdog is not None:
+            with self._watchdog.allowance(self.checkpoint_s):
+                resumed = int(restore(self.state) or 0)
+        else:
+            resumed = int(restore(self.state) or 0)
         if resumed <= 0 or resumed > step:
             log.warning("step %d: no checkpoint to roll back to; skipping the step instead", step)
             return False

@@ -3,13 +3,15 @@
 Part of the Guard (``trainguard.torch.guard``). A handler must not save a checkpoint itself (it
 runs between two bytecodes of the training step, possibly inside a collective), so it only sets a
 flag; the Guard saves and exits with ``ExitCode.PREEMPTED`` at the next step boundary. With
-several ranks the Guard first agrees on the flag, so every rank saves at the same step.
+several ranks the Guard first agrees on the flag, so every rank saves at the same step. A second
+signal while the first is pending ends the process at once (the default action of that signal).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterable
@@ -33,8 +35,14 @@ class PreemptionHandler:
             self._previous[num] = signal.signal(num, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested is None:
-            log.warning("received %s: will checkpoint and exit at the next step boundary", _name(signum))
+        if self.requested is not None:
+            # A second notice: the step boundary is not coming (stuck in a collective?). Die of
+            # the signal as if we had never caught it, like a second Ctrl-C.
+            log.warning("received %s again: exiting now", _name(signum))
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        log.warning("received %s: will checkpoint and exit at the next step boundary", _name(signum))
         self.requested = signum
 
     def close(self) -> None:
