@@ -59,15 +59,16 @@ def build_plan(quick: bool = False, steps: int | None = None, speed: float = 1.0
     the run (fault steps scale with it); ``speed`` > 1 shortens the per-step delay."""
     # The straggler comes last: its GPU stays degraded (clocks stuck low), and the supervisor
     # weighs a degraded GPU's findings into the root cause of any later crash (see docs/demo.md).
-    # The torn checkpoint leaves a few heartbeats (~4 steps each) before the hang, and the hang
-    # comes before the next checkpoint, so the restart after it must skip the torn one.
+    # The torn checkpoint comes a few steps after a checkpoint (so that one is committed and is the
+    # newest), a few heartbeats (~0.25 s each) before the hang, and the hang comes before the next
+    # checkpoint: the restart after the hang must skip the torn one.
     if quick:
-        base = DemoPlan(steps=130, checkpoint_every=10, step_delay=0.06)
-        at = {"nan": 20, "xid": 35, "crash": 55, "corrupt_checkpoint": 81, "hang": 89, "straggler": 105}
+        base = DemoPlan(steps=130, checkpoint_every=15, step_delay=0.06)
+        at = {"nan": 20, "xid": 35, "crash": 55, "corrupt_checkpoint": 79, "hang": 88, "straggler": 105}
         slow_steps = 4
     else:
         base = DemoPlan(steps=220, checkpoint_every=20, step_delay=0.1)
-        at = {"nan": 35, "xid": 60, "crash": 95, "corrupt_checkpoint": 143, "hang": 152, "straggler": 180}
+        at = {"nan": 35, "xid": 60, "crash": 95, "corrupt_checkpoint": 145, "hang": 154, "straggler": 180}
         slow_steps = 6
     scale = 1.0
     if steps is not None:
