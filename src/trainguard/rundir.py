@@ -5,8 +5,11 @@ Torch-free and documented so that any trainer (PyTorch, JAX, a shell script) can
     $TRAINGUARD_RUN_DIR/
       heartbeat/rank<R>.jsonl   one JSON object per line, appended by rank R:
                                 {"rank": R, "step": S, "time": unix_s, "loss": float|null,
-                                 "step_time": s|null, "pid": P, "attempt": A, "phase": "train"}
-                                phase is one of init | train | checkpoint | exit.
+                                 "step_time": s|null, "pid": P, "attempt": A, "phase": "train",
+                                 "wait": s|null}
+                                phase is one of init | train | checkpoint | exit. "wait" (optional):
+                                seconds the rank waited for its peers in the step's agreement
+                                all-reduce; all ranks share step_time, the straggler waits least.
                                 Readers take the last complete line.
       errors/rank<R>.json       written once, atomically, when rank R dies of an uncaught exception:
                                 {"rank", "time", "pid", "attempt", "step", "exc_type", "message",
@@ -59,6 +62,7 @@ class Heartbeat:
     pid: int | None = None
     attempt: int = 0
     phase: str = "train"
+    wait: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +160,7 @@ class HeartbeatWriter:
         step_time: float | None = None,
         phase: str = "train",
         now: float | None = None,
+        wait: float | None = None,
     ) -> None:
         record = {
             "rank": self._rank,
@@ -167,6 +172,8 @@ class HeartbeatWriter:
             "attempt": self._attempt,
             "phase": phase,
         }
+        if wait is not None:
+            record["wait"] = wait
         os.write(self._fd, (json.dumps(record, allow_nan=True) + "\n").encode())
 
     def close(self) -> None:

@@ -201,9 +201,9 @@ class Guard:
             and loss.numel() == 1
         ):
             value: float | None = loss.item()
-            grads_bad = False
+            grads_bad, wait = False, None
         else:
-            value, grads_bad, preempt = gather_step(loss, self._grad_flag, preempt, self.world_size)
+            value, grads_bad, preempt, wait = gather_step(loss, self._grad_flag, preempt, self.world_size)
             self._grad_flag = None
         self._preempt_agreed = preempt
         self.last_loss = value
@@ -212,7 +212,7 @@ class Guard:
         if self._hb is not None and (
             self._phase != "train" or now - self._last_beat >= self.heartbeat_interval_s
         ):
-            self._hb.beat(step, value, dt, "train")
+            self._hb.beat(step, value, dt, "train", wait=wait)
             self._last_beat, self._phase = now, "train"
         if not grads_bad and self.monitor.clean(value):
             return StepAction.PROCEED

@@ -9,6 +9,7 @@ and the loss, the gradient flag and the preemption flag travel together in one s
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 import torch
@@ -62,18 +63,20 @@ def distributed_world() -> tuple[int, int] | None:
 
 def gather_step(
     loss: object, grad_flag: torch.Tensor | None, preempt: bool, world: int
-) -> tuple[float | None, bool, bool]:
-    """(loss, grads non-finite, preemption requested) agreed across ranks.
+) -> tuple[float | None, bool, bool, float | None]:
+    """(loss, grads non-finite, preemption requested, wait) agreed across ranks.
 
     With several ranks the loss is the mean over ranks (a NaN anywhere makes it NaN everywhere)
     and the flags are "any rank": every rank then takes the same decision at the same step.
+    ``wait`` is how long the all-reduce (and the sync after it) took here: the ranks that waited
+    for a straggler wait long, the straggler itself hardly at all. None without peers.
     """
     if world <= 1 and (grad_flag is None or grad_flag.device.type == "cpu"):
         # No peers to agree with, and nothing to batch into one device sync: plain item() calls.
         bad = grad_flag is not None and grad_flag.item() > 0
         if isinstance(loss, torch.Tensor):
-            return float((loss if loss.numel() == 1 else loss.reshape(-1)[0]).item()), bad, preempt
-        return _as_float(loss), bad, preempt
+            return float((loss if loss.numel() == 1 else loss.reshape(-1)[0]).item()), bad, preempt, None
+        return _as_float(loss), bad, preempt, None
     device = _device(loss, grad_flag, world)
     if isinstance(loss, torch.Tensor):
         loss_t = loss.detach().reshape(-1)[0].to(device=device, dtype=torch.float32)
@@ -85,11 +88,16 @@ def gather_step(
     grad_t = grad_flag.to(device) if grad_flag is not None else torch.zeros((), device=device)
     extra = torch.tensor([has_loss, 1.0 if preempt else 0.0], device=device)
     packed = torch.cat([loss_t.reshape(1), grad_t.reshape(1).float(), extra])
+    wait = None
     if world > 1:
+        started = time.perf_counter()
         dist.all_reduce(packed)
-    total, grads_bad, n_loss, n_preempt = packed.tolist()
+        total, grads_bad, n_loss, n_preempt = packed.tolist()
+        wait = time.perf_counter() - started
+    else:
+        total, grads_bad, n_loss, n_preempt = packed.tolist()
     mean = total / n_loss if n_loss > 0 else None
-    return mean, grads_bad > 0, n_preempt > 0
+    return mean, grads_bad > 0, n_preempt > 0, wait
 
 
 def _device(loss: object, grad_flag: torch.Tensor | None, world: int) -> torch.device:
