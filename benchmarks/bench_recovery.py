@@ -92,6 +92,10 @@ def launch(kind: str, work: Path, steps: int, sleep: float, hang_floor: float) -
     else:
         torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
         cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", *wargs]
+        # torchrun shares its rendezvous TCPStore with the workers; a restarted rank can then read
+        # the dead attempt's gloo address and time out (seen here: no recovery within 120 s).
+        # Both launchers get torch's own opt-out, so the baseline measures restart, not that bug.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     log = open(work / f"{kind}.log", "w")  # noqa: SIM115
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 

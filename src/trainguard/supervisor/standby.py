@@ -20,6 +20,7 @@ import sys
 
 
 def main(modules: list[str]) -> int:
+    _idle_priority(True)  # import in the background: never slow the training running next to us
     for name in modules:
         with contextlib.suppress(ImportError):  # a missing preload only costs the time it saves
             importlib.import_module(name)
@@ -27,6 +28,7 @@ def main(modules: list[str]) -> int:
     if not line.strip():
         return 0
     job = json.loads(line)
+    _idle_priority(False)
     _redirect(1, job["stdout"])
     _redirect(2, job["stderr"])
     os.environ.clear()
@@ -46,6 +48,20 @@ def main(modules: list[str]) -> int:
         sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
         runpy.run_path(argv[0], run_name="__main__")
     return 0
+
+
+def _idle_priority(idle: bool) -> None:
+    """SCHED_IDLE while waiting, normal once a rank (every thread of the process)."""
+    if not hasattr(os, "sched_setscheduler"):
+        return
+    policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(tid, policy, os.sched_param(0))
 
 
 def _redirect(fd: int, path: str) -> None:

@@ -1,0 +1,126 @@
+"""Supervisor pieces without processes: hang timeout learning, laggard analysis, root cause of
+an exit, worker-command parsing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trainguard.rundir import ErrorRecord, Heartbeat, heartbeat_path
+from trainguard.supervisor.assess import Exited, exit_trouble
+from trainguard.supervisor.config import checkpoint_dir_from_cmd
+from trainguard.supervisor.hang import analyze
+from trainguard.supervisor.warm import _script_argv
+from trainguard.supervisor.watch import ProgressWatch
+
+
+def beat(
+    run_dir: Path,
+    rank: int,
+    step: int,
+    t: float,
+    step_time: float | None = 0.1,
+    phase: str = "train",
+    loss: float | None = 1.0,
+) -> None:
+    path = heartbeat_path(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rec = {
+        "rank": rank,
+        "step": step,
+        "time": t,
+        "loss": loss,
+        "step_time": step_time,
+        "attempt": 0,
+        "phase": phase,
+    }
+    with open(path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def test_hang_timeout_is_learned_from_step_times_with_a_floor(tmp_path):
+    watch = ProgressWatch(tmp_path, hang_timeout_floor=2.0, hang_step_factor=5.0, startup_timeout=100)
+    watch.begin_attempt(0, [0, 1], started=0.0)
+    for i in range(10):
+        beat(tmp_path, 0, i, 10 + i, step_time=0.2 if i else 9.0)  # the first step's warm-up is ignored
+        beat(tmp_path, 1, i, 10 + i, step_time=0.2 if i else 9.0)
+    view = watch.poll(now=20.0)
+    assert view.timeout == 2.0 and not view.hung
+    assert watch.poll(now=21.5).hung  # last progress at t=19, timeout 2 s
+    beat(tmp_path, 0, 10, 22, step_time=1.0)
+    assert watch.poll(now=23.0).timeout == 5.0  # 5 x the slowest recent step
+
+
+def test_before_the_first_step_the_startup_timeout_applies(tmp_path):
+    watch = ProgressWatch(tmp_path, hang_timeout_floor=2.0, startup_timeout=60)
+    watch.begin_attempt(0, [0], started=0.0)
+    beat(tmp_path, 0, 0, 1.0, step_time=None, phase="init")
+    assert not watch.poll(now=50.0).hung
+    assert watch.poll(now=61.0).hung
+
+
+def test_a_nan_loss_is_reported_once_per_rank(tmp_path):
+    watch = ProgressWatch(tmp_path)
+    watch.begin_attempt(0, [0], started=0.0)
+    beat(tmp_path, 0, 1, 1.0, loss=float("nan"))
+    beat(tmp_path, 0, 2, 2.0, loss=float("nan"))
+    assert watch.poll(now=2.0).nan_ranks == (0,)
+    beat(tmp_path, 0, 3, 3.0, loss=float("nan"))
+    assert watch.poll(now=3.0).nan_ranks == ()
+
+
+def test_a_stopped_rank_is_the_laggard():
+    report = analyze([0, 1], {0: "S", 1: "T"}, {}, {})
+    assert report.laggards == (1,) and report.method == "proc_state"
+
+
+def test_the_rank_whose_stack_is_outside_the_collective_is_the_laggard(tmp_path):
+    waiting = tmp_path / "rank0-1.txt"
+    waiting.write_text('File "torch/autograd/__init__.py", line 1 in backward\n')
+    elsewhere = tmp_path / "rank1-1.txt"
+    elsewhere.write_text('File "trainguard/torch/chaos.py", line 1 in _fire\n')
+    report = analyze([0, 1], {0: "S", 1: "S"}, {0: [waiting], 1: [elsewhere]}, {})
+    assert report.laggards == (1,) and report.method == "stacks"
+
+
+def test_the_rank_behind_in_the_flight_recorder_is_the_laggard(tmp_path):
+    dumps = {}
+    for rank, seq in ((0, 41), (1, 40), (2, 41)):
+        p = tmp_path / f"rank{rank}-1.fr.json"
+        p.write_text(json.dumps({"entries": [{"collective_seq_id": s} for s in range(seq - 3, seq + 1)]}))
+        dumps[rank] = [p]
+    report = analyze([0, 1, 2], {}, dumps, {})
+    assert report.laggards == (1,) and report.method == "flight_recorder"
+
+
+def test_heartbeats_break_the_tie_when_nothing_else_does():
+    beats = {0: Heartbeat(0, 30, 1.0), 1: Heartbeat(1, 29, 1.0)}
+    assert analyze([0, 1], {}, {}, beats).laggards == (1,)
+
+
+def test_the_earliest_causal_failure_is_the_root_cause_not_the_peers_symptoms():
+    killed = Exited(rank=1, local_rank=1, code=-9, seen=100.0)
+    peer = Exited(rank=0, local_rank=0, code=1, seen=100.3)
+    peer_error = ErrorRecord(0, 100.2, "RuntimeError", "Connection reset by peer", attempt=0)
+    t = exit_trouble(101.0, [killed, peer], [peer_error], [], [], {0: 0, 1: 1}, {})
+    assert t.rank == 1
+    assert t.root_cause.value == "host"
+    assert "SIGKILL" in t.summary
+    assert t.failure.signature is None  # a kill is not an application bug: no crash-loop count
+
+
+def test_an_application_error_carries_a_crash_loop_signature():
+    err = ErrorRecord(1, 50.0, "ValueError", "bad batch at step 7", 'File "/x/train.py", line 3, in run\n')
+    t = exit_trouble(51.0, [Exited(1, 1, 1, 50.1)], [err], [], [], {1: 1}, {})
+    assert t.root_cause.value == "software_bug"
+    assert t.failure.signature == "ValueError: bad batch at step <n> @ train.py:run"
+
+
+def test_checkpoint_dir_and_script_are_found_in_the_worker_command(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert checkpoint_dir_from_cmd(["python", "t.py", "--checkpoint-dir", "ck"]) == Path("ck")
+    assert checkpoint_dir_from_cmd(["python", "t.py", "--checkpoint-dir=/a/b"]) == Path("/a/b")
+    assert _script_argv(("-u", str(script), "--x")) == [str(script), "--x"]
+    assert _script_argv(("-m", "pkg.train")) == ["-m", "pkg.train"]
+    assert _script_argv(("-c", "print(1)")) is None
