@@ -53,14 +53,14 @@ def main(args: argparse.Namespace) -> int:
     try:
         display.line(f"work dir {workdir}")
         if not args.no_reference:
-            reference = run_reference(plan, script, workdir, f"{job}-reference", display, args.quick)
+            reference = run_reference(plan, script, workdir, f"{job}-reference", display)
             if int(reference.exit_code) == EXIT_INTERRUPTED:  # Ctrl-C / SIGTERM reached the supervisor
                 raise KeyboardInterrupt
             acc = read_accuracy(reference.run_dir)
             display.line(
                 f"reference run done: accuracy {acc:.1%}" if acc is not None else "reference run: no accuracy"
             )
-        chaos = run_chaos(plan, script, workdir, job, display, args.quick)
+        chaos = run_chaos(plan, script, workdir, job, display)
         display.phase("report", "training done: matching faults to incidents")
     except KeyboardInterrupt:
         display.stop()

@@ -50,9 +50,7 @@ def worker_cmd(script: Path, plan: DemoPlan, ckpt: Path, step_delay: float) -> t
     )
 
 
-def supervisor_config(
-    plan: DemoPlan, script: Path, workdir: Path, job: str, *, chaos: bool, quick: bool
-) -> Any:
+def supervisor_config(plan: DemoPlan, script: Path, workdir: Path, job: str, *, chaos: bool) -> Any:
     from trainguard.supervisor import SupervisorConfig
 
     ckpt = workdir / ("ckpt" if chaos else "ckpt-reference")
@@ -81,21 +79,15 @@ def supervisor_config(
     )
 
 
-def run_reference(
-    plan: DemoPlan, script: Path, workdir: Path, job: str, display: Display, quick: bool
-) -> Any:
+def run_reference(plan: DemoPlan, script: Path, workdir: Path, job: str, display: Display) -> Any:
     from trainguard.supervisor import Supervisor
 
     display.phase("reference", f"reference run: {plan.nproc} ranks, {plan.steps} steps, no faults")
-    sup = Supervisor(
-        supervisor_config(plan, script, workdir, job, chaos=False, quick=quick), on_event=display.event
-    )
+    sup = Supervisor(supervisor_config(plan, script, workdir, job, chaos=False), on_event=display.event)
     return sup.run()
 
 
-def run_chaos(
-    plan: DemoPlan, script: Path, workdir: Path, job: str, display: Display, quick: bool
-) -> ChaosRun:
+def run_chaos(plan: DemoPlan, script: Path, workdir: Path, job: str, display: Display) -> ChaosRun:
     from trainguard.supervisor import Supervisor
 
     (workdir / "chaos.toml").write_text(chaos_toml(plan))
@@ -120,9 +112,7 @@ def run_chaos(
     display.phase(
         "chaos", f"chaos run: {len(plan.faults)} faults planned, {plan.nproc} ranks, {plan.steps} steps"
     )
-    sup = Supervisor(
-        supervisor_config(plan, script, workdir, job, chaos=True, quick=quick), on_event=on_event
-    )
+    sup = Supervisor(supervisor_config(plan, script, workdir, job, chaos=True), on_event=on_event)
     out.result = sup.run()
     out.ended = time.time()
     return out
