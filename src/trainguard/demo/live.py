@@ -68,7 +68,9 @@ def clock(seconds: float) -> str:
 
 
 class Display:
-    """Base: keeps the state; subclasses show it. Call `event` / `note` from any thread."""
+    """Base: keeps the state; subclasses show it. Call `event` / `line` from any thread."""
+
+    log_incidents = True  # also write each incident into the event log
 
     def __init__(self, state: DemoState, verdict: Callable[[], NodeVerdict | None] | None = None) -> None:
         self.state = state
@@ -114,6 +116,8 @@ class Display:
         )
         with self.lock:
             self.state.incidents.append(row)
+        if not self.log_incidents:
+            return
         self.line(
             f"incident #{row.id}: {row.detected_by} -> {row.root_cause} -> {row.action}: {row.summary[:100]}"
         )
@@ -192,6 +196,8 @@ class PlainDisplay(Display):
 
 class RichDisplay(Display):
     """The live panel (rich.Live, redrawn by rich's refresh thread)."""
+
+    log_incidents = False  # the panel's incident table shows them
 
     def __init__(self, state: DemoState, console: Any = None, **kw: Any) -> None:
         super().__init__(state, **kw)
