@@ -25,6 +25,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -106,6 +107,14 @@ def _excepthook(
     previous(exc_type, exc, tb)
 
 
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    rank: int
+    attempt: int
+    run_dir: Path | None
+    current_step: int | None
+
+
 def install(guard: _GuardLike | None = None) -> None:
     """Install the error-recording ``sys.excepthook`` (once; chained to the previous hook)."""
     global _hook_installed
@@ -130,3 +139,9 @@ def record(fn: F) -> F:
             raise
 
     return wrapper  # type: ignore[return-value]
+
+
+def detach(guard: _GuardLike) -> None:
+    """The Guard's block ended: keep what the hook needs, not the Guard (and its model)."""
+    if _context.get("guard") is guard:
+        _context["guard"] = _Snapshot(guard.rank, guard.attempt, guard.run_dir, guard.current_step)

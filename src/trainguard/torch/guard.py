@@ -24,6 +24,7 @@ See docs/guard.md.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections import deque
@@ -87,8 +88,6 @@ class Guard:
         heartbeat_interval_s: float = 0.25,  # at most ~4 heartbeat writes per second
         chaos: bool = True,  # apply $TRAINGUARD_RUN_DIR/chaos.json
     ) -> None:
-        import os
-
         self.checkpointer, self.state = checkpointer, state
         self.checkpoint_every, self.save_at_end = checkpoint_every, save_at_end
         env_dir = rundir.run_dir_from_env()
@@ -157,6 +156,7 @@ class Guard:
                 self.checkpointer.wait()
         finally:
             self._beat(self.last_step or 0, self.last_loss, None, "exit", force=True)
+            errorfile.detach(self)
             self.close()
 
     def close(self) -> None:
@@ -380,6 +380,4 @@ class Guard:
         self._report(finding, self.last_step or 0)
         if self._hb is not None:
             self._hb.beat(self.last_step or 0, self.last_loss, None, "exit")
-        import os
-
         os._exit(ExitCode.HANG)
