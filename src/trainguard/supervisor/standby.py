@@ -17,10 +17,12 @@ import json
 import os
 import runpy
 import sys
+import threading
 
 
 def main(modules: list[str]) -> int:
-    _idle_priority(True)  # import in the background: never slow the training running next to us
+    assigned = threading.Event()
+    threading.Thread(target=_exit_if_orphaned, args=(os.getppid(), assigned), daemon=True).start()
     for name in modules:
         with contextlib.suppress(ImportError):  # a missing preload only costs the time it saves
             importlib.import_module(name)
@@ -28,7 +30,7 @@ def main(modules: list[str]) -> int:
     if not line.strip():
         return 0
     job = json.loads(line)
-    _idle_priority(False)
+    assigned.set()
     _redirect(1, job["stdout"])
     _redirect(2, job["stderr"])
     os.environ.clear()
@@ -50,18 +52,11 @@ def main(modules: list[str]) -> int:
     return 0
 
 
-def _idle_priority(idle: bool) -> None:
-    """SCHED_IDLE while waiting, normal once a rank (every thread of the process)."""
-    if not hasattr(os, "sched_setscheduler"):
-        return
-    policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    for tid in tids:
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(tid, policy, os.sched_param(0))
+def _exit_if_orphaned(parent: int, assigned: threading.Event) -> None:
+    """A standby whose supervisor died (killed, not closed) must not linger."""
+    while not assigned.wait(1.0):
+        if os.getppid() != parent:
+            os._exit(0)
 
 
 def _redirect(fd: int, path: str) -> None:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,6 +123,7 @@ class Supervisor:
         agent, spec = self._build_agent()
         self._agent = agent
         code, reason = ExitCode.FAILED, "launcher error"
+        previous = _handle_signals()
         try:
             agent.run()
             code, reason = self._stopping or (ExitCode.OK, "all workers finished")
@@ -131,6 +134,9 @@ class Supervisor:
         except Exception as exc:
             log.exception("supervisor failed")
             code, reason = ExitCode.FAILED, f"launcher error: {exc}"
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         # Like torchrun: a node that is told to go (a signal) leaves the rendezvous open, so the
         # other nodes re-form the group without it; a finished job closes it.
         if code is not ExitCode.INTERRUPTED:
@@ -323,6 +329,9 @@ class Supervisor:
             self._straggler_seen = True
             suspect = self._degraded_gpu()
             rank = self._rank_of_gpu(suspect)
+            if rank is None and len(prog.waits) >= 2:  # all share step_time; the straggler waits least
+                rank = min(prog.waits, key=lambda r: prog.waits[r])
+                suspect = self._gpu_of_rank(rank)
             return Trouble(
                 Failure(FailureKind.STRAGGLER, gpu=suspect, fatal=False),
                 "heartbeat",
@@ -701,3 +710,19 @@ class Supervisor:
             self._on_event(RunEvent(what, time.time(), data))
         except Exception:
             log.debug("event callback failed", exc_info=True)
+
+
+def _handle_signals() -> dict[signal.Signals, Any]:
+    """SIGTERM/SIGINT/SIGHUP raise torch's SignalException in the main thread, so the agent
+    stops the workers (torch registers the same only when it starts processes itself; warm
+    standbys bypass that). Returns the previous handlers."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def _raise(signum: int, _frame: Any) -> None:
+        raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, _raise)
+    return previous

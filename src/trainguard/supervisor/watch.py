@@ -40,6 +40,7 @@ class ProgressView:
     nan_ranks: tuple[int, ...]  # ranks that newly reported a non-finite loss
     step_time: float | None  # median recent step time
     loss: float | None  # rank-lowest local rank's last loss
+    waits: dict[int, float] = field(default_factory=dict)  # per rank: wait in the step agreement
 
 
 class ProgressWatch:
@@ -135,6 +136,11 @@ class ProgressWatch:
             nan_ranks=nan_ranks,
             step_time=statistics.median(recent) if len(recent) >= 8 else None,  # not warm-up noise
             loss=low_beat.loss if low_beat is not None else None,
+            waits={
+                r: p.last.wait
+                for r, p in self._ranks.items()
+                if p.last is not None and p.last.wait is not None
+            },
         )
 
     def timeout(self) -> float:
