@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -127,18 +128,24 @@ def test_exit_and_raise_end_the_worker_for_real_once_each_across_restarts(tmp_pa
     assert second.returncode == 1 and f"RuntimeError: {message}" in second.stderr
     [record] = rundir.read_errors(tmp_path)
     assert record.message == message and record.step == 8
-    third = _run_worker(tmp_path)
-    assert third.returncode == 0, third.stderr
     assert _fired(tmp_path) == ["000-exit-rank0-step4", "001-raise-rank0-step8"]
 
 
 @pytest.mark.slow
 def test_hang_blocks_the_rank_until_the_watchdog_ends_it_once(tmp_path):
     _chaos_file(tmp_path, {"kind": "hang", "rank": 0, "step": 6})
-    first = _run_worker(tmp_path, "--hang-floor", "1.0")
-    assert first.returncode == ExitCode.HANG
+    started = time.monotonic()
+    first = _run_worker(tmp_path, "--hang-floor", "1.0", "--step-sleep", "0.01")
+    assert first.returncode == ExitCode.HANG == 84
+    assert time.monotonic() - started < 40 and "hang detected" in first.stderr
     [dump] = rundir.dumps_dir(tmp_path).glob("rank0-*.txt")
-    assert "chaos.py" in dump.read_text()
+    text = dump.read_text()
+    assert "no step completed" in text and "chaos.py" in text  # the stack shows where it is stuck
+    assert text.count("hread 0x") >= 2  # every thread: the main one and the watchdog
+    [(rank, step, finding)] = rundir.read_findings(tmp_path)
+    assert (rank, step, finding.rule) == (0, 6, "hang.watchdog")
+    last = rundir.read_last_heartbeat(rundir.heartbeat_path(tmp_path, 0))
+    assert last is not None and last.phase == "exit" and last.step == 6
     second = _run_worker(tmp_path, "--hang-floor", "1.0")
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout.splitlines()[-1])["steps_run"] == list(range(20))

@@ -217,13 +217,8 @@ def test_sigterm_saves_at_the_next_step_boundary_and_exits_preempted(tmp_path):
     assert proc.returncode == ExitCode.PREEMPTED == 83
     last = read_last_heartbeat(beats)
     assert last is not None and last.phase == "exit"
-    saved = sorted(ckpt_dir.glob("step*.pt"))
+    saved = sorted(ckpt_dir.glob("step*.pt"))  # resuming from it: test_example_digits.py
     assert len(saved) == 1 and saved[0].name == f"step{last.step + 1:08d}.pt"
-    # and the next attempt continues from there
-    proc = _worker(tmp_path, "--ckpt-dir", str(ckpt_dir), "--steps", str(last.step + 4))
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0
-    assert json.loads(out.strip().splitlines()[-1])["start"] == last.step + 1
 
 
 @pytest.mark.slow
