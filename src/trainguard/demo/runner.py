@@ -64,7 +64,9 @@ def supervisor_config(plan: DemoPlan, script: Path, workdir: Path, job: str, *, 
         runs_root=workdir / "runs",
         db=workdir / "trainguard.db",
         checkpoint_dir=ckpt,
-        hang_timeout_floor=3.0,  # far below gloo's 30 min / NCCL's 10 min default
+        # Far below gloo's 30 min / NCCL's 10 min, and above the stall of the first checkpoint
+        # wait of an attempt (the writer process is still importing torch: 2-4 s on busy cores).
+        hang_timeout_floor=6.0,
         hang_step_factor=3.0,
         startup_timeout=180.0,
         backend="sim" if chaos else "none",
