@@ -4,6 +4,8 @@ the same manifest and atomic commit, resumed at world size 1."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,15 @@ from trainguard.torch import Checkpointer, TrainState
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+@pytest.fixture
+def own_tmp():
+    # Not pytest's tmp_path: with several pytest sessions sharing /tmp/pytest-of-<user>, the
+    # worker processes' rendezvous files must not live where another session may prune them.
+    path = Path(tempfile.mkdtemp(prefix="tg-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _worker(rank: int, world: int, out: str) -> None:
@@ -47,7 +58,9 @@ def _worker(rank: int, world: int, out: str) -> None:
 
 
 @pytest.mark.slow
-def test_sharded_checkpoint_from_two_ranks_resumes_at_world_size_one(tmp_path):
+@pytest.mark.timeout(400)
+def test_sharded_checkpoint_from_two_ranks_resumes_at_world_size_one(own_tmp):
+    tmp_path = own_tmp
     mp.spawn(_worker, args=(2, str(tmp_path)), nprocs=2, join=True)
     ckpt_dir = tmp_path / "ckpt"
     [info] = list_checkpoints(ckpt_dir)

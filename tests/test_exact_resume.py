@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,15 @@ import torch.multiprocessing as mp
 
 TOTAL = 20  # 40 samples / 2 ranks / batch 4 = 5 steps per epoch
 EVERY = 3
+
+
+@pytest.fixture
+def own_tmp():
+    # Not pytest's tmp_path: with several pytest sessions sharing /tmp/pytest-of-<user>, the
+    # worker processes' rendezvous files must not live where another session may prune them.
+    path = Path(tempfile.mkdtemp(prefix="tg-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _worker(rank: int, world: int, run_dir: str, stop_at: int, phase: str) -> None:
@@ -44,7 +55,7 @@ def _worker(rank: int, world: int, run_dir: str, stop_at: int, phase: str) -> No
     sampler = ResumableSampler(data, shuffle=True, seed=11)
     loader = DataLoader(data, batch_size=4, sampler=sampler, generator=torch.Generator())
     state = TrainState(model, opt, sched, sampler=sampler)
-    ckpt = Checkpointer(out / "ckpt", keep_last=2)
+    ckpt = Checkpointer(out / "ckpt", keep_last=2, async_save=phase != "ref")
     step = ckpt.resume(state)
     losses = open(out / f"losses-{phase}-rank{rank}.jsonl", "a")  # noqa: SIM115
     epoch = sampler.epoch
@@ -58,7 +69,7 @@ def _worker(rank: int, world: int, run_dir: str, stop_at: int, phase: str) -> No
             sched.step()
             step += 1
             losses.write(json.dumps({"step": step, "loss": loss.item().hex()}) + "\n")
-            if step % EVERY == 0:
+            if step % EVERY == 0 and phase != "ref":  # the reference run never saves
                 ckpt.save(step, state)
             if step == stop_at:  # interrupted: the process exits here, without saving
                 losses.close()
@@ -85,7 +96,9 @@ def _losses(run_dir: Path, phase: str, rank: int) -> list[tuple[int, str]]:
 
 
 @pytest.mark.slow
-def test_interrupted_ddp_run_resumes_bitwise_identical(tmp_path):
+@pytest.mark.timeout(400)
+def test_interrupted_ddp_run_resumes_bitwise_identical(own_tmp):
+    tmp_path = own_tmp
     reference = tmp_path / "reference"
     interrupted = tmp_path / "interrupted"
     reference.mkdir()
