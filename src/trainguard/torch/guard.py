@@ -122,6 +122,7 @@ class Guard:
         self.current_step: int | None = None  # the step in progress (error files name it)
         self._last_saved: int | None = None
         self._t_last = 0.0
+        self._n_steps = 0  # guard.step calls (the watchdog's first-step allowance ends at 1)
         self._last_beat = -1e9  # perf_counter of the last heartbeat written
         self._phase = ""
 
@@ -138,7 +139,13 @@ class Guard:
             floor, factor, first = self._wd_args
             dumps = rundir.dumps_dir(self.run_dir) if self.run_dir is not None else None
             self._watchdog = HangWatchdog(
-                dumps, self.rank, floor_s=floor, factor=factor, first_step_s=first, on_hang=self._on_hang
+                dumps,
+                self.rank,
+                floor_s=floor,
+                factor=factor,
+                first_step_s=first,
+                on_hang=self._on_hang,
+                progress=self._progress,
             ).start()
         self._beat(0, None, None, "init", force=True)
         self._t_last = time.perf_counter()
@@ -189,26 +196,23 @@ class Guard:
         dt = now - self._t_last
         self._t_last = now
         self.step_times.append(dt)
+        self._n_steps += 1  # the watchdog thread polls these (see _progress): no call per step
         self.last_step = self.current_step = step
         self.restored = False
         if self._chaos_next is not None and step >= self._chaos_next:
             loss = self._apply_chaos(step, loss)
         preempt = self._preempt is not None and self._preempt.requested is not None
-        if (
-            self.world_size == 1
-            and self._grad_flag is None
-            and isinstance(loss, torch.Tensor)
-            and loss.numel() == 1
-        ):
-            value: float | None = loss.item()
+        value: float | None
+        try:
+            if self.world_size > 1 or self._grad_flag is not None:
+                raise TypeError  # agree with the peers / fold in the gradient flag
+            value = loss.item()  # one process, a one-element tensor: the cheapest read there is
             grads_bad, wait = False, None
-        else:
+        except (AttributeError, RuntimeError, TypeError, ValueError):
             value, grads_bad, preempt, wait = gather_step(loss, self._grad_flag, preempt, self.world_size)
             self._grad_flag = None
         self._preempt_agreed = preempt
         self.last_loss = value
-        if self._watchdog is not None:
-            self._watchdog.beat(dt)
         if self._hb is not None and (
             self._phase != "train" or now - self._last_beat >= self.heartbeat_interval_s
         ):
@@ -217,6 +221,14 @@ class Guard:
         if not grads_bad and self.monitor.clean(value):
             return StepAction.PROCEED
         return self._decide(step, value, dt, grads_bad)
+
+    def _progress(self) -> tuple[float, int, float]:
+        """For the watchdog thread: (perf_counter of the last step, steps, slowest step).
+        The first step is not learned from: it pays warm-up that later steps never do."""
+        times = tuple(self.step_times)  # one C call under the GIL: a consistent copy
+        if self._n_steps == len(times):
+            times = times[1:]
+        return self._t_last, self._n_steps, max(times, default=0.0)
 
     def _decide(self, step: int, value: float | None, dt: float, grads_bad: bool) -> StepAction:
         decision = self.monitor.observe(step, value, grads_finite=not grads_bad, time=time.time())

@@ -29,8 +29,13 @@ from trainguard.rundir import ExitCode
 log = logging.getLogger(__name__)
 
 
+Progress = Callable[[], tuple[float, int, float]]  # (perf_counter of the last step, steps, slowest)
+
+
 class HangWatchdog:
-    """Call ``beat()`` after every step; ``start()`` once. ``stop()`` disarms it."""
+    """``start()`` once; report progress with ``beat()`` after every step, or give ``progress``,
+    a callable the watchdog thread polls (the Guard's: nothing at all runs per step).
+    ``stop()`` disarms it. Times are ``time.perf_counter`` (monotonic)."""
 
     def __init__(
         self,
@@ -42,12 +47,14 @@ class HangWatchdog:
         first_step_s: float = 600.0,  # allowance until the first step completes
         on_hang: Callable[[str], None] | None = None,  # default: dump, then os._exit(HANG)
         poll_s: float | None = None,
+        progress: Progress | None = None,
     ) -> None:
         self.dump_dir, self.rank = dump_dir, rank
         self.floor_s, self.factor, self.first_step_s = floor_s, factor, first_step_s
         self._on_hang = on_hang
+        self._progress = progress
         self._poll_s = poll_s if poll_s is not None else max(0.05, min(1.0, floor_s / 10))
-        self._last = time.monotonic()
+        self._last = time.perf_counter()
         self._slowest = 0.0
         self._steps = 0
         self._extra = 0.0  # allowance of the phase in progress (checkpoint)
@@ -55,10 +62,17 @@ class HangWatchdog:
         self._thread: threading.Thread | None = None
         self.fired = False
 
+    def _state(self) -> tuple[float, int, float]:
+        if self._progress is None:
+            return self._last, self._steps, self._slowest
+        last, steps, slowest = self._progress()
+        return max(last, self._last), steps, slowest
+
     def timeout(self) -> float:
-        if self._steps == 0:
+        _, steps, slowest = self._state()
+        if steps == 0:
             return max(self.floor_s, self.first_step_s) + self._extra
-        return max(self.floor_s, self.factor * self._slowest) + self._extra
+        return max(self.floor_s, self.factor * slowest) + self._extra
 
     def beat(self, step_time: float | None = None) -> None:
         """A step completed (cheap: a few attribute writes, no lock)."""
@@ -66,7 +80,7 @@ class HangWatchdog:
         if step_time is not None and self._steps > 0 and step_time > self._slowest:
             self._slowest = step_time
         self._steps += 1
-        self._last = time.monotonic()
+        self._last = time.perf_counter()
 
     @contextlib.contextmanager
     def allowance(self, seconds: float) -> Iterator[None]:
@@ -76,11 +90,11 @@ class HangWatchdog:
             yield
         finally:
             self._extra -= seconds
-            self._last = time.monotonic()
+            self._last = time.perf_counter()
 
     def start(self) -> HangWatchdog:
         if self._thread is None:
-            self._last = time.monotonic()
+            self._last = time.perf_counter()
             self._thread = threading.Thread(target=self._run, name="trainguard-watchdog", daemon=True)
             self._thread.start()
         return self
@@ -93,7 +107,7 @@ class HangWatchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(self._poll_s):
-            idle = time.monotonic() - self._last
+            idle = time.perf_counter() - self._state()[0]
             limit = self.timeout()
             if idle > limit:
                 self.fired = True
