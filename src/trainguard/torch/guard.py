@@ -95,6 +95,8 @@ class Guard:
         world = distributed_world()
         self.rank = rank if rank is not None else world[0] if world else int(os.environ.get("RANK", "0"))
         self.world_size = world[1] if world else 1
+        if world is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            log.warning("Guard created before init_process_group: ranks will not agree on decisions")
         self.attempt = attempt if attempt is not None else int(os.environ.get(rundir.ATTEMPT_ENV, "0"))
         gpu = (
             torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
