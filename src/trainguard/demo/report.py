@@ -217,7 +217,8 @@ def render(report: dict[str, Any]) -> str:
     if report.get("json"):
         lines.append(f"report JSON:   {report['json']}")
     lines.append(f"run dir:       {report.get('run_dir')}")
-    lines.append(f"incident DB:   {report.get('db')}  (trainguard report {report['job']} --db ...)")
+    lines.append(f"incident DB:   {report.get('db')}")
+    lines.append(f"  read it with: trainguard report {report['job']} --db {report.get('db')}")
     lines.append("")
     if report["passed"]:
         lines.append(
