@@ -263,3 +263,16 @@ def test_the_steps_a_nan_rollback_threw_away_come_from_the_guards_finding(tmp_pa
     append_finding(tmp_path, 0, finding, step=35)
     assert rollback_steps(tmp_path, after=1009.5) == 15
     assert rollback_steps(tmp_path, after=1100.0) is None
+
+
+def test_the_live_view_marks_a_fault_detected_when_its_incident_arrives():
+    from trainguard.demo.runner import LiveMatch
+
+    live = LiveMatch(PLAN)
+    live.injected(
+        "F2", {"time": T0 + 20, "step": 35, "rank": 3, "gpu": 3, "label": "xid", "detail": "Xid 79"}
+    )
+    live.injected("F4", {"time": T0 + 60, "step": 81, "detail": "flipped 64 bytes in ckpt/step-00000075/x"})
+    assert live.incident(inc(9, 20.2, RootCause.FAULTY_GPU, "exclude_gpu", 1).to_dict()) == []
+    assert live.incident(inc(2, 20.3, RootCause.FAULTY_GPU, "exclude_gpu", 3).to_dict()) == ["F2"]
+    assert live.resumed(75) == [] and live.resumed(60) == ["F4"]

@@ -44,7 +44,7 @@ class DemoState:
     world_size: int = 0
     gpus: tuple[int, ...] = ()
     resume_step: int | None = None
-    faults: dict[str, str] = field(default_factory=dict)  # fault id -> "pending" | "injected"
+    faults: dict[str, str] = field(default_factory=dict)  # id -> pending | injected | detected
     fault_labels: dict[str, str] = field(default_factory=dict)
     incidents: list[IncidentRow] = field(default_factory=list)
     log: deque[str] = field(default_factory=lambda: deque(maxlen=6))
@@ -100,10 +100,15 @@ class Display:
 
     def fault_injected(self, fault_id: str, text: str) -> None:
         with self.lock:
-            if self.state.faults.get(fault_id) == "injected":
+            if self.state.faults.get(fault_id, "pending") != "pending":
                 return
             self.state.faults[fault_id] = "injected"
         self.line(f"injected {fault_id}: {text}")
+
+    def fault_detected(self, fault_id: str) -> None:
+        """A provisional match (the report's matching is the one that counts)."""
+        with self.lock:
+            self.state.faults[fault_id] = "detected"
 
     def incident(self, inc: dict[str, Any]) -> None:
         row = IncidentRow(

@@ -25,6 +25,7 @@ _PHASE = {
     "report": ("writing the report", "green"),
     "starting": ("starting", "dim"),
 }
+_FAULT_MARK = {"injected": ("●", "bold yellow"), "detected": ("✓", "green")}
 _CAUSE_STYLE = {"unknown": "magenta"}
 _ACTION_STYLE = {"exclude_gpu": "bold red", "restart": "yellow", "rollback": "yellow", "continue": "green"}
 
@@ -113,7 +114,7 @@ def _faults(state: DemoState) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
     for n, (fid, status) in enumerate(state.faults.items()):
         short = state.fault_labels.get(fid, "")
-        mark, style = ("●", "bold yellow") if status == "injected" else ("○", "dim")
+        mark, style = _FAULT_MARK.get(status, ("○", "dim"))
         text.append(("  " if n else "") + f"{mark} {fid} {short}", style=style)
     return text
 

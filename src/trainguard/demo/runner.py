@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.demo.live import Display
-from trainguard.demo.match import Resume
+from trainguard.demo.match import Resume, candidates
 from trainguard.demo.plan import DemoPlan, chaos_toml
+from trainguard.demo.truth import CKPT_STEP, InjectedFault
+from trainguard.incidents import Incident
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,7 @@ def run_chaos(plan: DemoPlan, script: Path, workdir: Path, job: str, display: Di
     (workdir / "chaos.toml").write_text(chaos_toml(plan))
     out = ChaosRun(job=job, started=time.time())
     ids = [f.id for f in plan.faults]
+    live = LiveMatch(plan)
     sup: Any = None
 
     def on_event(ev: Any) -> None:
@@ -110,7 +113,14 @@ def run_chaos(plan: DemoPlan, script: Path, workdir: Path, job: str, display: Di
             index = d.get("index")
             if isinstance(index, int) and 0 <= index < len(ids):
                 display.fault_injected(ids[index], str(d.get("detail") or d.get("label")))
+                live.injected(ids[index], d)
+        elif ev.kind == "incident":
+            for fid in live.incident(d):
+                display.fault_detected(fid)
         display.event(ev)
+        if ev.kind == "attempt_started":
+            for fid in live.resumed(d.get("resume_step")):
+                display.fault_detected(fid)
 
     display.phase(
         "chaos", f"chaos run: {len(plan.faults)} faults planned, {plan.nproc} ranks, {plan.steps} steps"
@@ -119,6 +129,42 @@ def run_chaos(plan: DemoPlan, script: Path, workdir: Path, job: str, display: Di
     out.result = sup.run()
     out.ended = time.time()
     return out
+
+
+class LiveMatch:
+    """Provisional fault -> incident matches for the live view (same rule as the report's)."""
+
+    def __init__(self, plan: DemoPlan) -> None:
+        self.kinds = {f.id: f.kind for f in plan.faults}
+        self.pending: dict[str, InjectedFault] = {}
+
+    def injected(self, fid: str, d: dict[str, Any]) -> None:
+        step = CKPT_STEP.search(str(d.get("detail", "")))
+        self.pending[fid] = InjectedFault(
+            fid, self.kinds[fid], str(d.get("label", "")), True, d.get("time"), d.get("step"),
+            d.get("rank"), d.get("gpu"), str(d.get("detail", "")), int(step.group(1)) if step else None,
+        )  # fmt: skip
+
+    def incident(self, d: dict[str, Any]) -> list[str]:
+        try:
+            inc = Incident.from_dict(d)
+        except (TypeError, ValueError):
+            return []
+        for fid, inj in sorted(self.pending.items(), key=lambda kv: kv[1].time or 0.0):
+            if inj.kind != "corrupt_checkpoint" and candidates(inj, [inc]):
+                del self.pending[fid]
+                return [fid]
+        return []
+
+    def resumed(self, step: int | None) -> list[str]:
+        done = [
+            fid
+            for fid, inj in self.pending.items()
+            if inj.kind == "corrupt_checkpoint" and inj.checkpoint_step and (step or 0) < inj.checkpoint_step
+        ]
+        for fid in done:
+            del self.pending[fid]
+        return done
 
 
 def quiet_logs(verbose: int) -> None:

@@ -22,7 +22,7 @@ from trainguard.demo.plan import DemoPlan
 from trainguard.rundir import read_findings
 
 _ACCURACY = re.compile(r"test accuracy:\s*([0-9.]+)")
-_CKPT_STEP = re.compile(r"step-0*(\d+)")
+CKPT_STEP = re.compile(r"step-0*(\d+)")
 _ROLLBACK = re.compile(r"rolled back from step (\d+) to the checkpoint of step (\d+)")
 
 
@@ -108,7 +108,7 @@ def ground_truth(
         detail = "; ".join(dict.fromkeys(s[2] for s in seen if s[2]))
         ckpt = None
         if f.kind == "corrupt_checkpoint":
-            m = _CKPT_STEP.search(detail)
+            m = CKPT_STEP.search(detail)
             ckpt = int(m.group(1)) if m else None
         out.append(InjectedFault(f.id, f.kind, f.label, True, when, step, f.rank, gpu, detail, ckpt))
     return out
