@@ -77,7 +77,10 @@ def main(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1, default=str))
-    return 0 if report["passed"] else EXIT_FAILED
+    if not report["passed"]:  # one line for CI logs, where the report may scroll away
+        print(f"trainguard demo: self-test FAILED: {'; '.join(report['problems'])}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
 
 
 def assemble(
