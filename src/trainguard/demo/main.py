@@ -113,6 +113,7 @@ def assemble(
         goodput=goodput,
         accuracy=read_accuracy(run_dir),
         reference_accuracy=read_accuracy(Path(reference.run_dir)) if reference is not None else None,
+        reference_ran=reference is not None,
         supervisor=supervisor,
         step_time=median_step_time(run_dir),
         rollback_steps=_nan_rollback(run_dir, injected),

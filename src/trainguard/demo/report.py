@@ -41,6 +41,7 @@ def build_report(
     goodput: dict[str, Any],
     accuracy: float | None,
     reference_accuracy: float | None,
+    reference_ran: bool = True,
     supervisor: dict[str, Any],
     step_time: float | None,
     paths: dict[str, str | None],
@@ -108,6 +109,7 @@ def build_report(
         "goodput": goodput,
         "accuracy": accuracy,
         "reference_accuracy": reference_accuracy,
+        "reference_ran": reference_ran,
         "accuracy_threshold": ACCURACY_THRESHOLD,
         "supervisor": supervisor,
         "duration_s": round(duration_s, 2),
@@ -210,7 +212,13 @@ def render(report: dict[str, Any]) -> str:
         lines.append("  lost to: " + ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in parts if v >= 0.05))
     acc, ref = report["accuracy"], report["reference_accuracy"]
     acc_s = f"{acc:.1%}" if acc is not None else "n/a"
-    ref_s = f"{ref:.1%} fault-free reference" if ref is not None else "no reference run"
+    ref_s = (
+        f"{ref:.1%} fault-free reference"
+        if ref is not None
+        else "no accuracy from the reference run"
+        if report.get("reference_ran")
+        else "no reference run (--no-reference)"
+    )
     lines.append(f"test accuracy {acc_s} under chaos vs {ref_s}")
     if report.get("plot"):
         lines.append(f"timeline plot: {report['plot']}")
