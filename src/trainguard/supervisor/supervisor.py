@@ -89,6 +89,8 @@ class Supervisor:
         self.gpu_map = GpuMap(tuple(range(config.nproc_per_node)))
         self._stopping: tuple[ExitCode, str] | None = None
         self._straggler_seen = False
+        self._attempt_closed = False
+        self._failures_in_a_row = 0
         self._degraded_reported = False
         self._pool: Any = None
         self._findings_seen: set[tuple[Any, ...]] = set()
@@ -553,6 +555,7 @@ class Supervisor:
             self.injected: list[Injected] = []
             self._gpu_seen: set[tuple[int, Health, tuple[str, ...]]] = set()
         self._attempt_started = time.time()
+        self._attempt_closed = False
         self._rank_of = {w.local_rank: w.global_rank for w in group.workers}
         self._exit_seen: dict[int, float] = {}
         self._events: list[Any] = []
@@ -577,6 +580,8 @@ class Supervisor:
         )
 
     def _progress(self, prog: Any, now: float) -> None:
+        if self._failures_in_a_row and prog.first_step_time is not None and now - prog.first_step_time > 10:
+            self._failures_in_a_row = 0  # healthy progress since the last failure: backoff starts over
         if prog.first_step_time is not None and not self._first_step_seen:
             self._first_step_seen = True
             self.recorder.interval(
@@ -594,7 +599,8 @@ class Supervisor:
     def _resolve_pending(self, first_step_time: float) -> None:
         step_time = self.watch.baseline_step_time or 0.0
         for incident, failed_at, step_before in self._pending:
-            redone = max(0, (step_before or 0) - (self.resume_step or 0)) if step_before is not None else 0
+            known = step_before is not None and self.resume_step is not None  # else: not measured
+            redone = max(0, (step_before or 0) - (self.resume_step or 0)) if known else 0
             lost = (first_step_time - failed_at) + redone * step_time
             if redone and step_time:
                 self.recorder.interval(
@@ -619,6 +625,9 @@ class Supervisor:
         self._pending = []
 
     def _close_attempt(self, end: float, outcome: str, trouble: Trouble | None = None) -> None:
+        if self._attempt_closed:
+            return
+        self._attempt_closed = True
         prog_start = self.watch.poll(end).first_step_time
         if prog_start is not None:
             stop = trouble.started if trouble is not None else end
@@ -628,6 +637,8 @@ class Supervisor:
 
     def _finish(self, code: ExitCode, reason: str) -> RunResult:
         ended = time.time()
+        if hasattr(self, "_attempt_started"):
+            self._close_attempt(ended, code.name.lower())
         self.logtail.poll(final=True)
         status = {
             ExitCode.OK: "succeeded",
