@@ -78,7 +78,7 @@ def supervisor_config(plan: DemoPlan, script: Path, workdir: Path, job: str, *, 
         backoff_base_s=0.25,
         backoff_max_s=2.0,
         min_nproc=2,
-        warm_standby=chaos,  # restarts skip interpreter start and `import torch` (no restarts: no pool)
+        warm_standby=chaos and plan.warm_standby,  # the reference run never restarts: no pool
         tee=False,
         env={"OMP_NUM_THREADS": "1"},
     )
