@@ -55,7 +55,7 @@ class Checkpointer:
         async_save: bool = True,
         weights_only: bool = True,  # torch.load safety; set False for exotic objects in `extra`
     ) -> None:
-        self.directory = Path(directory)
+        self.directory = Path(directory).absolute()  # the writer process must not depend on the cwd
         self.keep_last = keep_last
         self.milestone_every = milestone_every
         self.async_save = async_save
