@@ -16,6 +16,19 @@ from trainguard.errors import CheckpointError
 from trainguard.torch import Checkpointer, ResumableSampler, TrainState
 
 
+class Counter:
+    """A user object that checkpoints through state_dict()/load_state_dict()."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def state_dict(self) -> dict:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.seen = sd["seen"]
+
+
 def make_state(seed: int = 0, width: int = 16) -> TrainState:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(
@@ -25,7 +38,9 @@ def make_state(seed: int = 0, width: int = 16) -> TrainState:
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     sampler = ResumableSampler(range(40), num_replicas=1, rank=0, shuffle=True, seed=3)
-    return TrainState(model, opt, sched, scaler=scaler, sampler=sampler, extra={"tokens": 0})
+    return TrainState(
+        model, opt, sched, scaler=scaler, sampler=sampler, extra={"tokens": 0, "counter": Counter()}
+    )
 
 
 def train(state: TrainState, steps: int) -> None:
@@ -35,6 +50,7 @@ def train(state: TrainState, steps: int) -> None:
         state.optimizer.zero_grad()
         state.scheduler.step()
         state.extra["tokens"] = int(state.extra["tokens"]) + 32
+        state.extra["counter"].seen += 1
 
 
 def snapshot(state: TrainState) -> dict:
@@ -45,6 +61,7 @@ def snapshot(state: TrainState) -> dict:
         "sched": state.scheduler.last_epoch,
         "scale": state.scaler.get_scale(),
         "tokens": state.extra["tokens"],
+        "counter": state.extra["counter"].seen,
         "sampler": state.sampler.state_dict(),
     }
 
@@ -95,7 +112,7 @@ def test_checkpoint_file_loads_with_plain_torch_load(tmp_path):
     assert payload["trainguard"]["step"] == 1
     model_sd = state.model.state_dict()
     assert all(torch.equal(payload["model"][k], v) for k, v in model_sd.items())
-    assert payload["extra"] == {"tokens": 0}
+    assert payload["extra"] == {"tokens": 0, "counter": {"seen": 0}}
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "torn"])
