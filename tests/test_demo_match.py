@@ -28,6 +28,8 @@ def inj(fid: str, t: float, **kw) -> InjectedFault:
 
 def inc(id: int, t: float, cause: RootCause, action: str, rank: int | None, **kw) -> Incident:
     kw.setdefault("gpu", rank)
+    kw.setdefault("detected_by", "heartbeat")
+    kw.setdefault("summary", f"incident {id}")
     return Incident(job="j", time=T0 + t, root_cause=cause, action=action, rank=rank, id=id, **kw)
 
 
@@ -217,6 +219,9 @@ def test_the_rendered_report_fits_80_columns_and_names_each_fault_and_verdict():
         assert f" {fid} " in text
     assert "ETTR 50.0%" in text and "96.0% under chaos vs 97.5% fault-free" in text
     assert "PASSED" in text and "timeline plot: /tmp/t.png" in text
+    assert "detected by heartbeat after 0.3s; root cause faulty_gpu" in text  # F2
+    assert "resume skipped step 80, used step 70" in text  # F4: no incident, the resume caught it
+    assert "#6 1:31.0 heartbeat: unknown -> continue (also F6)" in text
     assert "FAILED" in render(report_for(0.5))
 
 

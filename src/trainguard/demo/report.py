@@ -177,16 +177,19 @@ def render(report: dict[str, Any]) -> str:
         inc = f" -> incident #{f['matched_incident']}" if f["matched_incident"] is not None else ""
         lines.append(f" {mark} {f['id']} {f['label']}{' (' + ', '.join(where) + ')' if where else ''}")
         lines.append(f"        {when}{inc}")
-        if f["detected_by"]:
+        if f["detected_by"] or f["matched_incident"] is not None:
             delay = f" after {f['detection_delay_s']:.1f}s" if f["detection_delay_s"] is not None else ""
             lost = (
                 "-"
                 if f["time_lost_s"] is None
                 else f"{'~' if f['time_lost_estimated'] else ''}{f['time_lost_s']:.1f}s"
             )
-            lines.append(
-                f"        detected by {f['detected_by']}{delay}; root cause {f['root_cause'] or '-'}"
-            )
+            if f["root_cause"]:
+                by = f["detected_by"] or "-"
+                lines.append(f"        detected by {by}{delay}; root cause {f['root_cause']}")
+            else:  # no incident expected (the torn checkpoint): say what showed it was caught
+                lines.append(f"        detected by {f['detected_by']}{delay}")
+                lines.append(f"        {f['reason']}")
             lines.append(f"        action {f['action']}; time lost {lost}")
         if not f["matched"]:
             lines.append(f"        problem: {f['reason']}")
@@ -196,9 +199,10 @@ def render(report: dict[str, Any]) -> str:
         for i in others:
             rel = f" (also {i['related_to_fault']})" if i["related_to_fault"] else ""
             lines.append(
-                f"  #{i['id']} {_clock(i['t_s'])} {i['detected_by']}: {i['root_cause']} -> {i['action']}{rel}"
+                f"  #{i['id']} {_clock(i['t_s'])} {i['detected_by'] or '-'}: {i['root_cause']} -> {i['action']}{rel}"
             )
-            lines.append(f"      {_clip(i['summary'], 72)}")
+            if i["summary"]:
+                lines.append(f"      {_clip(i['summary'], 72)}")
     g = report["goodput"]
     lines += [""]
     if g:
