@@ -4,7 +4,8 @@
 
 A 2-rank DDP job over gloo runs under `trainguard run` (warm standby on) for --minutes while a
 chaos plan SIGKILLs a random rank at exponentially distributed times (mean --mtbf-s: a Poisson
-fault process). The job checkpoints every tau seconds (model + optimizer, torch.save + fsync),
+fault process). The job checkpoints every round(tau / step time) steps (model + optimizer,
+torch.save + fsync, then a barrier),
 with tau the Young/Daly interval for the checkpoint cost C measured in a calibration run and the
 fault rate: tau = sqrt(2 * C * MTBF).
 
@@ -43,7 +44,7 @@ from pathlib import Path
 import torch, torch.distributed as dist
 from trainguard import rundir
 
-work = Path(sys.argv[1]); tau = float(sys.argv[2]); sleep = float(sys.argv[3]); max_steps = int(sys.argv[4])
+work = Path(sys.argv[1]); every = int(sys.argv[2]); sleep = float(sys.argv[3]); max_steps = int(sys.argv[4])
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
@@ -57,7 +58,7 @@ if ck.exists():
     model.module.load_state_dict(blob["model"]); opt.load_state_dict(blob["opt"]); start = blob["step"]
 run_dir = rundir.run_dir_from_env()
 hb = rundir.HeartbeatWriter(run_dir, rank, int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))) if run_dir else None
-last = last_ckpt = time.time()
+last = time.time()
 for step in range(start, max_steps):
     loss = model(torch.randn(64, 256)).pow(2).mean()
     loss.backward(); opt.step(); opt.zero_grad()
@@ -68,7 +69,7 @@ for step in range(start, max_steps):
     if rank == 0:
         with open(work / "progress", "a") as f:
             f.write(f"{now} {step} {now - last}\n")
-    if now - last_ckpt >= tau:
+    if (step + 1) % every == 0:  # by step, so every rank enters the barrier at the same step
         t0 = time.time()
         if rank == 0:
             tmp = work / "ckpt.tmp"
@@ -77,7 +78,7 @@ for step in range(start, max_steps):
                 f.flush(); os.fsync(f.fileno())
             os.replace(tmp, ck)
         dist.barrier()
-        last_ckpt = last = time.time()
+        last = time.time()
         if rank == 0:
             with open(work / "ckpt_times", "a") as f:
                 f.write(f"{last - t0}\n")
@@ -85,7 +86,7 @@ dist.destroy_process_group()
 """
 
 
-def run_job(work: Path, seconds: float, tau: float, sleep: float, plan: str | None) -> subprocess.Popen:
+def run_job(work: Path, every: int, sleep: float, plan: str | None) -> subprocess.Popen:
     (work / "worker.py").write_text(WORKER)
     cmd = [sys.executable, "-m", "trainguard.cli", "run", "--standalone", "--nproc-per-node", "2",
            "--no-tee", "--max-restarts", "1000", "--db", str(work / "tg.db"), "--runs-dir", str(work / "runs"),
@@ -93,7 +94,7 @@ def run_job(work: Path, seconds: float, tau: float, sleep: float, plan: str | No
     if plan is not None:
         (work / "plan.toml").write_text(plan)
         cmd += ["--chaos", str(work / "plan.toml")]
-    cmd += ["--", sys.executable, str(work / "worker.py"), str(work), str(tau), str(sleep), "100000000"]
+    cmd += ["--", sys.executable, str(work / "worker.py"), str(work), str(every), str(sleep), "100000000"]
     log = open(work / "run.log", "w")  # noqa: SIM115
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -134,7 +135,7 @@ def calibrate(sleep: float, timeout: float = 240.0) -> tuple[float, float]:
     the job has taken 200 steps and 5 checkpoints (start-up time on a busy host varies)."""
     work = Path(tempfile.mkdtemp(prefix="bench-ettr-cal-"))
     try:
-        proc = run_job(work, timeout, tau=0.5, sleep=sleep, plan=None)
+        proc = run_job(work, every=20, sleep=sleep, plan=None)
         deadline = time.time() + timeout
         ckpts: list[float] = []
         while time.time() < deadline:
@@ -170,7 +171,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-ettr-"))
     try:
         started = time.time()
-        proc = run_job(work, seconds, tau, args.step_sleep, plan)
+        every = max(1, round(tau / step_s))
+        proc = run_job(work, every, args.step_sleep, plan)
         ended = finish(proc, seconds, started)
         distinct = len({s for t, s in progress(work) if t <= ended})
         result = json.loads((work / "result.json").read_text())

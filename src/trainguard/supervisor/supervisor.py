@@ -634,6 +634,9 @@ class Supervisor:
             self.recorder.interval(IntervalKind.PRODUCTIVE, prog_start, stop, self.attempt, outcome)
         if trouble is not None and trouble.time > trouble.started:
             self.recorder.interval(IntervalKind.DETECTION, trouble.started, trouble.time, self.attempt)
+        for start, stop_ in self.watch.checkpoint_stalls:  # saves the heartbeats made visible
+            self.recorder.interval(IntervalKind.CHECKPOINT, start, stop_, self.attempt)
+        self.watch.checkpoint_stalls.clear()
 
     def _finish(self, code: ExitCode, reason: str) -> RunResult:
         ended = time.time()

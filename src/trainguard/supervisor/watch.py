@@ -64,6 +64,7 @@ class ProgressWatch:
         self._recent: deque[float] = deque(maxlen=50)  # step times across attempts (learning)
         self._ckpt_times: deque[float] = deque(maxlen=10)  # checkpoint stalls seen (learning)
         self.checkpoint_timeout = 60.0  # allowance for a checkpoint before one was measured
+        self.checkpoint_stalls: list[tuple[float, float]] = []  # (start, end) of visible saves
         self.baseline_step_time: float | None = None  # median of the run's first steps
         self.history: list[Heartbeat] = []  # every train heartbeat seen (for the goodput ledger)
         self.furthest_step: int | None = None  # furthest step any rank reported (train/exit beats)
@@ -88,6 +89,8 @@ class ProgressWatch:
                     self.history.append(beat)
                     if prog.ckpt_since is not None:
                         self._ckpt_times.append(max(0.0, beat.time - prog.ckpt_since))
+                        end = max(prog.ckpt_since, beat.time - (beat.step_time or 0.0))
+                        self.checkpoint_stalls.append((prog.ckpt_since, end))
                         prog.ckpt_since = None
                     first = prog.first_train_time is None
                     if first:
