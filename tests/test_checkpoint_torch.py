@@ -185,6 +185,23 @@ def test_writer_process_death_is_an_error_not_a_silent_loss(tmp_path):
     assert all(verify(c.path).ok for c in list_checkpoints(tmp_path))
 
 
+def test_writer_survives_the_preemption_signal_sent_to_the_whole_process_group(tmp_path):
+    import os
+    import signal
+
+    state = TrainState(torch.nn.Linear(2048, 4096))  # 32 MiB: the signal lands mid-write
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(1, state)
+    ckpt.wait()
+    ckpt.save(2, state)
+    os.kill(ckpt._writer._proc.pid, signal.SIGTERM)  # what torchrun forwards to the group
+    os.kill(ckpt._writer._proc.pid, signal.SIGINT)
+    ckpt.wait()  # the save still completes
+    ckpt.close()
+    assert [c.step for c in list_checkpoints(tmp_path)] == [1, 2]
+    assert all(verify(c.path).ok for c in list_checkpoints(tmp_path))
+
+
 def test_staging_buffers_are_reused_and_reallocated_when_shapes_change(tmp_path):
     state = make_state(width=16)
     train(state, 1)

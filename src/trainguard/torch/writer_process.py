@@ -23,6 +23,11 @@ from trainguard.torch.async_writer import recv_msg, send_msg
 
 
 def _die_with_parent(parent: int) -> None:
+    # Under torchrun a preemption SIGTERM (or a terminal's Ctrl-C) reaches the whole process
+    # group, writer included, at the very moment the trainer wants its final checkpoint written.
+    # The writer leaves only when its parent does (PDEATHSIG below), never on its own signal.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(Exception):
         import ctypes
 
