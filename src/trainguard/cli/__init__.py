@@ -14,7 +14,7 @@ from trainguard import __version__
 from trainguard.errors import TrainguardError
 
 # Order is the order of `trainguard --help`.
-SUBCOMMANDS = ["check", "monitor", "logs", "run", "demo", "incidents", "report"]
+SUBCOMMANDS = ["check", "monitor", "logs", "run", "demo", "incidents", "report", "checkpoints"]
 
 
 def build_parser() -> argparse.ArgumentParser:

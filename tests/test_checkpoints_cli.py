@@ -1,0 +1,42 @@
+"""`trainguard checkpoints list|verify`: what a resume would load, without torch."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from trainguard.checkpoint import Manifest, commit, damage, describe_files, new_tmp_dir
+from trainguard.cli import main
+
+
+def make_checkpoint(directory: Path, step: int, payload: bytes) -> Path:
+    tmp = new_tmp_dir(directory, step)
+    (tmp / "state.pt").write_bytes(payload)
+    return commit(tmp, Manifest(step=step, files=describe_files(tmp), time=time.time()))
+
+
+def test_list_shows_every_checkpoint_and_the_resume_step(tmp_path, capsys):
+    for step in (100, 200, 300):
+        make_checkpoint(tmp_path, step, bytes(range(256)) * 64)
+    assert main(["checkpoints", "list", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [c["step"] for c in out["checkpoints"]] == [100, 200, 300]
+    assert all(c["valid"] for c in out["checkpoints"])
+    assert out["resume_step"] == 300
+
+
+def test_verify_fails_a_flipped_newest_checkpoint_and_names_the_fallback(tmp_path, capsys):
+    make_checkpoint(tmp_path, 100, b"a" * 10_000)
+    newest = make_checkpoint(tmp_path, 200, b"b" * 10_000)
+    damage(newest, "flip")
+    assert main(["checkpoints", "verify", str(tmp_path), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["valid"] is False and "checksum" in out["reason"]
+    assert out["resume_step"] == 100
+    assert main(["checkpoints", "verify", str(tmp_path / "step-00000100")]) == 0
+
+
+def test_a_missing_directory_is_a_clear_error(tmp_path, capsys):
+    assert main(["checkpoints", "list", str(tmp_path / "nope")]) == 2
+    assert "no such directory" in capsys.readouterr().err
