@@ -60,7 +60,9 @@ def main(args: argparse.Namespace) -> int:
             display.line(
                 f"reference run done: accuracy {acc:.1%}" if acc is not None else "reference run: no accuracy"
             )
-        chaos = run_chaos(plan, script, workdir, job, display)
+        chaos = run_chaos(plan, script, workdir, job, display, getattr(args, "verbose", 0))
+        if int(chaos.result.exit_code) == EXIT_INTERRUPTED:
+            raise KeyboardInterrupt
         display.phase("report", "training done: matching faults to incidents")
     except KeyboardInterrupt:
         display.stop()
@@ -68,10 +70,6 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     finally:
         display.stop()
-    result = chaos.result
-    if result is not None and int(result.exit_code) == 130:
-        print("trainguard demo: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
     report = assemble(plan, chaos, reference, workdir, job, t0, args.json)
     print(render(report), flush=True)
     if args.json is not None:

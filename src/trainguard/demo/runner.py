@@ -92,7 +92,9 @@ def run_reference(plan: DemoPlan, script: Path, workdir: Path, job: str, display
     return sup.run()
 
 
-def run_chaos(plan: DemoPlan, script: Path, workdir: Path, job: str, display: Display) -> ChaosRun:
+def run_chaos(
+    plan: DemoPlan, script: Path, workdir: Path, job: str, display: Display, verbose: int = 0
+) -> ChaosRun:
     from trainguard.supervisor import Supervisor
 
     (workdir / "chaos.toml").write_text(chaos_toml(plan))
@@ -105,6 +107,7 @@ def run_chaos(plan: DemoPlan, script: Path, workdir: Path, job: str, display: Di
         d = ev.data
         if ev.kind == "job_started":
             display.set_verdict_source(lambda: sup.health.last if sup is not None else None)
+            quiet_logs(verbose)  # again: the supervisor has imported torch's loggers by now
         elif ev.kind == "attempt_started":
             out.gpus_by_attempt.append((ev.time, tuple(d.get("gpus", ()))))
             if d.get("attempt"):
@@ -172,6 +175,7 @@ def quiet_logs(verbose: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun warns when it has to set it
     if verbose:
         return
+    os.environ.setdefault("LOGLEVEL", "ERROR")  # torch elastic sets each logger's level from it
     for name in ("torch.distributed", "torch.distributed.run", "torch.distributed.elastic", "trainguard"):
         logging.getLogger(name).setLevel(logging.ERROR)
     for name in list(logging.root.manager.loggerDict):
