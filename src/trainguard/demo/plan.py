@@ -67,11 +67,11 @@ def build_plan(quick: bool = False, steps: int | None = None, speed: float = 1.0
     # checkpoint: the restart after the hang must skip the torn one.
     if quick:
         base = DemoPlan(steps=130, checkpoint_every=15, step_delay=0.06, warm_standby=False)
-        at = {"nan": 20, "xid": 35, "crash": 55, "corrupt_checkpoint": 79, "hang": 88, "straggler": 105}
+        at = {"nan": 20, "xid": 35, "crash": 55, "corrupt_checkpoint": 82, "hang": 89, "straggler": 105}
         slow_steps = 4
     else:
         base = DemoPlan(steps=220, checkpoint_every=20, step_delay=0.1)
-        at = {"nan": 35, "xid": 60, "crash": 95, "corrupt_checkpoint": 145, "hang": 154, "straggler": 180}
+        at = {"nan": 35, "xid": 60, "crash": 95, "corrupt_checkpoint": 148, "hang": 156, "straggler": 180}
         slow_steps = 6
     scale = 1.0
     if steps is not None:
