@@ -18,6 +18,7 @@ Usable as a library (the demo drives it with a live display)::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -43,6 +44,8 @@ from trainguard.supervisor.resume import newest_valid_step
 from trainguard.supervisor.watch import ProgressWatch
 
 log = logging.getLogger(__name__)
+
+EXIT_GRACE_S = 10.0  # a rank that said goodbye may take this long to exit once its peers have
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +301,8 @@ class Supervisor:
                 self._emit("chaos", **inj.to_dict())
         if codes and all(c == 0 for c in codes.values()):
             return None, True
+        if self._stuck_in_teardown(now, codes):
+            return None, True
         failed = [
             Exited(self._rank_of[lr], lr, c, self._exit_seen[lr])
             for lr, c in codes.items()
@@ -344,6 +349,25 @@ class Supervisor:
                 rank,
             ), False
         return None, False
+
+    def _stuck_in_teardown(self, now: float, codes: dict[int, int | None]) -> bool:
+        """Some ranks finished (exit 0) and the others said goodbye (an "exit" heartbeat) but
+        linger, e.g. blocked in destroy_process_group: after a grace, end them and succeed."""
+        done = [lr for lr, c in codes.items() if c == 0]
+        running = [lr for lr, c in codes.items() if c is None]
+        if not done or not running or len(done) + len(running) != len(codes):
+            return False
+        beats = self.watch.last_beats()
+        if not all((b := beats.get(self._rank_of[lr])) is not None and b.phase == "exit" for lr in running):
+            return False
+        if now - min(self._exit_seen[lr] for lr in done) < EXIT_GRACE_S:
+            return False
+        pids = self._agent.pids()
+        for lr in running:
+            log.warning("rank %s finished but is stuck in teardown; ending it", self._rank_of[lr])
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pids[lr], signal.SIGKILL)
+        return True
 
     def _numerics_trouble(self, now: float) -> Trouble | None:
         """The Guard's numerics findings: one incident per bad step; its verdict (transient =
