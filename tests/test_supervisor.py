@@ -111,3 +111,18 @@ def test_a_stopped_rank_is_caught_as_a_hang_and_named(tmp_path):
     assert "laggard: rank 1" in incident.summary
     assert incident.detected_by == "heartbeat"
     assert 2 <= incident.detection_delay_s < 15
+
+
+def test_a_fatal_xid_on_a_simulated_gpu_excludes_it_and_training_continues_on_fewer(tmp_path):
+    plan = '[[fault]]\nkind = "xid"\nrank = 1\nxid = 79\nstep = 8\n'
+    code, result, store = trainguard_run(
+        tmp_path, "--backend", "sim", worker_args=("--steps", "16"), plan=plan
+    )
+    assert code == 0, result
+    [incident] = store.list(job=result["job_id"])
+    assert incident.action == "exclude_gpu" and incident.gpu == 1
+    assert incident.root_cause.value == "faulty_gpu"
+    assert result["world_sizes"] == [2, 1]
+    assert result["final_step"] == 15
+    kmsg = (Path(result["run_dir"]) / "sim-kmsg.log").read_text()
+    assert "NVRM: Xid (PCI:" in kmsg and ": 79, " in kmsg
