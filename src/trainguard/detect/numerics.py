@@ -112,7 +112,7 @@ def robust_stats(history: Iterable[float], log_scale: bool = True) -> RobustStat
     if log:
         values = [math.log(v) for v in values]
     mid = median(values)
-    mad = median(abs(v - mid) for v in values)
+    mad = median([abs(v - mid) for v in values])
     scale = _MAD_TO_SIGMA * mad or max(abs(mid) * 1e-6, 1e-12)
     return RobustStats(mid, scale, log, len(values))
 
@@ -159,6 +159,11 @@ class NumericsMonitor:
         self._bound = math.inf  # losses above this may be spikes (check_loss decides)
         self._refresh_every = 0
         self._replaying: dict[int, LossCheck] = {}  # step -> the anomaly we rolled back from
+
+    @property
+    def replaying(self) -> bool:
+        """A rolled-back step awaits its replay (the Guard then checks every step at once)."""
+        return bool(self._replaying)
 
     def clean(self, loss: float | None) -> bool:
         """Fast path for the common step: True (and the loss is accepted) when ``loss`` is finite,

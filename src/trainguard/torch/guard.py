@@ -24,6 +24,7 @@ See docs/guard.md.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
@@ -35,14 +36,17 @@ from types import TracebackType
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from trainguard import rundir
 from trainguard.detect.numerics import NumericsMonitor, Policy, SpikeConfig
+from trainguard.errors import ConfigError
 from trainguard.records import Action, Category, Finding, Health
 from trainguard.rundir import ExitCode
 from trainguard.torch import errorfile
+from trainguard.torch.agreement import Agreement, Window, host_value
 from trainguard.torch.chaos import Chaos
-from trainguard.torch.numerics import distributed_world, gather_step, nonfinite_grads, poison
+from trainguard.torch.numerics import distributed_world, nonfinite_grads, poison
 from trainguard.torch.preemption import PreemptionHandler
 from trainguard.torch.watchdog import HangWatchdog
 
@@ -87,6 +91,8 @@ class Guard:
         watchdog: bool = True,
         heartbeat_interval_s: float = 0.25,  # at most ~4 heartbeat writes per second
         chaos: bool = True,  # apply $TRAINGUARD_RUN_DIR/chaos.json
+        check_every: int | None = None,  # read/agree on the losses every N steps (None: see docs)
+        check_lag: int | None = None,  # ... N steps later (0: at once; 1: no device stall)
     ) -> None:
         self.checkpointer, self.state = checkpointer, state
         self.checkpoint_every, self.save_at_end = checkpoint_every, save_at_end
@@ -102,6 +108,18 @@ class Guard:
             torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
         )
         self.monitor = NumericsMonitor(on_nan, on_spike, spike, gpu=gpu)
+        self._check_args = _check_mode(self.monitor, check_every, check_lag)
+        self.check_every, self.check_lag = self._check_args[0] or 1, self._check_args[1] or 0
+        self._agreement = Agreement(self.world_size, dist.get_backend() if world else None)
+        self._losses: list[Any] = []  # the window: losses of the steps not yet launched
+        self._grads: dict[int, torch.Tensor] = {}  # step -> check_grads flag, in the window
+        self._arrivals: dict[int, float] = {}  # step -> arrival, where chaos delayed it
+        self._next_event = -1  # steps from here take the slow path (first step, chaos, windows)
+        self._inflight: Any = None  # the launched window, collected check_lag steps later
+        self._mode_set = False
+        self._direct = False  # one process, CPU loss, every step: guard.step reads it inline
+        self._lazy = (self.check_every, self.check_lag)  # the mode outside rollback replays
+        self.last_checked: int | None = None  # the last step whose loss was read and agreed
         self.heartbeat_interval_s = heartbeat_interval_s
         self.findings: list[Finding] = []
         self.step_times: deque[float] = deque(maxlen=256)  # seconds per step, newest last
@@ -126,6 +144,7 @@ class Guard:
         self._t_last = 0.0
         self._n_steps = 0  # guard.step calls (the watchdog's first-step allowance ends at 1)
         self._last_beat = -1e9  # perf_counter of the last heartbeat written
+        self._beat_due = math.inf  # perf_counter from which the next train heartbeat is due
         self._phase = ""
 
     # -- context -------------------------------------------------------------------------------
@@ -133,7 +152,8 @@ class Guard:
         errorfile.install(self)
         if self.run_dir is not None:
             self._hb = rundir.HeartbeatWriter(self.run_dir, self.rank, self.attempt)
-        self._preempt = PreemptionHandler(self._signals)
+            self._beat_due = 0.0
+        self._preempt = PreemptionHandler(self._signals, on_request=self._on_signal)
         if self._chaos_on and self.run_dir is not None:
             self._chaos = Chaos(self.run_dir, self.rank)
             self._chaos_next = self._chaos.next_step
@@ -187,42 +207,200 @@ class Guard:
             self.current_step = step
             yield step
             step = self.end_step(step)
+            if step >= stop and self._pending():  # the last steps are checked before the end
+                step = self._flush(stop - 1) or step
         if self.save_at_end and self.checkpointer is not None and self._last_saved != stop:
             self.save(stop, wait=True)
 
     def step(self, step: int, loss: Any) -> StepAction:
-        """Check one step's loss (a tensor or float) after backward, before the optimizer step."""
-        # The common path is kept short and allocation-free: it runs right after backward, with
-        # the caches cold, on every step.
+        """Record one step's loss (a tensor or float) after backward, before the optimizer step.
+
+        The loss is read, agreed across ranks and checked every ``check_every`` steps,
+        ``check_lag`` steps later (see docs/guard.md); the steps in between cost a clock read,
+        a few attribute writes and a list append: no device sync, no collective.
+        """
+        # The common path is kept short: it runs on every step, right after backward, with the
+        # caches cold (each attribute touched there costs ~1 us on a busy machine).
         now = time.perf_counter()
-        dt = now - self._t_last
+        self.step_times.append(now - self._t_last)
         self._t_last = now
-        self.step_times.append(dt)
         self._n_steps += 1  # the watchdog thread polls these (see _progress): no call per step
         self.last_step = self.current_step = step
+        if step < self._next_event:  # no chaos due, no window to launch or collect
+            if self._direct:  # one process, host values, every step: read it right here
+                try:
+                    value = loss.item()
+                except (AttributeError, RuntimeError, ValueError):
+                    value = host_value(loss)
+                self.last_loss = value
+                if self.monitor.clean(value):
+                    if now >= self._beat_due:
+                        self._beat(step, value, self.step_times[-1], "train", force=True)
+                    return StepAction.PROCEED
+                return self._read_now(step, value, None)
+            try:
+                self._losses.append(loss.detach())  # the value, not the autograd graph
+            except AttributeError:
+                self._losses.append(loss)
+            if now >= self._beat_due:
+                self._beat(step, self.last_loss, self.step_times[-1], "train", force=True)
+            return StepAction.PROCEED
+        return self._step_slow(step, loss, now)
+
+    def _step_slow(self, step: int, loss: Any, now: float) -> StepAction:
+        """Chaos, check_grads, the first step, and the steps that launch or collect a window."""
         self.restored = False
         if self._chaos_next is not None and step >= self._chaos_next:
             loss = self._apply_chaos(step, loss)
-        preempt = self._preempt is not None and self._preempt.requested is not None
-        value: float | None
+            # A straggler arrives late by its delay: that is what its peers wait for.
+            self._arrivals[step] = time.perf_counter()
+        grads, self._grad_flag = self._grad_flag, None
+        if not self._mode_set:
+            self._set_mode(loss)
         try:
-            if self.world_size > 1 or self._grad_flag is not None:
-                raise TypeError  # agree with the peers / fold in the gradient flag
-            value = loss.item()  # one process, a one-element tensor: the cheapest read there is
-            grads_bad, wait = False, None
-        except (AttributeError, RuntimeError, TypeError, ValueError):
-            value, grads_bad, preempt, wait = gather_step(loss, self._grad_flag, preempt, self.world_size)
-            self._grad_flag = None
-        self._preempt_agreed = preempt
-        self.last_loss = value
-        if self._hb is not None and (
-            self._phase != "train" or now - self._last_beat >= self.heartbeat_interval_s
-        ):
-            self._hb.beat(step, value, dt, "train", wait=wait)
-            self._last_beat, self._phase = now, "train"
-        if not grads_bad and self.monitor.clean(value):
+            if self._direct:
+                value = host_value(loss)
+                self.last_loss = value
+                return self._read_now(step, value, grads)
+            self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+            if grads is not None:
+                self._grads[step] = grads
+            checked = False
+            if self._inflight is not None:
+                job, self._inflight = self._inflight, None
+                checked = True
+                action = self._evaluate(self._agreement.collect(job), step)
+                if action is not StepAction.PROCEED:
+                    return action
+            if len(self._losses) >= self.check_every:
+                job = self._launch(step)
+                if self.check_lag == 0:
+                    return self._evaluate(self._agreement.collect(job), step)
+                self._inflight = job
+            if not checked and now >= self._beat_due:
+                self._beat(step, self.last_loss, self.step_times[-1], "train", force=True)
             return StepAction.PROCEED
-        return self._decide(step, value, dt, grads_bad)
+        finally:
+            self._plan(step)
+
+    def _read_now(self, step: int, value: float | None, grads: Any) -> StepAction:
+        """Direct mode, a step that is not plainly clean (or has a gradient flag): decide now."""
+        bad = grads is not None and bool(grads.item() > 0)
+        self.last_checked = step
+        dt = self.step_times[-1]
+        if not bad and self.monitor.clean(value):
+            if time.perf_counter() >= self._beat_due:
+                self._beat(step, value, dt, "train", force=True)
+            return StepAction.PROCEED
+        self._hb_beat(step, value, dt, None)  # the supervisor sees a NaN at once
+        action = self._decide(step, value, dt, bad, step)
+        self._set_mode(None)  # a judged replay returns to the configured mode
+        self._plan(step)
+        return action
+
+    def _launch(self, step: int) -> Any:
+        """Start reading the window that ends with ``step`` (consecutive steps)."""
+        losses, self._losses = self._losses, []
+        n = len(losses)
+        times = self.step_times
+        dts = [times[i] for i in range(-n, 0)] if n <= len(times) else [0.0] * n
+        # Arrivals, backwards from the last: each step arrived one step time after the previous.
+        arrivals = [self._t_last] * n
+        for i in range(n - 1, 0, -1):
+            arrivals[i - 1] = arrivals[i] - dts[i]
+        first = step - n + 1
+        if self._arrivals:
+            arrivals = [self._arrivals.get(first + i, a) for i, a in enumerate(arrivals)]
+            self._arrivals.clear()
+        grads = self._grads
+        entries = [(first + i, losses[i], dts[i], arrivals[i], grads.get(first + i)) for i in range(n)]
+        grads.clear()
+        preempt = self._preempt is not None and self._preempt.requested is not None
+        return self._agreement.launch(entries, preempt)
+
+    def _plan(self, step: int) -> None:
+        """The next step that cannot take the common path of ``step``."""
+        nxt = step + 1 if self._inflight is not None else step + max(1, self.check_every - len(self._losses))
+        if self._direct:
+            nxt = 1 << 62
+        if self._chaos_next is not None:
+            nxt = min(nxt, self._chaos_next)
+        self._next_event = nxt if self._mode_set and not self._rolled_back else -1
+
+    def _pending(self) -> bool:
+        return bool(self._losses) or self._inflight is not None
+
+    def _flush(self, step: int) -> int | None:
+        """Check every recorded step now (before a checkpoint or the end): a checkpoint must
+        never hold an update that was not checked. Returns the step to continue from after a
+        rollback, else None. Collective: every rank flushes at the same boundaries."""
+        if not self._pending():
+            return None
+        if self._inflight is not None:
+            job, self._inflight = self._inflight, None
+            if self._evaluate(self._agreement.collect(job), step) is StepAction.ROLLBACK:
+                return self._after_rollback(step)
+        if self._losses:
+            job = self._launch(step)
+            if self._evaluate(self._agreement.collect(job), step) is StepAction.ROLLBACK:
+                return self._after_rollback(step)
+        self._plan(step)
+        return None
+
+    def _after_rollback(self, step: int) -> int:
+        self._rolled_back, self.restored = False, True
+        return self.resume_step if self.resume_step is not None else step + 1
+
+    def _evaluate(self, window: Window, current: int) -> StepAction:
+        """Act on the agreed numbers of ``window``; ``current`` is the step in progress (its
+        update not applied yet). Earlier steps' updates were applied: they can be rolled back
+        (or stopped on), not skipped."""
+        if window.preempt:
+            self._preempt_agreed = True
+        for i, step in enumerate(window.steps):
+            value, bad = window.losses[i], window.grads_bad[i]
+            self.last_loss, self.last_checked = value, step
+            if not bad and self.monitor.clean(value):
+                continue
+            wait = window.waits[i] if window.waits is not None else None
+            self._hb_beat(step, value, window.step_times[i], wait)  # the supervisor sees NaN at once
+            action = self._decide(step, value, window.step_times[i], bad, current)
+            if action is not StepAction.PROCEED:
+                self._losses, self._inflight = [], None  # steps after a rollback replay anyway
+                self._grads.clear()
+                self._arrivals.clear()
+                self._next_event = -1  # the next step resets ``restored`` and the mode
+                self._set_mode(None)
+                return action
+        self._set_mode(None)
+        # One heartbeat per window at most, for its last step, with its slowest step and longest
+        # wait; a window with a step slower than the heartbeat interval is always reported (a
+        # straggler is news, and slow steps leave few heartbeats anyway).
+        slowest = max(window.step_times)
+        if time.perf_counter() >= self._beat_due or slowest >= self.heartbeat_interval_s:
+            last = len(window.steps) - 1
+            wait = max(window.waits) if window.waits is not None else None
+            self._hb_beat(window.steps[last], window.losses[last], slowest, wait)
+        return StepAction.PROCEED
+
+    def _set_mode(self, loss: Any) -> None:
+        """Resolve the automatic check mode once (from the first loss's device); after a
+        rollback check every step at once until the replayed step is judged (so that a repeat
+        can still be skipped)."""
+        if not self._mode_set and loss is not None:
+            self._mode_set = True
+            self._agreement.choose_device(loss)
+            on_device = isinstance(loss, torch.Tensor) and loss.device.type != "cpu"
+            every, lag = self._check_args
+            lazy = on_device or self.world_size > 1
+            self._lazy = (every or (8 if lazy else 1), lag if lag is not None else (1 if lazy else 0))
+        if self._mode_set and not self._losses and self._inflight is None:
+            self.check_every, self.check_lag = (1, 0) if self.monitor.replaying else self._lazy
+            self._direct = self.check_every == 1 and self.world_size == 1 and self._agreement.device is None
+
+    def _on_signal(self, signum: int) -> None:
+        if self.world_size == 1:
+            self._preempt_agreed = True  # nobody to agree with: the next boundary saves and exits
 
     def _progress(self) -> tuple[float, int, float]:
         """For the watchdog thread: (perf_counter of the last step, steps, slowest step).
@@ -232,21 +410,29 @@ class Guard:
             times = times[1:]
         return self._t_last, self._n_steps, max(times, default=0.0)
 
-    def _decide(self, step: int, value: float | None, dt: float, grads_bad: bool) -> StepAction:
+    def _decide(self, step: int, value: float | None, dt: float, grads_bad: bool, current: int) -> StepAction:
         decision = self.monitor.observe(step, value, grads_finite=not grads_bad, time=time.time())
         for finding in decision.findings:
             self._report(finding, step)
         action = decision.action
         if action is Policy.STOP:
             log.error("numerics stop at step %d: %s", step, decision.findings[0].reason)
-            self._beat(step, value, dt, "exit", force=True)
+            self._beat(current, value, dt, "exit", force=True)
             raise SystemExit(ExitCode.NUMERICS_STOP)
         if action is Policy.ROLLBACK:
-            if self._rollback(step):
+            if self._rollback(current):
                 self.monitor.rolled_back(decision.check)
                 return StepAction.ROLLBACK
             action = Policy.SKIP
         if action is Policy.SKIP:
+            if step != current:
+                log.warning(
+                    "step %d: cannot skip an update applied %d step(s) ago (check_lag/check_every); "
+                    "use on_nan/on_spike='skip' for exact skips",
+                    step,
+                    current - step,
+                )
+                return StepAction.PROCEED
             self._zero_grad()
             return StepAction.SKIP
         return StepAction.PROCEED
@@ -262,12 +448,17 @@ class Guard:
         """The boundary after ``step`` (its update applied): save if due, honour preemption.
         Returns the next step (``resume_step`` after a rollback). ``range`` calls it for you."""
         if self._rolled_back:
-            self._rolled_back, self.restored = False, True
-            return self.resume_step if self.resume_step is not None else step + 1
+            return self._after_rollback(step)
         done = step + 1
-        if self._preempt_agreed or (self.world_size == 1 and self._preempt and self._preempt.requested):
+        due = self.checkpoint_every and done % self.checkpoint_every == 0 and self.checkpointer is not None
+        if not (due or self._preempt_agreed):
+            return done
+        resumed = self._flush(step)
+        if resumed is not None:
+            return resumed
+        if self._preempt_agreed:
             self._preempted(done)
-        if self.checkpoint_every and done % self.checkpoint_every == 0 and self.checkpointer is not None:
+        if due:
             self.save(done)
         return done
 
@@ -287,10 +478,14 @@ class Guard:
             model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
         )
         self._grad_flag = nonfinite_grads(params)
+        self._next_event = -1  # the flag is read on the slow path
 
     def save(self, step: int, wait: bool = False) -> None:
-        """Checkpoint ``state`` as of ``step`` completed steps (a heartbeat phase and watchdog allowance)."""
+        """Checkpoint ``state`` as of ``step`` completed steps (a heartbeat phase and watchdog allowance).
+        Steps not yet checked are checked first; if that rolls back, nothing is saved."""
         if self.checkpointer is None:
+            return
+        if self._pending() and self._flush(step - 1) is not None:
             return
         # Heartbeat steps are step indices, ``step`` here counts completed steps: hence - 1.
         self._beat(max(step - 1, 0), self.last_loss, None, "checkpoint", force=True)
@@ -370,13 +565,26 @@ class Guard:
         if self.run_dir is not None:
             rundir.append_finding(self.run_dir, self.rank, finding, step)
 
-    def _beat(self, step: int, loss: float | None, dt: float | None, phase: str, force: bool = False) -> None:
+    def _beat(
+        self,
+        step: int,
+        loss: float | None,
+        dt: float | None,
+        phase: str,
+        force: bool = False,
+        wait: float | None = None,
+    ) -> None:
         if self._hb is None:
             return
         now = time.perf_counter()
         if force or phase != self._phase or now - self._last_beat >= self.heartbeat_interval_s:
-            self._hb.beat(step, loss, dt, phase)
+            self._hb.beat(step, loss, dt, phase, wait=wait)
             self._last_beat, self._phase = now, phase
+            # After another phase the next step beats at once (the supervisor sees training resume).
+            self._beat_due = now + self.heartbeat_interval_s if phase == "train" else 0.0
+
+    def _hb_beat(self, step: int, loss: float | None, dt: float | None, wait: float | None) -> None:
+        self._beat(step, loss, dt, "train", force=True, wait=wait)
 
     def _on_hang(self, reason: str) -> None:
         assert self._watchdog is not None
@@ -395,3 +603,21 @@ class Guard:
         if self._hb is not None:
             self._hb.beat(self.last_step or 0, self.last_loss, None, "exit")
         os._exit(ExitCode.HANG)
+
+
+def _check_mode(
+    monitor: NumericsMonitor, every: int | None, lag: int | None
+) -> tuple[int | None, int | None]:
+    """(check_every, check_lag) as given, (1, 0) under a skip policy (None: decided at step 0)."""
+    if every is not None and not 1 <= every <= 256:
+        raise ConfigError(f"check_every={every}: use 1 (every step) to 256")
+    if lag is not None and lag not in (0, 1):
+        raise ConfigError(f"check_lag={lag}: use 0 (read at once) or 1 (one step later, no device stall)")
+    if Policy.SKIP in (monitor.on_nan, monitor.on_spike):
+        if (every or 1) > 1 or (lag or 0) > 0:
+            raise ConfigError(
+                "a 'skip' policy needs each step checked before its update: use check_every=1, "
+                "check_lag=0 (the default under skip), or the 'rollback' policy"
+            )
+        return 1, 0
+    return every, lag

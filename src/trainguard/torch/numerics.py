@@ -1,15 +1,13 @@
-"""Torch side of numerics checks: fused gradient finiteness and one cheap cross-rank agreement.
+"""Torch side of numerics checks: fused gradient finiteness, NaN injection, the process group.
 
 The decisions live in ``trainguard.detect.numerics`` (pure, torch-free); this module only turns
-tensors into the few floats those decisions need, with as few GPU->CPU syncs as possible: the
-gradient check is one fused ``torch._foreach_norm`` plus ``isfinite`` that stays on the device,
-and the loss, the gradient flag and the preemption flag travel together in one small tensor, one
-``all_reduce`` (when distributed) and one ``tolist()`` per step.
+tensors into the flags those decisions need without a GPU->CPU sync: the gradient check is one
+fused kernel that stays on the device. Reading the flags and the loss, and agreeing on them
+across ranks, is ``trainguard.torch.agreement``'s job (batched, and one step late on a GPU).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 
 import torch
@@ -59,57 +57,3 @@ def distributed_world() -> tuple[int, int] | None:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return None
-
-
-def gather_step(
-    loss: object, grad_flag: torch.Tensor | None, preempt: bool, world: int
-) -> tuple[float | None, bool, bool, float | None]:
-    """(loss, grads non-finite, preemption requested, wait) agreed across ranks.
-
-    With several ranks the loss is the mean over ranks (a NaN anywhere makes it NaN everywhere)
-    and the flags are "any rank": every rank then takes the same decision at the same step.
-    ``wait`` is how long the all-reduce (and the sync after it) took here: the ranks that waited
-    for a straggler wait long, the straggler itself hardly at all. None without peers.
-    """
-    if world <= 1 and (grad_flag is None or grad_flag.device.type == "cpu"):
-        # No peers to agree with, and nothing to batch into one device sync: plain item() calls.
-        bad = grad_flag is not None and grad_flag.item() > 0
-        if isinstance(loss, torch.Tensor):
-            return float((loss if loss.numel() == 1 else loss.reshape(-1)[0]).item()), bad, preempt, None
-        return _as_float(loss), bad, preempt, None
-    device = _device(loss, grad_flag, world)
-    if isinstance(loss, torch.Tensor):
-        loss_t = loss.detach().reshape(-1)[0].to(device=device, dtype=torch.float32)
-        has_loss = 1.0
-    else:
-        value = _as_float(loss)
-        loss_t = torch.tensor(0.0 if value is None else value, device=device)
-        has_loss = 0.0 if value is None else 1.0
-    grad_t = grad_flag.to(device) if grad_flag is not None else torch.zeros((), device=device)
-    extra = torch.tensor([has_loss, 1.0 if preempt else 0.0], device=device)
-    packed = torch.cat([loss_t.reshape(1), grad_t.reshape(1).float(), extra])
-    wait = None
-    if world > 1:
-        started = time.perf_counter()
-        dist.all_reduce(packed)
-        total, grads_bad, n_loss, n_preempt = packed.tolist()
-        wait = time.perf_counter() - started
-    else:
-        total, grads_bad, n_loss, n_preempt = packed.tolist()
-    mean = total / n_loss if n_loss > 0 else None
-    return mean, grads_bad > 0, n_preempt > 0, wait
-
-
-def _device(loss: object, grad_flag: torch.Tensor | None, world: int) -> torch.device:
-    if world > 1 and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    if isinstance(loss, torch.Tensor):
-        return loss.device
-    return grad_flag.device if grad_flag is not None else torch.device("cpu")
-
-
-def _as_float(loss: object) -> float | None:
-    try:
-        return float(loss)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
@@ -24,8 +24,13 @@ log = logging.getLogger(__name__)
 class PreemptionHandler:
     """Installs handlers for ``signals`` (SIGTERM by default) until ``close()``."""
 
-    def __init__(self, signals: Iterable[int | signal.Signals] = (signal.SIGTERM,)) -> None:
+    def __init__(
+        self,
+        signals: Iterable[int | signal.Signals] = (signal.SIGTERM,),
+        on_request: Callable[[int], None] | None = None,  # called in the handler: set flags only
+    ) -> None:
         self.requested: int | None = None  # the signal number that asked us to stop
+        self._on_request = on_request
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             log.warning("Guard created off the main thread: preemption signals are not handled")
@@ -44,6 +49,8 @@ class PreemptionHandler:
             return
         log.warning("received %s: will checkpoint and exit at the next step boundary", _name(signum))
         self.requested = signum
+        if self._on_request is not None:
+            self._on_request(signum)
 
     def close(self) -> None:
         for num, previous in self._previous.items():

@@ -1,0 +1,214 @@
+"""The Guard's per-step numbers, read in batches and agreed across ranks without stalling the device.
+
+Part of the Guard (``trainguard.torch.guard``). Reading a CUDA loss (``item()``) or waiting for a
+collective is a device synchronisation: the CPU stops queueing work until the GPU has drained its
+stream. So the Guard does not read each step's loss. It keeps the steps' loss tensors (a list
+append, no kernel) and, every ``every`` steps, packs them with the gradient and preemption flags
+into one small tensor, starts one ``all_reduce`` (SUM: mean loss, "any rank" flags) and one of
+the arrival times (MAX: how long each rank waited for the slowest), and copies the result into
+pinned host memory with ``non_blocking=True``. ``collect`` reads it ``lag`` steps later (0: at
+once), when the GPU has normally long finished it: in steady state nothing waits on the device.
+
+Every rank launches and collects at the same steps, so every rank reads the same agreed numbers
+and takes the same decision at the same step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+NAN = float("nan")
+
+
+class Window(NamedTuple):  # a NamedTuple: built on every check, it must be cheap
+    """What all ranks agreed about a run of consecutive steps (local values where noted)."""
+
+    steps: tuple[int, ...]
+    losses: tuple[float | None, ...]  # mean over ranks; None when no rank had a loss
+    grads_bad: tuple[bool, ...]  # NaN/Inf in some rank's gradients (with check_grads)
+    step_times: tuple[float, ...]  # this rank's step times
+    waits: tuple[float, ...] | None  # this rank's wait for the slowest rank; None without peers
+    preempt: bool  # some rank was asked to stop
+
+
+@dataclass(slots=True)
+class _Launched:
+    entries: list[tuple[int, Any, float, float, Any]]
+    packed: torch.Tensor | None = None  # on the device; the host copy when ``event`` is set
+    arrivals: torch.Tensor | None = None
+    works: tuple[Any, ...] = ()
+    event: Any = None  # torch.cuda.Event recorded after the copy to host
+    preempt: bool = False
+
+
+class Agreement:
+    """Packs steps ``(step, loss, step_time, arrival, grad_flag)``; launch, then collect.
+
+    >>> a = Agreement(world=1)
+    >>> w = a.collect(a.launch([(0, torch.tensor(2.0), 0.1, 0.0, None)], preempt=False))
+    >>> w.losses, w.grads_bad
+    ((2.0,), (False,))
+    """
+
+    def __init__(self, world: int = 1, backend: str | None = None) -> None:
+        self.world = world
+        self.backend = backend
+        self.device: torch.device | None = None  # where packing happens; None: read host values
+        self._device_known = False
+        self._wall = time.time() - time.perf_counter()  # arrival perf_counter -> unix time
+        self._host: dict[tuple[int, str], torch.Tensor] = {}  # pinned buffers, reused
+
+    def choose_device(self, loss: Any) -> None:
+        """Where windows are packed, from the first loss: None for host values in one process."""
+        if not self._device_known:
+            self.device, self._device_known = self._device([(0, loss, 0.0, 0.0, None)]), True
+
+    def launch(self, entries: list[tuple[int, Any, float, float, Any]], preempt: bool) -> _Launched:
+        """Start reading (and agreeing on) these steps; nothing here waits for the device."""
+        job = _Launched(entries, preempt=preempt)
+        if not self._device_known:
+            self.device, self._device_known = self._device(entries), True
+        device = self.device
+        if device is None:  # one process, host values: nothing to pack, read them at collect
+            return job
+        n = len(entries)
+        with torch.no_grad():
+            packed = torch.cat(
+                [
+                    _losses(entries, device),
+                    _present(entries, device),
+                    _grad_flags(entries, device),
+                    torch.full((1,), 1.0 if preempt else 0.0, dtype=torch.float64, device=device),
+                ]
+            )
+            works: list[Any] = []
+            arrivals = None
+            if self.world > 1:
+                self._wall = time.time() - time.perf_counter()  # follow NTP slewing
+                stamps = torch.tensor([e[3] + self._wall for e in entries], dtype=torch.float64)
+                arrivals = self._to_device(stamps, device, "arrivals")
+                works.append(dist.all_reduce(packed, async_op=True))
+                works.append(dist.all_reduce(arrivals, op=dist.ReduceOp.MAX, async_op=True))
+            if device.type == "cuda":
+                for w in works:
+                    w.wait()  # NCCL: the current stream waits for the collective; the CPU does not
+                works = []
+                packed = self._to_host(packed, "packed")
+                if arrivals is not None:
+                    arrivals = self._to_host(arrivals, "arrivals-host")
+                job.event = torch.cuda.Event()
+                job.event.record()
+        job.packed, job.arrivals, job.works = packed, arrivals, tuple(works)
+        assert packed.numel() == 3 * n + 1
+        return job
+
+    def collect(self, job: _Launched) -> Window:
+        """The agreed numbers of a launched window (waits only if the device is still behind)."""
+        entries = job.entries
+        steps = tuple([e[0] for e in entries])
+        dts = tuple([e[2] for e in entries])
+        if job.packed is None:
+            losses = tuple([host_value(e[1]) for e in entries])
+            bad = tuple([e[4] is not None and bool(e[4].item() > 0) for e in entries])
+            return Window(steps, losses, bad, dts, None, job.preempt)
+        for w in job.works:
+            w.wait()
+        if job.event is not None:
+            job.event.synchronize()  # normally long done: launched at least a step ago
+        n = len(entries)
+        values = job.packed.tolist()
+        sums, present, flags = values[:n], values[n : 2 * n], values[2 * n : 3 * n]
+        losses = tuple(s / p if p > 0 else None for s, p in zip(sums, present, strict=True))
+        waits = None
+        if job.arrivals is not None:
+            latest = job.arrivals.tolist()
+            waits = tuple(max(0.0, t - (e[3] + self._wall)) for t, e in zip(latest, entries, strict=True))
+        return Window(steps, losses, tuple(f > 0 for f in flags), dts, waits, values[3 * n] > 0)
+
+    def _device(self, entries: list[tuple[int, Any, float, float, Any]]) -> torch.device | None:
+        if self.world > 1 and self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        for e in entries:
+            if isinstance(e[1], torch.Tensor) and e[1].device.type != "cpu":
+                return e[1].device
+        return torch.device("cpu") if self.world > 1 else None
+
+    def _host_buffer(self, like: torch.Tensor, name: str) -> torch.Tensor:
+        key = (like.numel(), name)
+        buf = self._host.get(key)
+        if buf is None:
+            buf = self._host[key] = torch.empty(like.numel(), dtype=like.dtype, pin_memory=True)
+        return buf
+
+    def _to_host(self, t: torch.Tensor, name: str) -> torch.Tensor:
+        # Reusing one buffer is safe: the previous window was collected (its event synchronised)
+        # before this one is launched.
+        return self._host_buffer(t, name).copy_(t, non_blocking=True)
+
+    def _to_device(self, t: torch.Tensor, device: torch.device, name: str) -> torch.Tensor:
+        if device.type != "cuda":
+            return t
+        staged = self._host_buffer(t, name).copy_(t)  # pinned: the copy below does not sync
+        return staged.to(device, non_blocking=True)
+
+
+def _losses(entries: list[tuple[int, Any, float, float, Any]], device: torch.device) -> torch.Tensor:
+    tensors = [e[1] for e in entries]
+    if all(isinstance(t, torch.Tensor) for t in tensors):
+        flat = [t.detach().reshape(-1)[0] if t.dim() else t.detach() for t in tensors]
+        return torch.stack(flat).to(device=device, dtype=torch.float64)
+    parts = [
+        t.detach().reshape(-1)[0].to(device=device, dtype=torch.float64).reshape(1)
+        if isinstance(t, torch.Tensor)
+        else torch.full((1,), _float_or_zero(t), dtype=torch.float64, device=device)
+        for t in tensors
+    ]
+    return torch.cat(parts)
+
+
+def _present(entries: list[tuple[int, Any, float, float, Any]], device: torch.device) -> torch.Tensor:
+    if all(isinstance(e[1], torch.Tensor) for e in entries):
+        return torch.ones(len(entries), dtype=torch.float64, device=device)
+    parts = [
+        torch.full((1,), 1.0 if isinstance(e[1], torch.Tensor) or _as_float(e[1]) is not None else 0.0)
+        for e in entries
+    ]
+    return torch.cat(parts).to(device=device, dtype=torch.float64)
+
+
+def _grad_flags(entries: list[tuple[int, Any, float, float, Any]], device: torch.device) -> torch.Tensor:
+    if all(e[4] is None for e in entries):
+        return torch.zeros(len(entries), dtype=torch.float64, device=device)
+    parts = [
+        e[4].reshape(1).to(device=device, dtype=torch.float64)
+        if e[4] is not None
+        else torch.zeros(1, dtype=torch.float64, device=device)
+        for e in entries
+    ]
+    return torch.cat(parts)
+
+
+def host_value(loss: Any) -> float | None:
+    try:
+        return loss.item()  # a one-element host tensor: the common case
+    except (AttributeError, RuntimeError, ValueError):
+        if isinstance(loss, torch.Tensor):
+            return float(loss.reshape(-1)[0].item())
+        return _as_float(loss)
+
+
+def _as_float(loss: object) -> float | None:
+    try:
+        return float(loss)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _float_or_zero(loss: object) -> float:
+    value = _as_float(loss)
+    return 0.0 if value is None else value
