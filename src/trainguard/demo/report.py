@@ -8,6 +8,7 @@ also a self-test.
 from __future__ import annotations
 
 import statistics
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +214,8 @@ def render(report: dict[str, Any]) -> str:
         parts = [
             (k, g[k]) for k in ("init_s", "restart_s", "lost_s", "detection_s", "downtime_s", "checkpoint_s")
         ]
-        lines.append("  lost to: " + ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in parts if v >= 0.05))
+        lost_to = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in parts if v >= 0.05)
+        lines += textwrap.wrap(lost_to, 78, initial_indent="  lost to: ", subsequent_indent=" " * 11)
     acc, ref = report["accuracy"], report["reference_accuracy"]
     acc_s = f"{acc:.1%}" if acc is not None else "n/a"
     ref_s = (
