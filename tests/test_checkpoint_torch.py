@@ -257,3 +257,11 @@ def test_latest_step_reports_a_finished_background_save(tmp_path):
     assert ckpt.latest_step == 7
     ckpt.close()
     assert Path(tmp_path / "step-00000007" / "manifest.json").exists()
+
+
+def test_the_writer_process_starts_with_the_checkpointer_not_inside_the_first_save(tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    try:
+        assert ckpt._writer is not None and ckpt._writer.alive
+    finally:
+        ckpt.close()

@@ -83,12 +83,16 @@ class BackgroundWriter:
         self._sock = parent
         self._buffer_id = -1
 
+    def start(self) -> None:
+        """Start the writer process now (it is otherwise started by the first submit)."""
+        if not self.alive:
+            self._start()
+
     def submit(self, job: dict[str, Any], buffer_id: int, buffer_fd: int, buffer_size: int) -> None:
         """Hand a save to the writer (the previous one must be finished: call wait() first)."""
         if self.in_flight is not None:
             raise CheckpointError("internal: a save is already in flight; wait() for it first")
-        if not self.alive:
-            self._start()
+        self.start()
         assert self._sock is not None
         try:
             if buffer_id != self._buffer_id:
