@@ -236,3 +236,136 @@ def test_a_second_sigterm_while_the_first_is_pending_ends_the_process(tmp_path):
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGTERM
+
+
+# -- lazy checks (check_every / check_lag): the GPU and multi-rank default, exercised on CPU ------
+
+
+def test_lazy_checks_roll_back_within_the_window_to_a_clean_checkpoint(tmp_path):
+    state, ckpt = State(), MemoryCheckpointer()
+    bad = {6}
+    with Guard(
+        ckpt, state, run_dir=tmp_path, checkpoint_every=4, check_every=4, check_lag=1, watchdog=False
+    ) as guard:
+        trace = _train(
+            guard, state, 0, 12, lambda s, loss: loss * math.nan if s in bad and not bad.clear() else loss
+        )
+    # Windows of 4 steps. The NaN of step 6 sits in the window 4..7, which the checkpoint
+    # boundary after step 7 checks before saving: rollback to step 4.
+    steps = [s for s, _ in trace]
+    assert steps == [0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert all(a == "proceed" for _, a in trace)  # the rollback came at the boundary, not in a step
+    assert sorted(ckpt.saved) == [4, 8, 12]  # no checkpoint ever held the NaN update
+    assert all(torch.isfinite(p).all() for p in state.model.parameters())
+    findings = read_findings(tmp_path)
+    assert [(s, f.rule) for _, s, f in findings] == [
+        (6, "numerics.nonfinite_loss"),
+        (7, "numerics.rollback"),
+        (6, "numerics.transient"),  # the replay is checked step by step: a repeat could be skipped
+    ]
+    assert "rolled back from step 7 to the checkpoint of step 4" in findings[1][2].reason
+
+
+def test_a_lazy_check_acts_one_step_late_before_that_steps_update(tmp_path):
+    state, ckpt = State(), MemoryCheckpointer()
+    with Guard(ckpt, state, run_dir=tmp_path, checkpoint_every=20, check_every=1, check_lag=1) as guard:
+        trace = _train(guard, state, 0, 40, lambda s, loss: loss * math.inf if s == 25 else loss)
+    assert (26, "rollback") in trace  # read at step 26, before step 26's update
+    assert [a for s, a in trace if s == 25] == ["proceed", "skip"]  # the replay is checked at once
+    assert sorted(ckpt.saved) == [20, 40]
+
+
+def test_lazy_checks_cost_no_read_between_windows(tmp_path):
+    class Loss:  # counts reads, like a GPU tensor would count syncs
+        reads = 0
+
+        def detach(self) -> Loss:
+            return self
+
+        def __float__(self) -> float:
+            Loss.reads += 1
+            return 1.0
+
+    with Guard(None, None, run_dir=tmp_path, check_every=8, check_lag=1, watchdog=False) as guard:
+        for step in range(33):
+            guard.step(step, Loss())
+            guard.end_step(step)
+    assert Loss.reads == 32  # windows 0-7, 8-15, 16-23, 24-31, each read one step late
+    assert guard.last_checked == 31
+
+
+def test_numerics_stop_under_lazy_checks_exits_within_the_window(tmp_path):
+    state = State()
+    with (
+        pytest.raises(SystemExit) as exit_info,
+        Guard(
+            None, state, run_dir=tmp_path, on_nan="stop", check_every=4, check_lag=1, watchdog=False
+        ) as guard,
+    ):
+        _train(guard, state, 0, 20, lambda s, loss: loss * math.nan if s == 6 else loss)
+    assert exit_info.value.code == ExitCode.NUMERICS_STOP
+    assert guard.last_step == 8  # window 4..7 read at step 8
+    assert read_findings(tmp_path)[0][1] == 6
+
+
+def test_a_skip_policy_needs_every_step_checked_at_once(tmp_path):
+    from trainguard.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="skip"):
+        Guard(None, None, on_nan="skip", check_every=8)
+    with pytest.raises(ConfigError, match="check_lag"):
+        Guard(None, None, check_lag=2)
+    guard = Guard(None, None, on_spike="skip")  # the default under skip: exact
+    assert (guard.check_every, guard.check_lag) == (1, 0)
+
+
+@pytest.mark.gpu
+def test_a_cuda_loss_is_checked_without_a_device_sync_between_windows(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    model = torch.nn.Linear(64, 1).cuda()
+    with Guard(None, None, run_dir=tmp_path, watchdog=False) as guard:
+        assert guard.check_every == 1  # until the first loss shows where training runs
+        for step in range(40):
+            loss = model(torch.randn(32, 64, device="cuda")).pow(2).mean()
+            loss.backward()
+            if step == 9:
+                torch.cuda.set_sync_debug_mode("error")  # any synchronising call now raises
+            try:
+                assert guard.step(step, loss) == "proceed"
+            finally:
+                if step == 30:
+                    torch.cuda.set_sync_debug_mode("default")
+            guard.end_step(step)
+        assert (guard.check_every, guard.check_lag) == (8, 1)
+        assert guard.last_checked is not None and guard.last_checked >= 32
+        assert guard.last_loss is not None and math.isfinite(guard.last_loss)
+
+
+@pytest.mark.slow
+def test_ddp_ranks_agree_on_a_nan_of_one_rank_and_roll_back_at_the_same_step(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "chaos.json").write_text(json.dumps({"faults": [{"kind": "nan", "rank": 1, "step": 13}]}))
+    env = {k: v for k, v in os.environ.items() if k != rundir.RUN_DIR_ENV}
+    env["OMP_NUM_THREADS"] = "1"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    args = ["--run-dir", str(run), "--ckpt-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "5"]
+    args += ["--steps", "30", "--hang-floor", "30"]  # a stuck collective would leave a stack dump
+    proc = subprocess.run(
+        [*torchrun, str(WORKER), *args], capture_output=True, text=True, timeout=180, env=env
+    )
+    dumps = [p.read_text()[-2000:] for p in rundir.dumps_dir(run).glob("*.txt")]
+    assert proc.returncode == 0, (proc.stderr[-3000:], dumps)
+    by_rank = {r: [(s, f.rule, f.reason) for rank, s, f in read_findings(run) if rank == r] for r in (0, 1)}
+    # Windows of 8 steps, read one step late; the checkpoint boundary after step 14 checks the
+    # partial window 8..14 first: both ranks see the NaN of rank 1's step 13 and roll back there.
+    assert by_rank[0] == by_rank[1]
+    assert [(s, rule) for s, rule, _ in by_rank[0]] == [
+        (13, "numerics.nonfinite_loss"),
+        (14, "numerics.rollback"),
+        (13, "numerics.transient"),
+    ]
+    assert "to the checkpoint of step 10" in by_rank[0][1][2]
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][:1]
+    assert json.loads(line)["steps_run"] == [*range(15), *range(10, 30)]

@@ -80,7 +80,10 @@ def main() -> int:
         if "LOCAL_RANK" in os.environ:  # under torchrun: DDP over gloo
             torch.distributed.init_process_group("gloo")
             model = torch.nn.parallel.DistributedDataParallel(model)
-        ckpt = FileCheckpointer(args.ckpt_dir) if args.ckpt_dir else None
+        ckpt_dir = args.ckpt_dir
+        if ckpt_dir is not None and "LOCAL_RANK" in os.environ:  # replicated state: one copy per rank
+            ckpt_dir = ckpt_dir / f"rank{os.environ['RANK']}"
+        ckpt = FileCheckpointer(ckpt_dir) if ckpt_dir else None
         start = ckpt.resume(state) if ckpt else 0
         steps_run: list[int] = []
         with Guard(

@@ -115,6 +115,7 @@ class Guard:
         self._grads: dict[int, torch.Tensor] = {}  # step -> check_grads flag, in the window
         self._arrivals: dict[int, float] = {}  # step -> arrival, where chaos delayed it
         self._next_event = -1  # steps from here take the slow path (first step, chaos, windows)
+        self._boundary_at = 0  # end_step(step) has work when step + 1 reaches this
         self._inflight: Any = None  # the launched window, collected check_lag steps later
         self._mode_set = False
         self._direct = False  # one process, CPU loss, every step: guard.step reads it inline
@@ -356,7 +357,7 @@ class Guard:
         update not applied yet). Earlier steps' updates were applied: they can be rolled back
         (or stopped on), not skipped."""
         if window.preempt:
-            self._preempt_agreed = True
+            self._preempt_agreed, self._boundary_at = True, 0
         for i, step in enumerate(window.steps):
             value, bad = window.losses[i], window.grads_bad[i]
             self.last_loss, self.last_checked = value, step
@@ -396,11 +397,13 @@ class Guard:
             self._lazy = (every or (8 if lazy else 1), lag if lag is not None else (1 if lazy else 0))
         if self._mode_set and not self._losses and self._inflight is None:
             self.check_every, self.check_lag = (1, 0) if self.monitor.replaying else self._lazy
-            self._direct = self.check_every == 1 and self.world_size == 1 and self._agreement.device is None
+            self._direct = (self.check_every, self.check_lag, self.world_size) == (1, 0, 1) and (
+                self._agreement.device is None
+            )
 
     def _on_signal(self, signum: int) -> None:
         if self.world_size == 1:
-            self._preempt_agreed = True  # nobody to agree with: the next boundary saves and exits
+            self._preempt_agreed, self._boundary_at = True, 0  # the next boundary saves and exits
 
     def _progress(self) -> tuple[float, int, float]:
         """For the watchdog thread: (perf_counter of the last step, steps, slowest step).
@@ -447,10 +450,22 @@ class Guard:
     def end_step(self, step: int) -> int:
         """The boundary after ``step`` (its update applied): save if due, honour preemption.
         Returns the next step (``resume_step`` after a rollback). ``range`` calls it for you."""
+        done = step + 1
+        if done < self._boundary_at:  # nothing due: no checkpoint, no preemption, no rollback
+            return done
+        return self._boundary(step)
+
+    def _boundary(self, step: int) -> int:
+        nxt = self._boundary_work(step)
+        self._plan_boundary(nxt)
+        return nxt
+
+    def _boundary_work(self, step: int) -> int:
         if self._rolled_back:
             return self._after_rollback(step)
         done = step + 1
-        due = self.checkpoint_every and done % self.checkpoint_every == 0 and self.checkpointer is not None
+        every = self.checkpoint_every
+        due = every and done % every == 0 and self.checkpointer is not None
         if not (due or self._preempt_agreed):
             return done
         resumed = self._flush(step)
@@ -461,6 +476,16 @@ class Guard:
         if due:
             self.save(done)
         return done
+
+    def _plan_boundary(self, nxt: int) -> None:
+        """The first ``step + 1`` from which ``end_step`` has work, given the next step ``nxt``
+        (a preemption signal or a rollback resets it to 0)."""
+        if self._preempt_agreed or self._rolled_back:
+            self._boundary_at = 0
+        elif self.checkpoint_every and self.checkpointer is not None:
+            self._boundary_at = (nxt // self.checkpoint_every + 1) * self.checkpoint_every
+        else:
+            self._boundary_at = 1 << 62
 
     def loss(self, loss: torch.Tensor, step: int | None = None) -> torch.Tensor:
         """Optional hook before backward: a chaos "nan" fault poisons the loss here, so NaN flows
@@ -530,6 +555,7 @@ class Guard:
             return False
         self._zero_grad()
         self.resume_step, self._rolled_back = resumed, True
+        self._boundary_at = 0
         reason = f"rolled back from step {step} to the checkpoint of step {resumed}"
         self._report(
             Finding(
