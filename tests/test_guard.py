@@ -290,8 +290,9 @@ def test_lazy_checks_cost_no_read_between_windows(tmp_path):
         for step in range(33):
             guard.step(step, Loss())
             guard.end_step(step)
-    assert Loss.reads == 32  # windows 0-7, 8-15, 16-23, 24-31, each read one step late
-    assert guard.last_checked == 31
+        assert Loss.reads == 32  # windows 0-7, 8-15, 16-23, 24-31, each read one step late
+        assert guard.last_checked == 31
+    assert Loss.reads == 33 and guard.last_checked == 32  # a clean exit checks the rest
 
 
 def test_numerics_stop_under_lazy_checks_exits_within_the_window(tmp_path):
