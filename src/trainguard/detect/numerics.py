@@ -105,14 +105,15 @@ def robust_stats(history: Iterable[float], log_scale: bool = True) -> RobustStat
     A zero MAD (a flat history) becomes a tiny fraction of the median, so that a flat run
     followed by a jump still scores high instead of dividing by zero.
     """
-    values = [v for v in history if math.isfinite(v)]
+    # C-level loops (filter/map): this runs every ``refresh`` steps inside the training loop.
+    values = list(filter(math.isfinite, history))
     if not values:
         return None
     log = log_scale and min(values) > 0
     if log:
-        values = [math.log(v) for v in values]
+        values = list(map(math.log, values))
     mid = median(values)
-    mad = median([abs(v - mid) for v in values])
+    mad = median(list(map(abs, map(float(mid).__rsub__, values))))  # |v - mid|
     scale = _MAD_TO_SIGMA * mad or max(abs(mid) * 1e-6, 1e-12)
     return RobustStats(mid, scale, log, len(values))
 
