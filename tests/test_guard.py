@@ -370,3 +370,16 @@ def test_ddp_ranks_agree_on_a_nan_of_one_rank_and_roll_back_at_the_same_step(tmp
     assert "to the checkpoint of step 10" in by_rank[0][1][2]
     [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][:1]
     assert json.loads(line)["steps_run"] == [*range(15), *range(10, 30)]
+
+
+def test_a_lazy_check_never_claims_to_skip_an_update_already_applied(tmp_path, caplog):
+    state = State()
+    with Guard(
+        MemoryCheckpointer(), state, run_dir=tmp_path, check_every=4, check_lag=1, watchdog=False
+    ) as g:
+        trace = _train(g, state, 0, 6, lambda s, loss: loss * math.nan if s == 2 else loss)
+    # no checkpoint to roll back to, and step 2's update was applied before its window was read
+    assert all(a == "proceed" for _, a in trace)
+    _, step, finding = read_findings(tmp_path)[0]
+    assert (step, finding.rule) == (2, "numerics.nonfinite_loss")
+    assert "cannot skip an update applied 2 step(s) ago" in caplog.text

@@ -67,7 +67,9 @@ class WindowChecks:
     def _apply_chaos(self, step: int, loss: Any) -> Any:
         raise NotImplementedError
 
-    def _decide(self, step: int, value: float | None, dt: float, grads_bad: bool, current: int) -> StepAction:
+    def _decide(
+        self, step: int, value: float | None, dt: float, grads_bad: bool, current: int, applied: bool = False
+    ) -> StepAction:
         raise NotImplementedError
 
     def _beat(
@@ -175,11 +177,11 @@ class WindowChecks:
             return None
         if self._inflight is not None:
             job, self._inflight = self._inflight, None
-            if self._evaluate(self._agreement.collect(job), step) is StepAction.ROLLBACK:
+            if self._evaluate(self._agreement.collect(job), step, applied=True) is StepAction.ROLLBACK:
                 return self._after_rollback(step)
         if self._losses:
             job = self._launch(step)
-            if self._evaluate(self._agreement.collect(job), step) is StepAction.ROLLBACK:
+            if self._evaluate(self._agreement.collect(job), step, applied=True) is StepAction.ROLLBACK:
                 return self._after_rollback(step)
         self._plan(step)
         return None
@@ -188,10 +190,10 @@ class WindowChecks:
         self._rolled_back, self.restored = False, True
         return self.resume_step if self.resume_step is not None else step + 1
 
-    def _evaluate(self, window: Window, current: int) -> StepAction:
+    def _evaluate(self, window: Window, current: int, applied: bool = False) -> StepAction:
         """Act on the agreed numbers of ``window``; ``current`` is the step in progress (its
-        update not applied yet). Earlier steps' updates were applied: they can be rolled back
-        (or stopped on), not skipped."""
+        update not applied yet, unless ``applied``: a flush at a boundary). Applied updates can
+        be rolled back (or stopped on), not skipped."""
         if window.preempt:
             self._preempt_agreed, self._boundary_at = True, 0
         for i, step in enumerate(window.steps):
@@ -201,7 +203,7 @@ class WindowChecks:
                 continue
             wait = window.waits[i] if window.waits is not None else None
             self._hb_beat(step, value, window.step_times[i], wait)  # the supervisor sees NaN at once
-            action = self._decide(step, value, window.step_times[i], bad, current)
+            action = self._decide(step, value, window.step_times[i], bad, current, applied)
             if action is not StepAction.PROCEED:
                 self._losses, self._inflight = [], None  # steps after a rollback replay anyway
                 self._grads.clear()

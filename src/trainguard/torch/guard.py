@@ -256,7 +256,9 @@ class Guard(WindowChecks):
             times = times[1:]
         return self._t_last, self._n_steps, max(times, default=0.0)
 
-    def _decide(self, step: int, value: float | None, dt: float, grads_bad: bool, current: int) -> StepAction:
+    def _decide(
+        self, step: int, value: float | None, dt: float, grads_bad: bool, current: int, applied: bool = False
+    ) -> StepAction:
         decision = self.monitor.observe(step, value, grads_finite=not grads_bad, time=time.time())
         for finding in decision.findings:
             self._report(finding, step)
@@ -271,12 +273,12 @@ class Guard(WindowChecks):
                 return StepAction.ROLLBACK
             action = Policy.SKIP
         if action is Policy.SKIP:
-            if step != current:
+            if step != current or applied:
                 log.warning(
                     "step %d: cannot skip an update applied %d step(s) ago (check_lag/check_every); "
                     "use on_nan/on_spike='skip' for exact skips",
                     step,
-                    current - step,
+                    current - step + int(applied),
                 )
                 return StepAction.PROCEED
             self._zero_grad()
