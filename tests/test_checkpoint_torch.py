@@ -259,9 +259,10 @@ def test_latest_step_reports_a_finished_background_save(tmp_path):
     assert Path(tmp_path / "step-00000007" / "manifest.json").exists()
 
 
-def test_the_writer_process_starts_with_the_checkpointer_not_inside_the_first_save(tmp_path):
+def test_the_writer_process_starts_at_resume_not_inside_the_first_save(tmp_path):
     ckpt = Checkpointer(tmp_path)
     try:
+        assert ckpt.resume(TrainState(torch.nn.Linear(2, 2))) == 0
         assert ckpt._writer is not None and ckpt._writer.alive
     finally:
         ckpt.close()

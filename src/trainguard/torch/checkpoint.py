@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import pickle
 import time
 import weakref
@@ -72,10 +71,6 @@ class Checkpointer:
         self._closed = False
         self._atexit = _weak_finalizer(self)
         atexit.register(self._atexit)
-        if self._writer is not None and _writes_replicated_state():
-            # The writer imports torch (seconds): start it now, overlapping the trainer's own start-up,
-            # not inside the first save, where the stall would look like a hang to the watchdog.
-            self._writer.start()
 
     # ------------------------------------------------------------------ saving
 
@@ -225,6 +220,10 @@ class Checkpointer:
         in flight is waited for first, so it is a candidate."""
         self.wait()
         rank, world = dist.rank_and_world()
+        if rank == 0 and self._writer is not None and not sharded.is_sharded(state):
+            # The writer imports torch (seconds): start it now, overlapping the trainer's own start-up,
+            # not inside the first save, where the stall would look like a hang to the watchdog.
+            self._writer.start()
         choice: tuple[int, str] | None = None
         if rank == 0:
             choice = self._choose()
@@ -299,10 +298,3 @@ def _weak_finalizer(ckpt: Checkpointer) -> Any:
             obj._finish_locally()
 
     return finish
-
-
-def _writes_replicated_state() -> bool:
-    """Rank 0 writes replicated state; before init_process_group, RANK says which rank we will be."""
-    if dist.active():
-        return dist.rank_and_world()[0] == 0
-    return os.environ.get("RANK", "0") == "0"
