@@ -9,7 +9,7 @@ from pathlib import Path
 
 from trainguard.chaos import parse_plan
 from trainguard.demo.live import DemoState, IncidentRow, PlainDisplay, sparkline
-from trainguard.demo.match import Resume, match, unmatched
+from trainguard.demo.match import match, unmatched
 from trainguard.demo.plan import build_plan, chaos_toml
 from trainguard.demo.report import build_report, render, verdict
 from trainguard.demo.truth import InjectedFault, fired_in_process, ground_truth, read_accuracy
@@ -50,22 +50,31 @@ def all_incidents() -> list[Incident]:
         inc(2, 20.3, RootCause.FAULTY_GPU, "exclude_gpu", 3),
         inc(3, 42.0, RootCause.SOFTWARE_BUG, "restart", 1),
         inc(4, 65.0, RootCause.NCCL_WATCHDOG_TIMEOUT, "restart", 2),
-        inc(5, 90.3, RootCause.FAULTY_GPU, "continue", 2),
-        inc(6, 91.0, RootCause.UNKNOWN, "continue", 2),
+        inc(
+            5,
+            66.0,
+            RootCause.DEPENDENCY,
+            "skip_torn_checkpoint",
+            None,
+            detected_by="checkpoint_verify",
+            evidence=("checksum mismatch", {"skipped_step": 80, "resume_step": 70}),
+        ),
+        inc(6, 90.3, RootCause.FAULTY_GPU, "continue", 2),
+        inc(7, 91.0, RootCause.UNKNOWN, "continue", 2),
     ]
 
 
 def test_every_fault_of_a_good_run_matches_its_incident_one_to_one():
-    outcomes = match(list(PLAN.faults), all_faults(), all_incidents(), [Resume(T0 + 66, 70)])
+    outcomes = match(list(PLAN.faults), all_faults(), all_incidents())
     assert [o.ok for o in outcomes] == [True] * 6
-    assert [o.incident_id for o in outcomes] == [1, 2, 3, None, 4, 5]
+    assert [o.incident_id for o in outcomes] == [1, 2, 3, 5, 4, 6]
     assert outcomes[1].detection_delay_s == 0.3
 
 
 def test_a_second_detector_of_the_same_fault_is_related_not_unmatched():
     incidents = all_incidents()
-    outcomes = match(list(PLAN.faults), all_faults(), incidents, [Resume(T0 + 66, 70)])
-    assert outcomes[5].related == (6,)
+    outcomes = match(list(PLAN.faults), all_faults(), incidents)
+    assert outcomes[5].related == (7,)
     assert unmatched(outcomes, incidents) == []
 
 
@@ -123,13 +132,14 @@ def test_a_fault_that_never_fired_fails():
     assert not outcome.ok and "never injected" in outcome.reason
 
 
-def test_a_torn_checkpoint_matches_only_when_the_next_resume_skipped_it():
+def test_a_torn_checkpoint_matches_the_incident_of_the_resume_that_skipped_it():
     torn = [inj("F4", 60, rank=None, gpu=None, checkpoint_step=80)]
-    skipped = match(list(PLAN.faults), torn, [], [Resume(T0 + 10, 30), Resume(T0 + 66, 70)])
-    used = match(list(PLAN.faults), torn, [], [Resume(T0 + 66, 80)])
-    never = match(list(PLAN.faults), torn, [], [Resume(T0 + 10, 30)])
-    assert skipped[0].ok and "skipped step 80" in skipped[0].reason
-    assert not used[0].ok and not never[0].ok
+    skipped = inc(5, 66.0, RootCause.DEPENDENCY, "skip_torn_checkpoint", None)
+    hang = inc(4, 65.0, RootCause.NCCL_WATCHDOG_TIMEOUT, "restart", 2)
+    [matched] = match(list(PLAN.faults), torn, [hang, skipped])
+    [missed] = match(list(PLAN.faults), torn, [hang])
+    assert matched.ok and matched.incident_id == 5
+    assert not missed.ok and missed.incident_id is None
 
 
 def test_the_built_in_plan_has_the_five_required_fault_kinds_mid_run_and_parses_as_a_chaos_plan():
@@ -187,7 +197,7 @@ def test_accuracy_is_read_from_the_last_attempt_of_rank_0(tmp_path):
 def report_for(accuracy: float | None, incidents: list[Incident] | None = None, exit_code: int = 0) -> dict:
     incidents = all_incidents() if incidents is None else incidents
     faults = all_faults()
-    outcomes = match(list(PLAN.faults), faults, incidents, [Resume(T0 + 66, 70)])
+    outcomes = match(list(PLAN.faults), faults, incidents)
     return build_report(
         PLAN, faults, outcomes, incidents, job="j", started=T0,
         goodput={"ettr": 0.5, "wall_s": 100.0, "productive_s": 50.0, "attempts": 4, "interruptions": 3,
@@ -202,9 +212,9 @@ def report_for(accuracy: float | None, incidents: list[Incident] | None = None, 
 def test_the_report_passes_only_with_every_fault_matched_and_accuracy_above_90_percent():
     good = report_for(0.96)
     assert good["passed"] and good["all_matched"] and good["problems"] == []
-    assert [f["matched_incident"] for f in good["injected"]] == [1, 2, 3, None, 4, 5]
+    assert [f["matched_incident"] for f in good["injected"]] == [1, 2, 3, 5, 4, 6]
     assert good["incidents"][1]["matched_fault"] == "F2"
-    assert good["incidents"][5]["related_to_fault"] == "F6"
+    assert good["incidents"][6]["related_to_fault"] == "F6"
     assert verdict(report_for(0.89)) == ["accuracy 89.0% is not above 90%"]
     assert "training did not finish" in verdict(report_for(None))[0]
     missing = report_for(0.96, [i for i in all_incidents() if i.id != 3])
@@ -220,8 +230,8 @@ def test_the_rendered_report_fits_80_columns_and_names_each_fault_and_verdict():
     assert "ETTR 50.0%" in text and "96.0% under chaos vs 97.5% fault-free" in text
     assert "PASSED" in text and "timeline plot: /tmp/t.png" in text
     assert "detected by heartbeat after 0.3s; root cause faulty_gpu" in text  # F2
-    assert "resume skipped step 80, used step 70" in text  # F4: no incident, the resume caught it
-    assert "#6 1:31.0 heartbeat: unknown -> continue (also F6)" in text
+    assert "detected by checkpoint_verify after 6.0s; root cause dependency" in text  # F4
+    assert "#7 1:31.0 heartbeat: unknown -> continue (also F6)" in text
     assert "FAILED" in render(report_for(0.5))
 
 
@@ -280,4 +290,5 @@ def test_the_live_view_marks_a_fault_detected_when_its_incident_arrives():
     live.injected("F4", {"time": T0 + 60, "step": 81, "detail": "flipped 64 bytes in ckpt/step-00000075/x"})
     assert live.incident(inc(9, 20.2, RootCause.FAULTY_GPU, "exclude_gpu", 1).to_dict()) == []
     assert live.incident(inc(2, 20.3, RootCause.FAULTY_GPU, "exclude_gpu", 3).to_dict()) == ["F2"]
-    assert live.resumed(75) == [] and live.resumed(60) == ["F4"]
+    torn = inc(5, 66.0, RootCause.DEPENDENCY, "skip_torn_checkpoint", None, detected_by="checkpoint_verify")
+    assert live.incident(torn.to_dict()) == ["F4"]

@@ -92,7 +92,7 @@ def assemble(
         goodput = store.goodput(job).to_dict()
         plot = _plot(store, job, workdir / "timeline.png")
     injected = ground_truth(plan, run_dir, [i.to_dict() for i in result.injected], chaos.gpus_by_attempt)
-    outcomes = match(list(plan.faults), injected, incidents, chaos.resumes)
+    outcomes = match(list(plan.faults), injected, incidents)
     supervisor = {
         "exit_code": int(result.exit_code),
         "status": result.exit_code.name.lower(),

@@ -10,15 +10,13 @@ The rule (also printed in the demo's JSON as ``matching_rule``)::
     faults are taken in the order they happened; each takes the candidate with the expected
     root cause (then the expected action, then the earliest), and each incident matches at most
     one fault. A left-over incident that is a candidate of matched faults is "related" to the
-    latest of them (the same fault seen by a second detector). A fault that expects no incident (a torn checkpoint) is matched when the
-    next resume after it started from an older checkpoint, i.e. the resume skipped it.
+    latest of them (the same fault seen by a second detector).
 
 A fault is OK when it matched an incident whose root cause is one of the expected ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from trainguard.demo.plan import DemoFault
@@ -29,14 +27,6 @@ WINDOW_S = 60.0
 EARLY_S = 1.0
 _RULE_TEXT = (__doc__ or "::").split("::", 1)[1].split("A fault is OK")[0]
 MATCHING_RULE = " ".join(_RULE_TEXT.replace("WINDOW s", f"{WINDOW_S:g} s").split())
-
-
-@dataclass(frozen=True, slots=True)
-class Resume:
-    """An attempt that started from a checkpoint: when, and from which step (None: from scratch)."""
-
-    time: float
-    step: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +43,6 @@ def match(
     faults: list[DemoFault],
     injected: list[InjectedFault],
     incidents: list[Incident],
-    resumes: Sequence[Resume] = (),
     window_s: float = WINDOW_S,
 ) -> list[Outcome]:
     """One `Outcome` per planned fault, in plan order."""
@@ -65,9 +54,6 @@ def match(
         spec = plan[inj.id]
         if not inj.fired or inj.time is None:
             results[inj.id] = Outcome(inj.id, None, False, "never injected: the run ended before its step")
-            continue
-        if not spec.expects_incident:
-            results[inj.id] = _resume_check(inj, list(resumes))
             continue
         pool = [i for i in candidates(inj, incidents, window_s) if i.id not in taken]
         if not pool:
@@ -133,24 +119,4 @@ def _preference(inc: Incident, spec: DemoFault) -> tuple[int, int, float]:
         0 if inc.root_cause.value in spec.expected_causes else 1,
         0 if inc.action in spec.expected_actions else 1,
         inc.time,
-    )
-
-
-def _resume_check(inj: InjectedFault, resumes: list[Resume]) -> Outcome:
-    after = sorted((r for r in resumes if inj.time is not None and r.time >= inj.time), key=lambda r: r.time)
-    if inj.checkpoint_step is None:
-        return Outcome(inj.id, None, False, f"nothing was corrupted ({inj.detail or 'no checkpoint yet'})")
-    if not after:
-        return Outcome(inj.id, None, False, "no restart after it: the torn checkpoint was never read")
-    first = after[0]
-    if first.step is not None and first.step >= inj.checkpoint_step:
-        return Outcome(
-            inj.id, None, False, f"the next resume used step {first.step}, not an older checkpoint"
-        )
-    return Outcome(
-        inj.id,
-        None,
-        True,
-        f"checksum mismatch: resume skipped step {inj.checkpoint_step}, used step {first.step or 0}",
-        round(first.time - (inj.time or first.time), 3),
     )

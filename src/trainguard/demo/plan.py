@@ -24,9 +24,8 @@ class DemoFault:
     """One injected fault and the conclusion expected of trainguard.
 
     ``expected_causes`` are `RootCause` values; ``expected_actions`` the supervisor's decisions
-    (`recover.policy.Verb` values, or "rollback" for the trainer's own NaN rollback). A fault
-    with ``expects_incident=False`` (a torn checkpoint) is checked another way: the next resume
-    must skip it.
+    (`recover.policy.Verb` values, or "rollback" for the trainer's own NaN rollback; a torn
+    checkpoint's incident says "skip_torn_checkpoint": the resume went on from an older one).
     """
 
     id: str  # "F1".."F6": the key the report and the JSON use
@@ -36,7 +35,6 @@ class DemoFault:
     rank: int | None = None
     expected_causes: tuple[str, ...] = ()
     expected_actions: tuple[str, ...] = ()
-    expects_incident: bool = True
     xid: int = 79
     delay_s: float = 0.5  # straggler: extra seconds per step ...
     slow_steps: int = 6  # ... for this many steps
@@ -97,7 +95,7 @@ def build_plan(quick: bool = False, steps: int | None = None, speed: float = 1.0
         ),
         DemoFault(
             "F4", "corrupt_checkpoint", "torn newest checkpoint", s("corrupt_checkpoint"),
-            expects_incident=False,
+            expected_causes=("dependency",), expected_actions=("skip_torn_checkpoint",),
         ),
         DemoFault(
             "F5", "hang", "hang: rank 2 stops before a collective", s("hang"), rank=2,

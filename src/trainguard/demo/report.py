@@ -63,7 +63,7 @@ def build_report(
     for inj in injected:
         f, o = spec[inj.id], out_of.get(inj.id)
         inc = by_id.get(o.incident_id) if o is not None and o.incident_id is not None else None
-        lost, estimated = _time_lost(inj, inc, f, step_time, o, rollback_steps)
+        lost, estimated = _time_lost(inj, inc, f, step_time, rollback_steps)
         faults.append(
             {
                 "id": inj.id,
@@ -81,10 +81,10 @@ def build_report(
                 "matched_incident": o.incident_id if o else None,
                 "matched": bool(o and o.ok),
                 "reason": o.reason if o else "not evaluated",
-                "detected_by": inc.detected_by if inc else ("checkpoint_verify" if o and o.ok else None),
+                "detected_by": inc.detected_by if inc else None,
                 "detection_delay_s": o.detection_delay_s if o else None,
                 "root_cause": inc.root_cause.value if inc else None,
-                "action": inc.action if inc else ("skip_torn_checkpoint" if o and o.ok else None),
+                "action": inc.action if inc else None,
                 "time_lost_s": lost,
                 "time_lost_estimated": estimated,
                 "related_incidents": list(o.related) if o else [],
@@ -146,7 +146,6 @@ def _time_lost(
     inc: Incident | None,
     f: Any,
     step_time: float | None,
-    o: Outcome | None,
     rollback_steps: int | None,
 ) -> tuple[float | None, bool]:
     """The incident's own figure when it has one, else an estimate (flagged as such)."""
@@ -156,9 +155,10 @@ def _time_lost(
         return round(rollback_steps * step_time, 2), True
     if inj.kind == "straggler":  # every rank waits for the slow one in the all-reduce
         return round(f.slow_steps * f.delay_s, 2), True
-    if inj.kind == "corrupt_checkpoint" and o is not None and o.ok and step_time and inj.checkpoint_step:
-        used = int(o.reason.rsplit(" ", 1)[-1]) if o.reason.rsplit(" ", 1)[-1].isdigit() else 0
-        return round(max(0, inj.checkpoint_step - used) * step_time, 2), True
+    if inj.kind == "corrupt_checkpoint" and inc is not None and step_time:  # the steps redone
+        steps = next((e for e in inc.evidence if isinstance(e, dict) and "resume_step" in e), None)
+        if steps is not None:
+            return round(max(0, steps["skipped_step"] - (steps["resume_step"] or 0)) * step_time, 2), True
     return None, False
 
 
@@ -188,9 +188,8 @@ def render(report: dict[str, Any]) -> str:
             if f["root_cause"]:
                 by = f["detected_by"] or "-"
                 lines.append(f"        detected by {by}{delay}; root cause {f['root_cause']}")
-            else:  # no incident expected (the torn checkpoint): say what showed it was caught
-                lines.append(f"        detected by {f['detected_by']}{delay}")
-                lines.append(f"        {f['reason']}")
+            else:
+                lines.append("        no incident recorded for it")
             lines.append(f"        action {f['action']}; time lost {lost}")
         if not f["matched"]:
             lines.append(f"        problem: {f['reason']}")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.demo.live import Display
-from trainguard.demo.match import Resume, candidates
+from trainguard.demo.match import candidates
 from trainguard.demo.plan import DemoPlan, chaos_toml
 from trainguard.demo.truth import CKPT_STEP, InjectedFault
 from trainguard.incidents import Incident
@@ -32,7 +32,6 @@ class ChaosRun:
     job: str
     result: Any = None  # supervisor.RunResult
     gpus_by_attempt: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
-    resumes: list[Resume] = field(default_factory=list)
     started: float = 0.0
     ended: float = 0.0
 
@@ -110,8 +109,6 @@ def run_chaos(
             quiet_logs(verbose)  # again: the supervisor has imported torch's loggers by now
         elif ev.kind == "attempt_started":
             out.gpus_by_attempt.append((ev.time, tuple(d.get("gpus", ()))))
-            if d.get("attempt"):
-                out.resumes.append(Resume(ev.time, d.get("resume_step")))
         elif ev.kind == "chaos":
             index = d.get("index")
             if isinstance(index, int) and 0 <= index < len(ids):
@@ -121,9 +118,6 @@ def run_chaos(
             for fid in live.incident(d):
                 display.fault_detected(fid)
         display.event(ev)
-        if ev.kind == "attempt_started":
-            for fid in live.resumed(d.get("resume_step")):
-                display.fault_detected(fid)
 
     display.phase(
         "chaos", f"chaos run: {len(plan.faults)} faults planned, {plan.nproc} ranks, {plan.steps} steps"
@@ -154,20 +148,10 @@ class LiveMatch:
         except (TypeError, ValueError):
             return []
         for fid, inj in sorted(self.pending.items(), key=lambda kv: kv[1].time or 0.0):
-            if inj.kind != "corrupt_checkpoint" and candidates(inj, [inc]):
+            if candidates(inj, [inc]):
                 del self.pending[fid]
                 return [fid]
         return []
-
-    def resumed(self, step: int | None) -> list[str]:
-        done = [
-            fid
-            for fid, inj in self.pending.items()
-            if inj.kind == "corrupt_checkpoint" and inj.checkpoint_step and (step or 0) < inj.checkpoint_step
-        ]
-        for fid in done:
-            del self.pending[fid]
-        return done
 
 
 def quiet_logs(verbose: int) -> None:

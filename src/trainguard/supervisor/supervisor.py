@@ -40,7 +40,7 @@ from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.health import Diagnose, GpuMap, NodeHealth
 from trainguard.supervisor.logs import LogTail, default_classifier
 from trainguard.supervisor.record import JobRecorder, node_name
-from trainguard.supervisor.resume import newest_valid_step
+from trainguard.supervisor.resume import resume_point
 from trainguard.supervisor.watch import ProgressWatch
 
 log = logging.getLogger(__name__)
@@ -578,6 +578,7 @@ class Supervisor:
             self._agent.start_group()
             self.injected: list[Injected] = []
             self._gpu_seen: set[tuple[int, Health, tuple[str, ...]]] = set()
+            self._skipped_checkpoints: set[int] = set()
         self._attempt_started = time.time()
         self._attempt_closed = False
         self._rank_of = {w.local_rank: w.global_rank for w in group.workers}
@@ -586,7 +587,10 @@ class Supervisor:
         self._straggler_seen = False
         self._last_step_emitted: int | None = None
         self._first_step_seen = False
-        self.resume_step = newest_valid_step(self.ckpt_dir)
+        point = resume_point(self.ckpt_dir)
+        self.resume_step = point.step
+        for step, reason in point.skipped:
+            self._record_skipped_checkpoint(step, reason)
         self.watch.begin_attempt(self.attempt, sorted(self._rank_of.values()), self._attempt_started)
         files = {}
         for rank in self._rank_of.values():
@@ -602,6 +606,31 @@ class Supervisor:
             gpus=list(self.gpu_map.gpus),
             resume_step=self.resume_step,
         )
+
+    def _record_skipped_checkpoint(self, step: int, reason: str) -> None:
+        """A checkpoint the resume must skip is an incident of its own (storage lost data the job
+        relied on), recorded once per checkpoint; the resume itself goes on from an older one."""
+        if step in self._skipped_checkpoints:
+            return
+        self._skipped_checkpoints.add(step)
+        incident = self.recorder.add(
+            Incident(
+                job=self.job_id,
+                time=time.time(),
+                root_cause=RootCause.DEPENDENCY,
+                action="skip_torn_checkpoint",
+                summary=f"checkpoint step {step} failed verification; resuming from step {self.resume_step}",
+                category="checkpoint",
+                evidence=(reason, {"skipped_step": step, "resume_step": self.resume_step}),
+                node=self.node,
+                attempt=self.attempt,
+                detected_by="checkpoint_verify",
+                resolved=True,
+                resolution=f"resumed from step {self.resume_step}",
+            )
+        )
+        self._emit("incident", **incident.to_dict(), kind="checkpoint", extra={"step": step})
+        log.warning("incident %s: checkpoint step %d is invalid (%s); skipped", incident.id, step, reason)
 
     def _progress(self, prog: Any, now: float) -> None:
         if self._failures_in_a_row and prog.first_step_time is not None and now - prog.first_step_time > 10:
