@@ -110,7 +110,8 @@ def main() -> int:
                 opt.zero_grad()
                 if args.step_sleep:
                     time.sleep(args.step_sleep)
-        print(json.dumps({"start": start, "steps_run": steps_run}), flush=True)
+        if os.environ.get("RANK", "0") == "0":  # ranks share torchrun's stdout: lines could interleave
+            print(json.dumps({"start": start, "steps_run": steps_run}), flush=True)
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         if args.record_outside:

@@ -91,7 +91,11 @@ def test_ctrl_c_quits_cleanly_and_restores_the_terminal():
             drain(0.2)
         assert b"node:" in out, out[-2000:]
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=10)
+        # Keep reading while it exits: a full pty buffer would block its last frame (and the test).
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            drain(0.2)
+        code = proc.wait(timeout=1)
         drain(0.3)
     finally:
         if proc.poll() is None:
