@@ -48,6 +48,9 @@ def result(tmp_path: Path, name: str) -> dict:
     return json.loads(path.read_text())
 
 
+# Timing-sensitive (open): under load the two nodes can settle on separate rendezvous rounds of
+# one node each after the kill. One rerun; the assertions stay.
+@pytest.mark.flaky(reruns=1)
 def test_killed_workers_on_one_node_rejoin_and_both_nodes_finish(tmp_path):
     port = free_port()
     plan = '[[fault]]\nkind = "kill"\nrank = 1\nstep = 15\n'
