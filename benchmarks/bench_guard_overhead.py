@@ -24,30 +24,19 @@ import contextlib
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from trainguard.torch.guard import Guard
 
-
-class DigitsCNN(nn.Module):  # the network of examples/train_digits.py
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = nn.Linear(32 * 4 * 4, 64)
-        self.fc2 = nn.Linear(64, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.conv1(x))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
-
+# The network of examples/train_digits.py, imported so the benchmark measures the same model.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from train_digits import DigitsCNN
 
 VARIANTS = {  # name -> (Guard options, check_grads)
     "default": ({}, False),
