@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 
 import pytest
 
@@ -156,3 +157,35 @@ def test_the_fast_path_agrees_with_the_full_check():
         slow = full.observe(step, loss).action
         quick = Policy.PROCEED if fast.clean(loss) else fast.observe(step, loss).action
         assert quick is slow, (step, loss)
+
+
+def test_the_lane_agrees_with_the_full_check_and_rejects_every_nonfinite_loss():
+    rng = random.Random(2)
+    laned, full = NumericsMonitor(on_spike="skip"), NumericsMonitor(on_spike="skip")
+    bound, left = laned.lane()
+    for step in range(2000):
+        loss = rng.lognormvariate(0, 0.3) * (30 if rng.random() < 0.02 else 1)
+        if rng.random() < 0.02:
+            loss = rng.choice([math.nan, math.inf, -math.inf])
+        slow = full.observe(step, loss).action
+        if left and -sys.float_info.max <= loss <= bound:  # the Guard's inline test
+            left -= 1
+            laned.history.append(loss)
+            quick = Policy.PROCEED
+        elif laned.clean(loss):
+            quick = Policy.PROCEED
+            bound, left = laned.lane()
+        else:
+            quick = laned.observe(step, loss).action
+            left = 0
+        assert quick is slow, (step, loss)
+        if not math.isfinite(loss):
+            assert quick is not Policy.PROCEED
+
+
+def test_no_lane_while_a_rolled_back_step_awaits_its_replay():
+    monitor = NumericsMonitor()
+    step = _warm(monitor)
+    decision = monitor.observe(step, math.nan)
+    monitor.rolled_back(decision.check)
+    assert monitor.lane()[1] == 0

@@ -26,6 +26,7 @@ machine (``numerics.transient``: a silent-data-corruption suspect worth a diagno
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -179,6 +180,25 @@ class NumericsMonitor:
         self._history.append(loss)
         self._stale += 1
         return True
+
+    def lane(self) -> tuple[float, int]:
+        """A caller's inline fast path: ``(bound, n)`` such that each of the next ``n`` losses with
+        ``-MAX <= loss <= bound`` is clean and is accepted by ``history.append(loss)``, without a
+        call into the monitor (the Guard's per-step path, where each call costs microseconds with
+        the caches cold after backward). The ``n`` losses are counted now, so an unused lane only
+        brings the next refresh forward. ``n`` is 0 while a replayed step is awaited."""
+        if self._replaying:
+            return -math.inf, 0
+        if self._stale > self._refresh_every:
+            self._refresh()
+        n = max(self._refresh_every + 1 - self._stale, 0)
+        self._stale += n
+        return min(self._bound, sys.float_info.max), n
+
+    @property
+    def history(self) -> deque[float]:
+        """The accepted losses the median / MAD are computed from (newest last)."""
+        return self._history
 
     def _refresh(self) -> None:
         if self._stale >= self.config.refresh or (

@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -50,6 +51,8 @@ from trainguard.torch.preemption import PreemptionHandler
 from trainguard.torch.watchdog import HangWatchdog
 
 log = logging.getLogger(__name__)
+
+_FLOAT_MAX = sys.float_info.max
 
 __all__ = ["ExitCode", "Guard", "StepAction", "record"]
 
@@ -112,6 +115,8 @@ class Guard(WindowChecks):
         self._inflight: Any = None  # the launched window, collected check_lag steps later
         self._mode_set = False
         self._direct = False  # one process, CPU loss, every step: guard.step reads it inline
+        self._lane_bound, self._lane_n = -math.inf, 0  # see NumericsMonitor.lane
+        self._lane_accept = self.monitor.history.append
         self._lazy = (self.check_every, self.check_lag)  # the mode outside rollback replays
         self.last_checked: int | None = None  # the last step whose loss was read and agreed
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -230,11 +235,16 @@ class Guard(WindowChecks):
                 except (AttributeError, RuntimeError, ValueError):
                     value = host_value(loss)
                 self.last_loss = value
-                if self.monitor.clean(value):
-                    if now >= self._beat_due:
-                        self._beat(step, value, self.step_times[-1], "train", force=True)
-                    return StepAction.PROCEED
-                return self._read_now(step, value, None)
+                # Finite and no spike, inline (NaN fails every comparison); the monitor's lane
+                # says for how many steps that bound holds.
+                if self._lane_n and -_FLOAT_MAX <= value <= self._lane_bound:
+                    self._lane_n -= 1
+                    self._lane_accept(value)
+                elif not self._lane_refill(value):
+                    return self._read_now(step, value, None)
+                if now >= self._beat_due:
+                    self._beat(step, value, self.step_times[-1], "train", force=True)
+                return StepAction.PROCEED
             try:
                 self._losses.append(loss.detach())  # the value, not the autograd graph
             except AttributeError:
@@ -243,6 +253,13 @@ class Guard(WindowChecks):
                 self._beat(step, self.last_loss, self.step_times[-1], "train", force=True)
             return StepAction.PROCEED
         return self._step_slow(step, loss, now)
+
+    def _lane_refill(self, value: float | None) -> bool:
+        """The lane ran out or ``value`` left it: the monitor judges ``value``; a new lane follows
+        a clean one (after an unclean one, ``_decide`` runs and the monitor's state may change)."""
+        clean = self.monitor.clean(value)
+        self._lane_bound, self._lane_n = self.monitor.lane() if clean else (-math.inf, 0)
+        return clean
 
     def _on_signal(self, signum: int) -> None:
         if self.world_size == 1:
@@ -259,6 +276,7 @@ class Guard(WindowChecks):
     def _decide(
         self, step: int, value: float | None, dt: float, grads_bad: bool, current: int, applied: bool = False
     ) -> StepAction:
+        self._lane_n = 0  # the monitor's state may change: the next clean step asks again
         decision = self.monitor.observe(step, value, grads_finite=not grads_bad, time=time.time())
         for finding in decision.findings:
             self._report(finding, step)
