@@ -6,7 +6,7 @@
     >>> for step in range(start, total_steps):
     ...     train_one_step()
     ...     if (step + 1) % 100 == 0:
-    ...         ckpt.save(step + 1, state)    # returns once the state is copied to host memory
+    ...         ckpt.save(step + 1, state)    # returns at once: see "overlap" below
     >>> ckpt.close()                          # waits until the last save is durable
 
 ``step`` is the number of completed optimizer steps; ``resume`` returns it. Replicated state (one
@@ -15,11 +15,18 @@ background writer process; sharded state (FSDP2 / DTensor parameters) goes throu
 ``torch.distributed.checkpoint`` from every rank (``trainguard.torch.sharded``). In a distributed
 run ``save``, ``wait``, ``resume``, ``rollback`` and ``close`` are collective: call them on every
 rank at the same step.
+
+With ``overlap=True`` (the default) ``save`` copies to host memory at once only what the next
+forward pass may change (buffers, RNG, small state); the parameters and the optimizer's state are
+copied alongside the next forward and backward, and the optimizer's next ``step()`` waits for that
+copy (a step pre-hook). Code that changes parameters in place outside ``optimizer.step()`` between
+a save and the next step should call ``wait()`` first, or use ``overlap=False``.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import pickle
 import time
@@ -37,6 +44,7 @@ from trainguard.checkpoint import (
 from trainguard.errors import CheckpointCorrupt, CheckpointError
 from trainguard.torch import dist, sharded
 from trainguard.torch.async_writer import BackgroundWriter
+from trainguard.torch.snapshot import Snapshot, optimizer_tensors
 from trainguard.torch.staging import Staging, flatten
 from trainguard.torch.state import TrainState
 from trainguard.torch.writer import STATE_FILE, write_replicated
@@ -54,6 +62,7 @@ class Checkpointer:
         milestone_every: int = 0,
         async_save: bool = True,
         weights_only: bool = True,  # torch.load safety; set False for exotic objects in `extra`
+        overlap: bool = True,  # copy params/optimizer state alongside the next step (see snapshot)
     ) -> None:
         self.directory = Path(directory).absolute()  # the writer process must not depend on the cwd
         self.keep_last = keep_last
@@ -61,11 +70,14 @@ class Checkpointer:
         self.async_save = async_save
         self.weights_only = weights_only
         self.last_result: dict[str, Any] | None = None  # the writer's report of the last durable save
-        self.last_stall_s: float | None = None  # time save() blocked the training loop
+        self.overlap = overlap
+        self.last_stall_s: float | None = None  # time save() (and the optimizer's wait) blocked training
         self._latest: int | None = None
         self._writer = BackgroundWriter() if async_save else None
         self._staging: Staging | None = None
         self._staging_id = 0
+        self._snapshot: tuple[Snapshot, dict[str, Any]] | None = None  # copying; then submitted
+        self._hooks: dict[int, Any] = {}  # id(optimizer) -> its step pre-hook handle
         self._unsynced = False  # a save happened since the last collective wait
         self._pending: CheckpointError | None = None
         self._closed = False
@@ -105,7 +117,7 @@ class Checkpointer:
                 except Exception as exc:
                     error = f"save of step {step} failed: {exc!r}"
             else:
-                self._submit(step, payload, world)
+                self._submit(step, payload, world, state.optimizer)
         if self._writer is None:
             # a synchronous save is durable for every rank when save() returns (or failed for all)
             _raise_any([dist.broadcast_object(error)])
@@ -114,15 +126,16 @@ class Checkpointer:
             self._unsynced = True
         self.last_stall_s = time.perf_counter() - started
 
-    def _submit(self, step: int, payload: dict[str, Any], world: int) -> None:
+    def _submit(self, step: int, payload: dict[str, Any], world: int, optimizer: Any) -> None:
         assert self._writer is not None
         skeleton, tensors = flatten(payload)
+        defer = optimizer_tensors(optimizer) if self.overlap and self._hook(optimizer) else set()
         if self._staging is None or not self._staging.matches(tensors):
             if self._staging is not None:
                 self._staging.close()
             self._staging = Staging(tensors)
             self._staging_id += 1
-        self._staging.copy_from(tensors)
+        snapshot = self._staging.copy_from(tensors, defer)
         job = {
             "step": step,
             "directory": str(self.directory),
@@ -132,10 +145,60 @@ class Checkpointer:
             "keep_last": self.keep_last,
             "milestone_every": self.milestone_every,
         }
+        if snapshot is None:
+            self._send(job)
+        else:  # the optimizer's next step (or wait/save/close) completes it, then it is sent
+            self._snapshot = (snapshot, job)
+
+    def _send(self, job: dict[str, Any]) -> None:
+        assert self._writer is not None and self._staging is not None
         self._writer.submit(job, self._staging_id, self._staging.fd, self._staging.size)
+
+    def _hook(self, optimizer: Any) -> bool:
+        """Make ``optimizer.step()`` wait for a pending snapshot; False if it cannot be hooked."""
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            return False
+        if id(optimizer) not in self._hooks:
+            ref = weakref.ref(self)  # the optimizer must not keep the Checkpointer alive
+
+            def before_update(*_: object) -> None:
+                ckpt = ref()
+                if ckpt is not None and ckpt._snapshot is not None:
+                    ckpt._protect()
+
+            self._hooks[id(optimizer)] = optimizer.register_step_pre_hook(before_update)
+        return True
+
+    def _protect(self) -> None:
+        """Before an optimizer update: the snapshot must have read the tensors it will change.
+        A failed copy is kept for the next save/wait (raising here would kill the step)."""
+        assert self._snapshot is not None
+        started = time.perf_counter()
+        snapshot = self._snapshot[0]
+        snapshot.protect()
+        if snapshot.ready():
+            try:
+                self._release()
+            except CheckpointError as exc:
+                self._pending = exc
+        self.last_stall_s = (self.last_stall_s or 0.0) + time.perf_counter() - started
+
+    def _release(self) -> None:
+        """Wait for the snapshot's copy, then hand the save to the writer."""
+        assert self._snapshot is not None
+        (snapshot, job), self._snapshot = self._snapshot, None
+        try:
+            snapshot.join()
+        except Exception as exc:
+            raise CheckpointError(
+                f"save of step {job['step']} failed while copying the state to host memory: {exc!r}"
+            ) from exc
+        self._send(job)
 
     def _collect(self) -> None:
         """Finish the in-flight save on this rank (blocking); raise its error."""
+        if self._snapshot is not None:
+            self._release()
         if self._pending is not None:
             error, self._pending = self._pending, None
             raise error
@@ -169,6 +232,11 @@ class Checkpointer:
     @property
     def latest_step(self) -> int | None:
         """The newest step known durable to this process (saved or resumed), or None."""
+        if self._snapshot is not None and self._snapshot[0].ready():
+            try:
+                self._release()
+            except CheckpointError as exc:
+                self._pending = exc
         if self._writer is not None and self._writer.in_flight is not None and self._writer.done():
             try:
                 self._collect()
@@ -188,6 +256,13 @@ class Checkpointer:
     def _shutdown(self) -> None:
         self._closed = True
         atexit.unregister(self._atexit)
+        for handle in self._hooks.values():
+            handle.remove()
+        self._hooks.clear()
+        if self._snapshot is not None:  # only after an error: do not leave a copy into freed memory
+            with contextlib.suppress(BaseException):
+                self._snapshot[0].join()
+            self._snapshot = None
         if self._writer is not None:
             self._writer.close()
         if self._staging is not None:

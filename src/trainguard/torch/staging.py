@@ -4,8 +4,9 @@ one shared-memory buffer that the background writer process maps too.
 The nested state (dicts, lists, tuples, numbers, tensors) is split into a small *skeleton*, where
 every tensor is replaced by a ``Slot`` index, and a flat list of tensors. The buffer is allocated
 once (``memfd``, pinned with ``cudaHostRegister`` when CUDA is present) and reused while the
-tensors keep their shapes and dtypes; the per-save work on the training thread is one grouped
-``torch._foreach_copy_`` plus pickling the skeleton.
+tensors keep their shapes and dtypes; the per-save work on the training thread is a grouped
+``torch._foreach_copy_`` of what the next forward pass may change plus pickling the skeleton. The
+optimizer-owned tensors are copied alongside the next step (``trainguard.torch.snapshot``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import mmap
 import os
 import tempfile
 from collections import OrderedDict
+from collections.abc import Set
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from trainguard.torch.snapshot import Pairs, Snapshot, copy_pairs
 
 log = logging.getLogger(__name__)
 
@@ -143,25 +147,22 @@ class Staging:
             end = min(self.size, start + (1 << 26))
             self._view[start:end] = bytes(end - start)
 
-    def copy_from(self, tensors: list[torch.Tensor]) -> None:
-        """The stall of an asynchronous save: grouped copies into the staging views."""
-        cpu_dst, cpu_src, dev_dst, dev_src = [], [], [], []
+    def copy_from(self, tensors: list[torch.Tensor], defer: Set[int] = frozenset()) -> Snapshot | None:
+        """The stall of an asynchronous save: grouped copies into the staging views. Tensors
+        whose storage address is in ``defer`` are copied by the returned ``Snapshot`` instead,
+        alongside the next training step (see ``trainguard.torch.snapshot``)."""
+        now: Pairs = []
+        later: Pairs = []
         for dst, src in zip(self.views, tensors, strict=True):
-            if src.numel() == 0:
-                continue
-            if src.device.type == "cpu":
-                cpu_dst.append(dst)
-                cpu_src.append(src)
-            else:
-                dev_dst.append(dst)
-                dev_src.append(src)
-        with torch.no_grad():
-            if cpu_dst:
-                torch._foreach_copy_(cpu_dst, cpu_src)
-            if dev_dst:
-                torch._foreach_copy_(dev_dst, dev_src, non_blocking=self._pinned)
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
+            if src.numel():
+                (later if defer and src.data_ptr() in defer else now).append((dst, src))
+        host = [(d, s) for d, s in now if s.device.type == "cpu"]
+        device = [(d, s) for d, s in now if s.device.type != "cpu"]
+        copy_pairs(host)
+        if device:
+            copy_pairs(device, non_blocking=self._pinned)
+            torch.cuda.synchronize()
+        return Snapshot(later, self._pinned) if later else None
 
     def close(self) -> None:
         if self._pinned:
