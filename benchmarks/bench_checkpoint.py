@@ -5,10 +5,16 @@
     python benchmarks/bench_checkpoint.py --json [--dir /mnt/ckpt]
 
 The state is a model of 4096x4096 linear layers plus Adam's two moments (params x 3), saved
-through ``TrainState``. Measured in one run, interleaved round by round:
+through ``TrainState`` from a real training loop (forward, backward, ``optimizer.step``; one
+intra-op thread, standing in for a GPU: the host's other core is the copy's and the writer's).
+Measured in one run, interleaved round by round:
 
-* ``stall_s``: how long ``Checkpointer.save`` blocks the training loop (median of the rounds; the
+* ``stall_s``: how long the checkpoint blocks the training thread: ``Checkpointer.save`` itself
+  plus the optimizer's wait for the overlapped snapshot (``last_stall_s``; median of the rounds; the
   first save, which spawns the writer process and allocates the staging buffer, is not counted);
+  ``save_call_s`` is ``save`` alone, and ``step_slowdown_s`` the extra wall time of the step after a
+  save against a plain step (it adds the copy's and the writer's contention for memory bandwidth);
+* ``stall_overlap_off_s``: the same stall with ``overlap=False`` (every tensor copied inside save);
 * ``sync_save_s``: ``torch.save`` of the same state to a file + fsync, the plain baseline;
 * ``copy_s``: one ``torch._foreach_copy_`` of the state into already-allocated host memory, the
   floor for any snapshot that copies;
@@ -59,6 +65,25 @@ def state_tensors(state: TrainState) -> list[torch.Tensor]:
     return tensors
 
 
+def train_step(state: TrainState, batch: torch.Tensor) -> None:
+    state.model(batch).square().mean().backward()
+    state.optimizer.step()
+    state.optimizer.zero_grad(set_to_none=True)
+
+
+def timed_step(
+    state: TrainState, batch: torch.Tensor, ckpt: Checkpointer | None, step: int
+) -> tuple[float, float]:
+    """Wall time of one training step preceded by ``ckpt.save`` when given (the boundary save),
+    and the time of the save call alone."""
+    start = time.perf_counter()
+    if ckpt is not None:
+        ckpt.save(step, state)
+    saved = time.perf_counter()
+    train_step(state, batch)
+    return time.perf_counter() - start, saved - start
+
+
 def sync_save(state: TrainState, path: Path) -> float:
     payload = {**state.global_state_dict(), "local": [state.local_state_dict()]}
     start = time.perf_counter()
@@ -90,39 +115,64 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--size-gb", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=8, help="training batch (rows of 4096)")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
+    torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="tg-bench-ckpt-", dir=args.dir))
     try:
         state = make_state(args.size_gb)
+        batch = torch.randn(args.batch, 4096)
+        train_step(state, batch)  # warm-up: allocator, first-step optimizer work
         tensors = state_tensors(state)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         floor = [torch.empty_like(t) for t in tensors]
         torch._foreach_copy_(floor, tensors)  # fault the pages in: "already allocated"
 
         ckpt = Checkpointer(root / "ckpt", keep_last=1)
-        ckpt.save(0, state)  # spawns the writer, allocates and pins the staging buffer
-        ckpt.wait()
-        stalls, writes, dds, copies, syncs = [], [], [], [], []
+        plain_ckpt = Checkpointer(root / "plain", keep_last=1, overlap=False)
+        for c in (ckpt, plain_ckpt):
+            c.save(0, state)  # spawns the writer, allocates and pins the staging buffer
+            c.wait()
+        steps, stalls, calls, slowdowns, stalls_off, writes, dds, copies, syncs = (
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+        )
         for step in range(1, args.rounds + 1):
             if step % 2:  # alternate the order, so neither always follows the other's flush
                 dds.append(dd(root / "dd.bin", nbytes))
             start = time.perf_counter()
             torch._foreach_copy_(floor, tensors)
             copies.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            ckpt.save(step, state)
-            stalls.append(time.perf_counter() - start)
+            plain, _ = timed_step(state, batch, None, step)
+            steps.append(plain)
+            saving, call = timed_step(state, batch, ckpt, step)
+            assert ckpt.last_stall_s is not None
+            stalls.append(ckpt.last_stall_s)
+            calls.append(call)
+            slowdowns.append(saving - plain)
             ckpt.wait()
             assert ckpt.last_result is not None
             writes.append(ckpt.last_result["bytes"] / ckpt.last_result["write_s"] / 1e6)
+            timed_step(state, batch, plain_ckpt, step)
+            assert plain_ckpt.last_stall_s is not None
+            stalls_off.append(plain_ckpt.last_stall_s)
+            plain_ckpt.wait()
             if step % 2 == 0:
                 dds.append(dd(root / "dd.bin", nbytes))
             if step <= 2:
                 syncs.append(sync_save(state, root / "sync.pt"))
         ckpt.close()
+        plain_ckpt.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -134,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         "state_mb": round(nbytes / 1e6, 1),
         "tensors": len(tensors),
         "stall_s": round(stall, 4),
+        "save_call_s": round(statistics.median(calls), 4),
+        "stall_overlap_off_s": round(statistics.median(stalls_off), 4),
+        "step_s": round(statistics.median(steps), 3),
+        "step_slowdown_s": round(statistics.median(slowdowns), 4),
         "sync_save_s": round(sync, 3),
         "copy_s": round(copy, 4),
         "write_mb_s": round(write, 1),
@@ -151,7 +205,18 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
     else:
         print(f"state: {result['state_mb']} MB in {len(tensors)} tensors (model + Adam moments)")
-        print(f"async save stall        {stall:8.3f} s   (median of {args.rounds})")
+        print(
+            f"training step           {result['step_s']:8.3f} s   (forward, backward, Adam; batch {args.batch})"
+        )
+        print(
+            f"async save stall        {stall:8.3f} s   (median of {args.rounds}: save() "
+            f"{result['save_call_s']:.3f} s + the optimizer's wait for the snapshot)"
+        )
+        print(
+            f"  without overlap       {result['stall_overlap_off_s']:8.3f} s   "
+            f"(everything copied inside save); the step after a save is "
+            f"{result['step_slowdown_s']:+.3f} s slower than a plain one"
+        )
         print(
             f"sync torch.save + fsync {sync:8.3f} s   stall_ratio {result['stall_ratio']:.4f}  (target <= 0.04)"
         )
