@@ -24,7 +24,6 @@ import contextlib
 import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,11 +31,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from trainguard.demo.train_digits import DigitsCNN  # the example's network: the same model
 from trainguard.torch.guard import Guard
-
-# The network of examples/train_digits.py, imported so the benchmark measures the same model.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from train_digits import DigitsCNN
 
 VARIANTS = {  # name -> (Guard options, check_grads)
     "default": ({}, False),

@@ -39,20 +39,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--plain", action="store_true", help="plain line output even on a terminal")
     parser.add_argument(
-        "--script", type=Path, metavar="PATH", help="the training script (default examples/train_digits.py)"
+        "--script", type=Path, metavar="PATH", help="the training script (default: the digits example, examples/train_digits.py)"
     )
 
 
 def find_example(explicit: Path | None = None) -> Path | None:
-    """examples/train_digits.py: given, next to the source tree, or under the current directory."""
+    """The training script: ``explicit`` if given, else the digits example shipped with the package
+    (``examples/train_digits.py`` in the source tree links to it)."""
     if explicit is not None:
         return explicit if explicit.is_file() else None
-    here = Path(__file__).resolve()
-    for root in (here.parents[3], Path.cwd()):
-        candidate = root / "examples" / "train_digits.py"
-        if candidate.is_file():
-            return candidate
-    return None
+    shipped = Path(__file__).resolve().with_name("train_digits.py")
+    return shipped if shipped.is_file() else None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,8 +30,8 @@ def main(args: argparse.Namespace) -> int:
     script = find_example(getattr(args, "script", None))
     if script is None:
         print(
-            "trainguard demo: cannot find examples/train_digits.py; run it from the trainguard source "
-            "tree, or pass --script PATH",
+            f"trainguard demo: training script {getattr(args, 'script', None) or 'train_digits.py'} not found; "
+            "pass --script PATH to an existing file (the digits example ships in trainguard/demo/)",
             file=sys.stderr,
         )
         return EXIT_USAGE
