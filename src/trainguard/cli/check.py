@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.cli.options import add_config_args, thresholds
+from trainguard.detect.thresholds import Thresholds
 from trainguard.errors import BackendUnavailable, TrainguardError
 from trainguard.records import Health, NodeVerdict
 
@@ -46,6 +48,7 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="seconds between the two readings that counter rates need (default 1)",
     )
+    add_config_args(p)
 
     def usage_error(message: str) -> None:  # a probe must not read a typo as "failed" (2)
         p.print_usage(sys.stderr)
@@ -98,21 +101,30 @@ def evaluate(args: argparse.Namespace) -> tuple[NodeVerdict, dict[str, Any]]:
     from trainguard.errors import ConfigError
 
     backend = args.backend or ("sim" if args.scenario else "nvml")
+    th = thresholds(args)
     if args.from_nvidia_smi is not None:
         if args.scenario or args.backend:
             raise ConfigError("--from-nvidia-smi reads a file: it takes no --backend or --scenario")
-        return _check_snapshot(args.from_nvidia_smi, args.kernel_log)
+        return _check_snapshot(args.from_nvidia_smi, args.kernel_log, th)
     if args.scenario and backend != "sim":
         raise ConfigError("--scenario runs on the simulated node: use --backend sim")
     if backend == "sim":
         return check_scenario(
-            args.scenario or "healthy", n_gpus=args.gpus, seed=args.seed, kernel_log=args.kernel_log
+            args.scenario or "healthy",
+            n_gpus=args.gpus,
+            seed=args.seed,
+            kernel_log=args.kernel_log,
+            thresholds=th,
         )
-    return _check_live(args.kernel_log, args.interval)
+    return _check_live(args.kernel_log, args.interval, th)
 
 
 def check_scenario(
-    name: str, n_gpus: int = 8, seed: int = 0, kernel_log: Path | None = None
+    name: str,
+    n_gpus: int = 8,
+    seed: int = 0,
+    kernel_log: Path | None = None,
+    thresholds: Thresholds | None = None,
 ) -> tuple[NodeVerdict, dict[str, Any]]:
     """Play scenario ``name`` on a simulated node on a virtual clock, one agent tick per second."""
     from trainguard.agent import Agent
@@ -124,7 +136,7 @@ def check_scenario(
         kmsg = kernel_log if kernel_log is not None else Path(tmp) / "kmsg.log"
         clock = VirtualClock()
         fleet = SimFleet(n_gpus=n_gpus, seed=seed, clock=clock, kmsg_path=kmsg)
-        with Agent(fleet, kernel_log=kmsg, clock=clock) as agent:
+        with Agent(fleet, kernel_log=kmsg, clock=clock, thresholds=thresholds) as agent:
             agent.tick()
             scenario = run_scenario(name, fleet, step_s=1.0, on_step=lambda _elapsed: agent.tick())
             verdict = agent.tick()
@@ -156,25 +168,29 @@ def _require(kernel_log: Path | None) -> None:
         raise InputError(f"kernel log {kernel_log} does not exist (try /dev/kmsg or /var/log/kern.log)")
 
 
-def _check_live(kernel_log: Path | None, interval: float) -> tuple[NodeVerdict, dict[str, Any]]:
+def _check_live(
+    kernel_log: Path | None, interval: float, th: Thresholds
+) -> tuple[NodeVerdict, dict[str, Any]]:
     from trainguard.agent import Agent
     from trainguard.telemetry import open_backend
 
     _require(kernel_log)
 
-    with Agent(open_backend("nvml"), kernel_log=kernel_log) as agent:
+    with Agent(open_backend("nvml"), kernel_log=kernel_log, thresholds=th) as agent:
         agent.tick()
         time.sleep(max(interval, 0.0))  # rates (PCIe replays, NVLink errors) need two readings
         verdict = agent.tick()
     return verdict, {"backend": "nvml"}
 
 
-def _check_snapshot(path: Path, kernel_log: Path | None) -> tuple[NodeVerdict, dict[str, Any]]:
+def _check_snapshot(
+    path: Path, kernel_log: Path | None, th: Thresholds
+) -> tuple[NodeVerdict, dict[str, Any]]:
     from trainguard.agent import Agent
     from trainguard.telemetry import open_backend
 
     _require(kernel_log)
-    with Agent(open_backend("smi-xml", path=path), kernel_log=kernel_log) as agent:
+    with Agent(open_backend("smi-xml", path=path), kernel_log=kernel_log, thresholds=th) as agent:
         verdict = agent.tick()  # one snapshot: no counter rates
     return verdict, {"backend": "smi-xml", "source": str(path)}
 
