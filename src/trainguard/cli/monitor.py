@@ -16,9 +16,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainguard.cli.interrupt import CtrlC
 from trainguard.errors import BackendUnavailable, TrainguardError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from trainguard.agent import Agent
     from trainguard.clock import VirtualClock
 
@@ -53,6 +56,17 @@ def run(args: argparse.Namespace) -> int:
         print("trainguard monitor: --interval and --speed must be positive", file=sys.stderr)
         return 2
     console = Console()
+    # From here on Ctrl-C quits with exit 0, also when the shell that started us ignored SIGINT.
+    with CtrlC() as ctrl_c:
+        try:
+            return _open_and_watch(args, backend, interval, console, ctrl_c)
+        except KeyboardInterrupt:  # a second Ctrl-C: the first one was not noticed in time
+            return 0
+
+
+def _open_and_watch(
+    args: argparse.Namespace, backend: str, interval: float, console: Any, ctrl_c: CtrlC
+) -> int:
     try:
         session = Session.open(backend, args.scenario, args.kernel_log, args.gpus, args.seed, args.speed)
     except BackendUnavailable as exc:
@@ -64,27 +78,35 @@ def run(args: argparse.Namespace) -> int:
         print(f"trainguard monitor: {exc}", file=sys.stderr)
         return 2
     with session:
-        if args.once:
-            session.settle(interval)
-            console.print(session.frame(console.width, live=False))
+        if ctrl_c.pressed:  # during start-up: nothing drawn yet, nothing to restore
             return 0
-        return watch(session, interval, console)
+        if args.once:
+            session.settle(interval, cancelled=lambda: ctrl_c.pressed, sleep=ctrl_c.sleep)
+            if not ctrl_c.pressed:
+                console.print(session.frame(console.width, live=False))
+            return 0
+        return watch(session, interval, console, ctrl_c)
 
 
-def watch(session: Session, interval: float, console: Any) -> int:
-    """Refresh the table until Ctrl-C; the Live display restores the terminal on the way out."""
+def watch(session: Session, interval: float, console: Any, ctrl_c: CtrlC) -> int:
+    """Redraw the table every ``interval`` until Ctrl-C, then restore the terminal (cursor shown).
+
+    Ctrl-C only sets ``ctrl_c.pressed`` (see ``trainguard.cli.interrupt``): the loop notices it
+    within a tick and leaves through ``live.stop()``, never halfway through a redraw. The loop is
+    the only writer to the terminal (no refresh thread).
+    """
     from rich.live import Live
 
+    live = Live(console=console, auto_refresh=False, transient=False)
     try:
-        with Live(
-            session.frame(console.width), console=console, refresh_per_second=4, transient=False
-        ) as live:
-            while True:
-                session.step()
-                live.update(session.frame(console.width))
-                time.sleep(interval)
-    except KeyboardInterrupt:
-        pass
+        live.start()  # hides the cursor
+        while not ctrl_c.pressed:
+            live.update(session.frame(console.width), refresh=True)
+            if ctrl_c.sleep(interval):
+                break
+            session.step(cancelled=lambda: ctrl_c.pressed)
+    finally:
+        live.stop()  # draws the last frame and shows the cursor; a no-op if start() did not begin
     return 0
 
 
@@ -139,24 +161,33 @@ class Session:
     def elapsed(self) -> float:
         return self.clock.time() - self._start if self.clock is not None else time.monotonic() - self._t0
 
-    def step(self) -> None:
-        """Bring the agent up to now: one tick, or on virtual time one tick per simulated second."""
+    def step(self, cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Bring the agent up to now: one tick, or on virtual time one tick per simulated second.
+
+        ``cancelled`` is asked before each tick: catching up (a fast ``--speed``, a stalled
+        process) can take many ticks, and Ctrl-C should not wait for all of them.
+        """
         if self.clock is None:
             self.agent.tick()
             return
         target = self._start + (time.monotonic() - self._t0) * self.speed
-        while self.clock.time() < target:
+        while self.clock.time() < target and not cancelled():
             self.clock.advance_to(min(self.clock.time() + 1.0, target))
             self.agent.tick()
 
-    def settle(self, interval: float) -> None:
+    def settle(
+        self,
+        interval: float,
+        cancelled: Callable[[], bool] = lambda: False,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
         """For --once: a second reading (counter rates need two); a scenario plays to its end."""
         if self.clock is None:
-            time.sleep(interval)
+            sleep(interval)
             self.agent.tick()
             return
         end = self._start + (self.scenario_end or 0.0) + 1.0
-        while self.clock.time() < end:
+        while self.clock.time() < end and not cancelled():
             self.clock.advance_to(min(self.clock.time() + 1.0, end))
             self.agent.tick()
 
