@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import TextIO
 
+from trainguard.cli.interrupt import quits_on_ctrl_c
 from trainguard.records import Event
 
 _TABLE = "{loc:<28} {kind:<8} {xid:>5} {pci:<10} {severity:<7} {action:<15} {category:<17} {text}"
@@ -139,6 +140,7 @@ def run_scan(args: argparse.Namespace) -> int:
     return status
 
 
+@quits_on_ctrl_c  # also when started with SIGINT ignored (`cmd &` in a script, CI)
 def run_follow(args: argparse.Namespace) -> int:
     from pathlib import Path
 

@@ -1,0 +1,46 @@
+"""Ctrl-C quits the commands that run until it, also when they were started with SIGINT ignored
+(`cmd &` in a script or a CI runner), where Python installs no KeyboardInterrupt handler."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+from trainguard.cli.interrupt import CtrlC
+
+
+def test_ctrl_c_ends_a_sleep_early_and_the_previous_handler_comes_back():
+    before = signal.getsignal(signal.SIGINT)
+    with CtrlC() as ctrl_c:
+        assert not ctrl_c.sleep(0.01)
+        signal.raise_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        assert ctrl_c.sleep(30) and ctrl_c.pressed
+        assert time.monotonic() - t0 < 5
+    assert signal.getsignal(signal.SIGINT) == before
+
+
+def test_logs_follow_quits_on_sigint_when_started_with_sigint_ignored(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainguard.cli", "logs", "follow", str(log), "--interval", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        assert proc.stdout is not None
+        header = proc.stdout.readline()  # printed once it is following (its handler is in place)
+        assert b"PATH:LINE" in header
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=20)
+        rest = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 130  # interrupted, as with a default SIGINT
+    assert b"Traceback" not in rest
