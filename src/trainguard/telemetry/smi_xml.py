@@ -20,6 +20,7 @@ import os
 import re
 import time
 import xml.etree.ElementTree as ET
+from typing import Any
 
 from trainguard.errors import InputError
 from trainguard.records import Gpu, RecoveryAction, Sample, Throttle, normalize_pci
@@ -133,6 +134,50 @@ def _recovery(g: ET.Element) -> RecoveryAction | None:
     return RecoveryAction.NONE if reset is False else None
 
 
+# Sample field -> the XML paths that may hold it, first present wins (names moved between
+# driver releases). "{power}" is the power block: gpu_power_readings (R535+) or power_readings.
+_NUMBERS: dict[str, tuple[str, ...]] = {
+    "temperature_c": ("temperature/gpu_temp",),
+    "temp_slowdown_c": ("temperature/gpu_temp_slow_threshold",),
+    "temp_shutdown_c": ("temperature/gpu_temp_max_threshold",),
+    "power_w": ("{power}/power_draw", "{power}/instant_power_draw", "{power}/average_power_draw"),
+    "power_limit_w": ("{power}/current_power_limit", "{power}/enforced_power_limit", "{power}/power_limit"),
+    "fan_pct": ("fan_speed",),
+    "sm_clock_mhz": ("clocks/sm_clock",),
+    "sm_clock_max_mhz": ("max_clocks/sm_clock",),
+    "mem_clock_mhz": ("clocks/mem_clock",),
+    "mem_clock_max_mhz": ("max_clocks/mem_clock",),
+    "util_gpu_pct": ("utilization/gpu_util",),
+    "util_mem_pct": ("utilization/memory_util",),
+    "mem_used_mib": ("fb_memory_usage/used",),
+    "mem_total_mib": ("fb_memory_usage/total",),
+}
+_COUNTS: dict[str, str] = {
+    "retired_sbe": "retired_pages/multiple_single_bit_retirement/retired_count",
+    "retired_dbe": "retired_pages/double_bit_retirement/retired_count",
+    "remap_correctable": "remapped_rows/remapped_row_corr",
+    "remap_uncorrectable": "remapped_rows/remapped_row_unc",
+    "pcie_gen": "pci/pci_gpu_link_info/pcie_gen/current_link_gen",
+    "pcie_gen_max": "pci/pci_gpu_link_info/pcie_gen/max_link_gen",
+    "pcie_width": "pci/pci_gpu_link_info/link_widths/current_link_width",
+    "pcie_width_max": "pci/pci_gpu_link_info/link_widths/max_link_width",
+    "pcie_replay": "pci/replay_counter",
+}
+_FLAGS: dict[str, tuple[str, ...]] = {
+    "retired_pending": ("retired_pages/pending_retirement", "retired_pages/pending_blacklist"),
+    "remap_pending": ("remapped_rows/remapped_row_pending",),
+    "remap_failure": ("remapped_rows/remapped_row_failure",),
+}
+
+
+def _first_flag(g: ET.Element, *paths: str) -> bool | None:
+    for path in paths:
+        value = _flag(g, path)
+        if value is not None:
+            return value
+    return None
+
+
 def _sample(g: ET.Element, index: int, when: float) -> Sample:
     uuid = _text(g, "uuid")
     gpu = Gpu(index, uuid, normalize_pci(g.get("id") or _text(g, "pci/pci_bus_id")), _text(g, "product_name"))
@@ -142,44 +187,21 @@ def _sample(g: ET.Element, index: int, when: float) -> Sample:
     power = "gpu_power_readings" if g.find("gpu_power_readings") is not None else "power_readings"
     sbe_v, dbe_v = _ecc(g, "volatile")
     sbe_a, dbe_a = _ecc(g, "aggregate")
-    pending = _flag(g, "retired_pages/pending_retirement")
+    fields: dict[str, Any] = {
+        name: _num(g, *(p.format(power=power) for p in paths)) for name, paths in _NUMBERS.items()
+    }
+    fields |= {name: _int(g, path) for name, path in _COUNTS.items()}
+    fields |= {name: _first_flag(g, *paths) for name, paths in _FLAGS.items()}
     return Sample(
         gpu=gpu,
         time=when,
-        temperature_c=_num(g, "temperature/gpu_temp"),
-        temp_slowdown_c=_num(g, "temperature/gpu_temp_slow_threshold"),
-        temp_shutdown_c=_num(g, "temperature/gpu_temp_max_threshold"),
-        power_w=_num(g, f"{power}/power_draw", f"{power}/instant_power_draw", f"{power}/average_power_draw"),
-        power_limit_w=_num(
-            g, f"{power}/current_power_limit", f"{power}/enforced_power_limit", f"{power}/power_limit"
-        ),
-        fan_pct=_num(g, "fan_speed"),
-        sm_clock_mhz=_num(g, "clocks/sm_clock"),
-        sm_clock_max_mhz=_num(g, "max_clocks/sm_clock"),
-        mem_clock_mhz=_num(g, "clocks/mem_clock"),
-        mem_clock_max_mhz=_num(g, "max_clocks/mem_clock"),
-        util_gpu_pct=_num(g, "utilization/gpu_util"),
-        util_mem_pct=_num(g, "utilization/memory_util"),
-        mem_used_mib=_num(g, "fb_memory_usage/used"),
-        mem_total_mib=_num(g, "fb_memory_usage/total"),
         throttle=_throttle(g),
         ecc_sbe_volatile=sbe_v,
         ecc_dbe_volatile=dbe_v,
         ecc_sbe_aggregate=sbe_a,
         ecc_dbe_aggregate=dbe_a,
-        retired_sbe=_int(g, "retired_pages/multiple_single_bit_retirement/retired_count"),
-        retired_dbe=_int(g, "retired_pages/double_bit_retirement/retired_count"),
-        retired_pending=pending if pending is not None else _flag(g, "retired_pages/pending_blacklist"),
-        remap_correctable=_int(g, "remapped_rows/remapped_row_corr"),
-        remap_uncorrectable=_int(g, "remapped_rows/remapped_row_unc"),
-        remap_pending=_flag(g, "remapped_rows/remapped_row_pending"),
-        remap_failure=_flag(g, "remapped_rows/remapped_row_failure"),
-        pcie_gen=_int(g, "pci/pci_gpu_link_info/pcie_gen/current_link_gen"),
-        pcie_gen_max=_int(g, "pci/pci_gpu_link_info/pcie_gen/max_link_gen"),
-        pcie_width=_int(g, "pci/pci_gpu_link_info/link_widths/current_link_width"),
-        pcie_width_max=_int(g, "pci/pci_gpu_link_info/link_widths/max_link_width"),
-        pcie_replay=_int(g, "pci/replay_counter"),
         recovery_action=_recovery(g),
+        **fields,
     )
 
 
