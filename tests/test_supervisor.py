@@ -4,6 +4,8 @@ real Guard and Checkpointer), real faults, the incident store read back afterwar
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.incidents import IncidentStore
+from trainguard.supervisor.hang import collect
 
 WORKER = Path(__file__).parent / "workers" / "ddp_worker.py"
 pytestmark = pytest.mark.slow
@@ -129,3 +132,19 @@ def test_a_fatal_xid_on_a_simulated_gpu_excludes_it_and_training_continues_on_fe
     assert result["final_step"] == 15
     kmsg = (Path(result["run_dir"]) / "sim-kmsg.log").read_text()
     assert "NVRM: Xid (PCI:" in kmsg and ": 79, " in kmsg
+
+
+def test_hang_collection_signals_only_the_workers_still_running(tmp_path, monkeypatch):
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid is free for any new process, e.g. the next attempt's rank
+    sent: list[int] = []
+    kill = os.kill
+    monkeypatch.setattr(os, "kill", lambda pid, sig: (sent.append(pid), kill(pid, sig))[1])
+    try:
+        collect(tmp_path, {0: hung, 1: gone}, {}, {}, wait_s=30)
+        assert hung.poll() == -signal.SIGABRT  # the dump request reached the hung worker...
+        assert set(sent) == {hung.pid}  # ... and nothing else
+    finally:
+        hung.kill()
+        hung.wait()

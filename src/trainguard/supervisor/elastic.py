@@ -11,13 +11,16 @@ We override three seams:
   TRAINGUARD_ATTEMPT and the GPU mapping after exclusions (CUDA_VISIBLE_DEVICES); processes come
   from a warm standby pool when one is configured;
 - ``_stop_workers``: failed workers are killed at once (their state is rolled back to the last
-  checkpoint anyway) instead of a 30 s SIGTERM grace that a rank stuck in a collective ignores.
+  checkpoint anyway) instead of a 30 s SIGTERM grace that a rank stuck in a collective ignores;
+  it returns only once they are reaped, so no worker of the stopped attempt outlives it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +29,9 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import start_processes
 from torch.distributed.elastic.utils import macros
 
+log = logging.getLogger(__name__)
+
+REAP_TIMEOUT_S = 30.0  # after torch's SIGKILL: how long a stopped worker may take to be reaped
 Loop = Callable[["GuardedAgent"], RunResult]
 EnvHook = Callable[[int, dict[str, str]], None]  # (local_rank, env) -> None, edits env in place
 
@@ -50,6 +56,15 @@ class GuardedAgent(LocalElasticAgent):
             self._shutdown(signal.SIGTERM, timeout=self.stop_grace_s)  # type: ignore[arg-type]
         else:
             self._shutdown(signal.SIGKILL, timeout=5)
+        # torch gives up on a worker that outlives its SIGKILL wait (uninterruptible sleep); the
+        # next attempt must not start beside it, so wait longer here before reporting it.
+        for local_rank, proc in self.procs().items():
+            try:
+                proc.wait(REAP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log.error(
+                    "local rank %s (pid %s) survived SIGKILL; starting without it", local_rank, proc.pid
+                )
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         spec = worker_group.spec
@@ -125,6 +140,12 @@ class GuardedAgent(LocalElasticAgent):
             return {}
         handlers = getattr(ctx, "subprocess_handlers", {})
         return {lr: h.proc.poll() for lr, h in handlers.items()}
+
+    def procs(self) -> dict[int, Any]:
+        """Process handle (a Popen) per local rank: signal workers through these, never by pid."""
+        ctx = self._pcontext
+        handlers = getattr(ctx, "subprocess_handlers", {}) if ctx is not None else {}
+        return {lr: h.proc for lr, h in handlers.items()}
 
     def pids(self) -> dict[int, int]:
         """pid per local rank."""

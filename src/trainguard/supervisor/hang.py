@@ -8,6 +8,10 @@ after it so it dumps too. The stacks land in the rank's stderr log and are copie
 ``dumps/rank<R>-<t>.txt``; dumps the Guard's own watchdog wrote (``.txt``, ``.fr.json`` flight
 recorder) are used as well. The ranks die of it: the supervisor restarts them anyway.
 
+Signals go through the workers' own process handles (``Popen``), never to a bare pid: a handle
+refuses to signal once its process was reaped, and until then the pid cannot be reused, so a
+dump request can only reach a worker of the hung attempt (pids wrap at 32768 on a busy host).
+
 Evidence, strongest first:
 1. the process was stopped (``T`` in /proc: SIGSTOP, a debugger);
 2. flight-recorder dumps: the rank whose last collective sequence number is behind the others'
@@ -19,14 +23,13 @@ Evidence, strongest first:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from trainguard.rundir import Heartbeat, dumps_dir
 
@@ -55,23 +58,34 @@ def proc_state(pid: int) -> str | None:
     return stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else None
 
 
+class Worker(Protocol):
+    """A worker process handle (``subprocess.Popen`` is one)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
 def collect(
     run_dir: Path,
-    pids: dict[int, int],
+    procs: dict[int, Worker],
     stderr_paths: dict[int, Path],
     beats: dict[int, Heartbeat | None],
     wait_s: float = 3.0,
 ) -> HangReport:
-    """Dump every rank (see the module docstring), then `analyze`. Ranks end up dead."""
-    states = {r: proc_state(pid) for r, pid in pids.items()}
+    """Dump every live rank (see the module docstring), then `analyze`. Ranks end up dead."""
+    alive = {r: w for r, w in procs.items() if w.poll() is None}  # unreaped: the pid is still ours
+    states = {r: proc_state(w.pid) for r, w in alive.items()}
     offsets = {r: _size(p) for r, p in stderr_paths.items()}
     asked = time.time()
-    for r, pid in pids.items():
-        _kill(pid, signal.SIGABRT)
+    for r, w in alive.items():
+        w.send_signal(signal.SIGABRT)
         if states.get(r) == "T":
-            _kill(pid, signal.SIGCONT)
+            w.send_signal(signal.SIGCONT)
     deadline = time.time() + wait_s
-    while time.time() < deadline and any(proc_state(p) not in (None, "Z") for p in pids.values()):
+    while time.time() < deadline and any(w.poll() is None for w in alive.values()):
         time.sleep(0.05)
     dumps: dict[int, list[Path]] = {}
     directory = dumps_dir(run_dir)
@@ -87,7 +101,7 @@ def collect(
         for p in paths:
             if p not in dumps.get(r, []):
                 dumps.setdefault(r, []).append(p)
-    return analyze(sorted(pids), states, dumps, beats)
+    return analyze(sorted(procs), states, dumps, beats)
 
 
 def analyze(
@@ -186,8 +200,3 @@ def _read_from(path: Path, offset: int) -> str:
             return f.read(1 << 20).decode("utf-8", "replace")
     except OSError:
         return ""
-
-
-def _kill(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)

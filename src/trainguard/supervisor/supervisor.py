@@ -446,11 +446,11 @@ class Supervisor:
     def _hang_trouble(self, now: float, prog: Any) -> Trouble:
         from trainguard.supervisor.hang import collect
 
-        pids = {self._rank_of[lr]: pid for lr, pid in self._agent.pids().items()}
+        procs = {self._rank_of[lr]: proc for lr, proc in self._agent.procs().items()}
         stderr = {
             self._rank_of[lr]: self._attempt_dir() / f"rank{self._rank_of[lr]}.stderr" for lr in self._rank_of
         }
-        report = collect(self.run_dir, pids, stderr, self.watch.last_beats())
+        report = collect(self.run_dir, procs, stderr, self.watch.last_beats())
         suspects = report.laggards
         gpu = self._gpu_of_rank(suspects[0]) if len(suspects) == 1 else None
         named = ", ".join(f"rank {r} ({report.reasons[r]})" for r in suspects) or "no single rank stands out"
