@@ -76,3 +76,17 @@ def test_check_applies_a_threshold_override():
     assert "replays in 30 s" not in relaxed.stdout and "downtrained" in relaxed.stdout
     typo = subprocess.run([*base, "--set", "thresholds.pcie_replay=1"], capture_output=True, text=True)
     assert typo.returncode == 3 and "unknown setting 'pcie_replay'" in typo.stderr
+
+
+def test_run_hands_the_thresholds_to_the_supervisors_health_agent(tmp_path, monkeypatch):
+    from trainguard.cli import build_parser
+    from trainguard.cli.run import config_from_args
+    from trainguard.supervisor.health import NodeHealth
+
+    path = write(tmp_path, "[thresholds]\nxid_hold_s = 60\n")
+    monkeypatch.setenv("TRAINGUARD_CONFIG", str(path))
+    argv = ["run", "--standalone", "--set", "thresholds.pcie_replay_per_min=20", "--", "python", "train.py"]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    assert (cfg.thresholds.pcie_replay_per_min, cfg.thresholds.xid_hold_s) == (20.0, 60.0)
+    health = NodeHealth("sim", 2, tmp_path, thresholds=cfg.thresholds)
+    assert health.enabled and health._agent.thresholds == cfg.thresholds

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainguard.cli.options import add_config_args, thresholds
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -73,6 +75,7 @@ def register(subparsers: Any) -> None:
     )
     g.add_argument("--backend", default="none", choices=["none", "nvml", "sim"], help="node-health telemetry")
     g.add_argument("--kernel-log", type=Path, default=None, help="kernel log the health agent follows")
+    add_config_args(g)
     g.add_argument(
         "--chaos", type=Path, default=None, metavar="PLAN.toml", help="inject faults (docs/chaos.md)"
     )
@@ -135,6 +138,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         min_nproc=args.min_nproc,
         warm_standby=args.warm_standby,
         tee=not args.no_tee,
+        thresholds=thresholds(args),
     )
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 
+from trainguard.detect.thresholds import Thresholds
+
 
 class ExitCode(IntEnum):
     """Exit codes of `trainguard run` (documented in docs/supervisor.md).
@@ -51,6 +53,7 @@ class SupervisorConfig:
     backend: str = "none"  # node health telemetry: nvml | sim | none
     kernel_log: Path | None = None  # kernel log for the agent (sim: the fleet's own file)
     health_interval: float = 0.5  # seconds between node-health ticks
+    thresholds: Thresholds | None = None  # node-health thresholds (default: Thresholds())
     chaos: Path | None = None  # chaos plan (TOML)
     crash_loop_after: int = 3  # same application error this many times in a row -> exit 3
     backoff_base_s: float = 1.0

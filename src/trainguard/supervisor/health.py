@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.detect.thresholds import Thresholds
 from trainguard.records import Health, NodeVerdict
 
 log = logging.getLogger(__name__)
@@ -46,9 +47,16 @@ class NodeHealth:
     source degrades to "no verdict", it must not stop training)."""
 
     def __init__(
-        self, backend: str, n_gpus: int, run_dir: Path, kernel_log: Path | None = None, interval: float = 0.5
+        self,
+        backend: str,
+        n_gpus: int,
+        run_dir: Path,
+        kernel_log: Path | None = None,
+        interval: float = 0.5,
+        thresholds: Thresholds | None = None,
     ) -> None:
         self.backend_name = backend
+        self.thresholds = thresholds
         self.interval = interval
         self.fleet: Any = None  # the SimFleet when backend == "sim"
         self.kernel_log = kernel_log
@@ -74,10 +82,10 @@ class NodeHealth:
             self.kernel_log.parent.mkdir(parents=True, exist_ok=True)
             self.kernel_log.touch()
             self.fleet = SimFleet(n_gpus=n_gpus, seed=0, kmsg_path=self.kernel_log)
-            return Agent(self.fleet, kernel_log=self.kernel_log)
+            return Agent(self.fleet, kernel_log=self.kernel_log, thresholds=self.thresholds)
         from trainguard.telemetry import open_backend
 
-        return Agent(open_backend(backend), kernel_log=self.kernel_log)
+        return Agent(open_backend(backend), kernel_log=self.kernel_log, thresholds=self.thresholds)
 
     @property
     def enabled(self) -> bool:

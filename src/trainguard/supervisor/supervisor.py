@@ -112,7 +112,7 @@ class Supervisor:
         self.recorder = JobRecorder(self.job_id, self.run_dir, cfg.resolved_db())
         self.recorder.start_job(self.started, shlex.join(cfg.cmd), cfg.nproc_per_node)
         self.health = NodeHealth(
-            cfg.backend, cfg.nproc_per_node, self.run_dir, cfg.kernel_log, cfg.health_interval
+            cfg.backend, cfg.nproc_per_node, self.run_dir, cfg.kernel_log, cfg.health_interval, cfg.thresholds
         )
         self.watch = ProgressWatch(
             self.run_dir, cfg.hang_timeout_floor, cfg.hang_step_factor, cfg.startup_timeout
