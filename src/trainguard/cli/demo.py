@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.cli.interrupt import quits_on_ctrl_c
 from trainguard.records import Action, GpuVerdict, Health, NodeVerdict
 
 SCENARIO = "tour"
@@ -40,6 +41,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run, speed=None)
 
 
+@quits_on_ctrl_c  # also when started in the background with SIGINT ignored (see cli.interrupt)
 def run(args: argparse.Namespace) -> int:
     if args.node:
         return run_node_demo(speed=args.speed or 2.0, seed=args.seed)
