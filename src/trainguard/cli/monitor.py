@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainguard.cli.interrupt import CtrlC
+from trainguard.cli.options import add_config_args, thresholds
+from trainguard.detect.thresholds import Thresholds
 from trainguard.errors import BackendUnavailable, TrainguardError
 
 if TYPE_CHECKING:
@@ -41,6 +43,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--speed", type=float, default=1.0, metavar="X", help="simulated time runs X times faster")
     p.add_argument("--gpus", type=int, default=8, metavar="N", help="GPUs of the simulated node (default 8)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the simulated node")
+    add_config_args(p)
     p.set_defaults(func=run)
 
 
@@ -68,7 +71,9 @@ def _open_and_watch(
     args: argparse.Namespace, backend: str, interval: float, console: Any, ctrl_c: CtrlC
 ) -> int:
     try:
-        session = Session.open(backend, args.scenario, args.kernel_log, args.gpus, args.seed, args.speed)
+        session = Session.open(
+            backend, args.scenario, args.kernel_log, args.gpus, args.seed, args.speed, thresholds(args)
+        )
     except BackendUnavailable as exc:
         message = str(exc).rstrip()
         hint = "" if "--backend sim" in message else " (try --backend sim for a simulated node)"
@@ -123,7 +128,14 @@ class Session:
 
     @classmethod
     def open(
-        cls, backend: str, scenario: str | None, kernel_log: Path | None, n_gpus: int, seed: int, speed: float
+        cls,
+        backend: str,
+        scenario: str | None,
+        kernel_log: Path | None,
+        n_gpus: int,
+        seed: int,
+        speed: float,
+        thresholds: Thresholds | None = None,
     ) -> Session:
         from trainguard.agent import Agent
         from trainguard.errors import ConfigError
@@ -133,7 +145,8 @@ class Session:
                 raise ConfigError("--scenario runs on the simulated node: use --backend sim")
             from trainguard.telemetry import open_backend
 
-            return cls(Agent(open_backend(backend), kernel_log=kernel_log), None, 1.0, f"{backend} telemetry")
+            agent = Agent(open_backend(backend), kernel_log=kernel_log, thresholds=thresholds)
+            return cls(agent, None, 1.0, f"{backend} telemetry")
         import tempfile
 
         from trainguard.clock import VirtualClock
@@ -151,7 +164,10 @@ class Session:
         fleet = SimFleet(n_gpus=n_gpus, seed=seed, clock=clock, kmsg_path=kmsg)
         spec.script(fleet)
         session = cls(
-            Agent(fleet, kernel_log=kmsg, clock=clock), clock, speed, f"simulated node: {spec.name}"
+            Agent(fleet, kernel_log=kmsg, clock=clock, thresholds=thresholds),
+            clock,
+            speed,
+            f"simulated node: {spec.name}",
         )
         session.scenario_end = spec.duration_s
         session._tmp = tmp  # removed on close
