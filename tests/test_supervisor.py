@@ -102,9 +102,6 @@ def test_the_same_application_error_three_times_stops_with_the_crash_loop_exit_c
     assert "ValueError: bad batch at step" in incidents[-1].summary
 
 
-# Known race (open): now and then the restarted rank 1 dies of the SIGABRT that stack collection
-# sent to the stopped process, a second incident in attempt 1. One rerun; the assertions stay.
-@pytest.mark.flaky(reruns=1)
 def test_a_stopped_rank_is_caught_as_a_hang_and_named(tmp_path):
     plan = '[[fault]]\nkind = "stop"\nrank = 1\nstep = 8\n'
     code, result, store = trainguard_run(
