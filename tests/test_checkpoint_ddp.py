@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 import shutil
+import signal
+import sys
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -12,13 +17,33 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+HANG_S = 180  # a rank stuck this long prints every thread's stack and exits (fails fast)
+COLLECTIVE_TIMEOUT = timedelta(seconds=150)  # a rank waits this long for its peer in a collective
+
+
+def _fail_fast_on_hang() -> None:
+    """Stacks on a hang (then exit 1), on mp.spawn's SIGTERM and on a fatal signal."""
+    faulthandler.enable(all_threads=True)
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+
+
+def _exit_now() -> None:
+    """Exit without the runtime's teardown beside live gloo threads (see test_checkpoint_sharded.py)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
 
 def _worker(rank: int, out: str) -> None:
     from trainguard.errors import CheckpointError
     from trainguard.torch import Checkpointer, TrainState
 
+    _fail_fast_on_hang()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out}/pg", rank=rank, world_size=2)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{out}/pg", rank=rank, world_size=2, timeout=COLLECTIVE_TIMEOUT
+    )
     state = TrainState(torch.nn.Linear(4, 4))
     report: dict[str, object] = {}
     with Checkpointer(Path(out) / "ckpt") as ckpt:
@@ -41,6 +66,7 @@ def _worker(rank: int, out: str) -> None:
         ckpt._shutdown()
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
+    _exit_now()
 
 
 @pytest.mark.slow

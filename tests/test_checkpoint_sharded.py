@@ -3,9 +3,14 @@ the same manifest and atomic commit, resumed at world size 1."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 import shutil
+import signal
+import sys
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,9 @@ import torch.multiprocessing as mp
 
 from trainguard.checkpoint import list_checkpoints, verify
 from trainguard.torch import Checkpointer, TrainState
+
+HANG_S = 180  # a rank stuck this long prints every thread's stack and exits (fails fast)
+COLLECTIVE_TIMEOUT = timedelta(seconds=150)  # a rank waits this long for its peer in a collective
 
 
 def make_model() -> torch.nn.Module:
@@ -31,12 +39,34 @@ def own_tmp():
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _fail_fast_on_hang() -> None:
+    """Past HANG_S, print every thread's stack and exit 1; on mp.spawn's SIGTERM (a peer failed),
+    print the stacks too; on a fatal signal (SIGABRT...), print the Python stacks of the crash."""
+    faulthandler.enable(all_threads=True)
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+
+
+def _exit_now() -> None:
+    """End a worker without the interpreter's and the C++ runtime's teardown. FSDP2 and DDP keep the
+    gloo process group alive from C++ after destroy_process_group, so its threads (gloo_tcp_loop,
+    pt_gloo_runloop x2) still run at exit; and rank 0 of this test once died of SIGABRT "terminate
+    called without an active exception" (std::terminate: typically a C++ thread object destroyed while
+    its thread runs). Nothing is left to clean up: the group is destroyed and the files are closed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _worker(rank: int, world: int, out: str) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
+    _fail_fast_on_hang()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out}/pg", rank=rank, world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{out}/pg", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT
+    )
     model = make_model()
     fully_shard(model)
     assert isinstance(next(model.parameters()), DTensor)
@@ -55,6 +85,7 @@ def _worker(rank: int, world: int, out: str) -> None:
     if rank == 0:
         torch.save({"params": params, "moments": moments}, Path(out) / "expected.pt")
     dist.destroy_process_group()
+    _exit_now()
 
 
 @pytest.mark.slow

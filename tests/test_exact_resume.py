@@ -7,10 +7,15 @@ an epoch boundary, right after a checkpoint or a step after it, and resumes each
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import multiprocessing
 import os
 import shutil
+import signal
+import sys
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -20,6 +25,11 @@ import torch.multiprocessing as mp
 
 TOTAL = 20  # 40 samples / 2 ranks / batch 4 = 5 steps per epoch
 EVERY = 3
+# A stuck rank fails the test within minutes, with every rank's stacks in the captured stderr,
+# instead of silently using up the test's timeout. Generous: on a loaded host a phase of a worker
+# takes up to about a minute (mostly the checkpoint writer process importing torch).
+HANG_S = 180
+COLLECTIVE_TIMEOUT = timedelta(seconds=150)  # a rank waits this long for its peer in a collective
 
 
 @pytest.fixture
@@ -31,17 +41,40 @@ def own_tmp():
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _fail_fast_on_hang() -> None:
+    """Past HANG_S this process prints every thread's stack and exits 1 (mp.spawn then fails and
+    terminates the other rank, which prints its stacks on that SIGTERM); a fatal signal prints the
+    Python stacks too."""
+    faulthandler.enable(all_threads=True)
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+
+
+def _exit_now() -> None:
+    """Exit as the interrupted phases always did, skipping the interpreter's and C++ runtime's
+    teardown beside the gloo threads that DDP keeps alive after destroy_process_group (see
+    tests/test_checkpoint_sharded.py)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _worker(rank: int, world: int, run_dir: str, stop_at: int, phase: str) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, TensorDataset
 
     from trainguard.torch import Checkpointer, ResumableSampler, TrainState
 
+    _fail_fast_on_hang()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     out = Path(run_dir)
     dist.init_process_group(
-        "gloo", init_method=f"file://{out / f'pg-{phase}-{stop_at}'}", rank=rank, world_size=world
+        "gloo",
+        init_method=f"file://{out / f'pg-{phase}-{stop_at}'}",
+        rank=rank,
+        world_size=world,
+        timeout=COLLECTIVE_TIMEOUT,
     )
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(40, 8), torch.randint(0, 3, (40,)))
@@ -75,7 +108,7 @@ def _worker(rank: int, world: int, run_dir: str, stop_at: int, phase: str) -> No
                 losses.close()
                 ckpt.wait()
                 dist.destroy_process_group()
-                os._exit(0)
+                _exit_now()
             if step == TOTAL:
                 break
         epoch += 1
@@ -84,10 +117,15 @@ def _worker(rank: int, world: int, run_dir: str, stop_at: int, phase: str) -> No
     if rank == 0:
         torch.save(model.module.state_dict(), out / f"final-{phase}.pt")
     dist.destroy_process_group()
+    _exit_now()
 
 
 def _run(run_dir: Path, stop_at: int, phase: str) -> None:
-    mp.spawn(_worker, args=(2, str(run_dir), stop_at, phase), nprocs=2, join=True)
+    # Fresh processes for every phase, forked from a server that imported torch once: ten spawned
+    # ranks each importing torch made this test outlast its timeout on a loaded host.
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "trainguard.torch"])
+    args = (2, str(run_dir), stop_at, phase)
+    mp.start_processes(_worker, args=args, nprocs=2, join=True, start_method="forkserver")
 
 
 def _losses(run_dir: Path, phase: str, rank: int) -> list[tuple[int, str]]:
