@@ -13,14 +13,17 @@ Measured in one run, interleaved round by round:
   plus the optimizer's wait for the overlapped snapshot (``last_stall_s``; median of the rounds; the
   first save, which spawns the writer process and allocates the staging buffer, is not counted);
   ``save_call_s`` is ``save`` alone, and ``step_slowdown_s`` the extra wall time of the step after a
-  save against a plain step (it adds the copy's and the writer's contention for memory bandwidth);
+  save against a plain step (it adds the copy's and the writer's contention for cores and memory
+  bandwidth; ``step_slowdown_overlap_off_s`` is the same without overlap);
 * ``stall_overlap_off_s``: the same stall with ``overlap=False`` (every tensor copied inside save);
 * ``sync_save_s``: ``torch.save`` of the same state to a file + fsync, the plain baseline;
 * ``copy_s``: one ``torch._foreach_copy_`` of the state into already-allocated host memory, the
   floor for any snapshot that copies;
 * ``write_mb_s``: the background writer's throughput (bytes / time from temporary directory to
-  durable commit, checksum included) and ``dd_mb_s``: ``dd bs=64M conv=fsync`` to the same
-  directory, in the same round (order alternating); disk_ratio is the median of per-round ratios.
+  durable commit, checksum included) for a save with nothing else running, as dd runs, and
+  ``dd_mb_s``: ``dd bs=64M conv=fsync`` to the same directory, in the same round (order
+  alternating); disk_ratio is the median of per-round ratios. ``step_slowdown_s`` above shows what
+  sharing the host with the writer costs the training step on this machine.
 
 Keys: stall_ratio = stall / sync save (target <= 0.04), copy_ratio = stall / copy (target
 <= 1.5), disk_ratio = write / dd throughput (target >= 0.8), plus the raw figures.
@@ -155,11 +158,14 @@ def main(argv: list[str] | None = None) -> int:
             copies.append(time.perf_counter() - start)
             plain, _ = timed_step(state, batch, None, step)
             steps.append(plain)
-            saving, call = timed_step(state, batch, ckpt, step)
+            saving, call = timed_step(state, batch, ckpt, 2 * step - 1)
             assert ckpt.last_stall_s is not None
             stalls.append(ckpt.last_stall_s)
             calls.append(call)
             slowdowns.append(saving - plain)
+            ckpt.wait()
+            # The writer's own throughput, like dd's: a save with nothing else running.
+            ckpt.save(2 * step, state)
             ckpt.wait()
             assert ckpt.last_result is not None
             writes.append(ckpt.last_result["bytes"] / ckpt.last_result["write_s"] / 1e6)
