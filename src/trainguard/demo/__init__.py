@@ -39,7 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--plain", action="store_true", help="plain line output even on a terminal")
     parser.add_argument(
-        "--script", type=Path, metavar="PATH", help="the training script (default: the digits example, examples/train_digits.py)"
+        "--script",
+        type=Path,
+        metavar="PATH",
+        help="the training script (default: the digits example, examples/train_digits.py)",
     )
 
 
