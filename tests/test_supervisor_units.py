@@ -4,10 +4,11 @@ an exit, worker-command parsing."""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 from trainguard.rundir import ErrorRecord, Heartbeat, heartbeat_path
-from trainguard.supervisor.assess import Exited, exit_trouble
+from trainguard.supervisor.assess import Exited, aborted_after_finishing, exit_trouble
 from trainguard.supervisor.config import checkpoint_dir_from_cmd
 from trainguard.supervisor.hang import analyze
 from trainguard.supervisor.warm import _script_argv
@@ -124,3 +125,25 @@ def test_checkpoint_dir_and_script_are_found_in_the_worker_command(tmp_path):
     assert _script_argv(("-u", str(script), "--x")) == [str(script), "--x"]
     assert _script_argv(("-m", "pkg.train")) == ["-m", "pkg.train"]
     assert _script_argv(("-c", "print(1)")) is None
+
+
+TEARDOWN_ABORT = (Path(__file__).parent / "data" / "teardown_abort.stderr").read_text()
+ABORT_IN_PYTHON = (
+    "Fatal Python error: Aborted\n\nCurrent thread 0x00007f (most recent call first):\n"
+    '  File "/job/train.py", line 88 in evaluate\n'
+)
+
+
+def test_a_rank_that_finished_and_aborted_in_teardown_counts_as_done():
+    # The real stderr of a DDP gloo worker that finished, said goodbye and died at interpreter exit.
+    assert aborted_after_finishing(-signal.SIGABRT, "exit", False, TEARDOWN_ABORT)
+
+
+def test_an_abort_is_a_failure_unless_the_rank_finished_and_python_was_done():
+    assert not aborted_after_finishing(-signal.SIGABRT, "train", False, TEARDOWN_ABORT)  # mid-training
+    assert not aborted_after_finishing(-signal.SIGABRT, "exit", True, TEARDOWN_ABORT)  # left an error file
+    assert not aborted_after_finishing(-signal.SIGABRT, "exit", False, ABORT_IN_PYTHON)  # inside Python code
+    assert not aborted_after_finishing(-signal.SIGSEGV, "exit", False, TEARDOWN_ABORT)
+    assert not aborted_after_finishing(
+        -signal.SIGABRT, None, False, TEARDOWN_ABORT
+    )  # no heartbeat this attempt

@@ -172,3 +172,23 @@ def wall_time(t: float | None, now: float) -> float | None:
 
 def _hw_cause(category: Category) -> RootCause:
     return RootCause.GPU_HBM_MEMORY if category is Category.GPU_MEMORY_ECC else RootCause.FAULTY_GPU
+
+
+def aborted_after_finishing(
+    code: int | None, last_phase: str | None, has_error: bool, stderr_tail: str
+) -> bool:
+    """A rank that finished cleanly and then died of SIGABRT in interpreter teardown.
+
+    With DDP or FSDP on gloo, the process group's C++ threads can outlive
+    ``destroy_process_group``; at exit their destructor calls ``std::terminate`` ("terminate called
+    without an active exception") and faulthandler reports the abort with no Python frame left.
+    The work is done: the rank said goodbye (its last heartbeat is "exit"), left no error file, and
+    the abort happened outside Python. Restarting would redo nothing and abort again.
+    """
+    return (
+        code == -signal.SIGABRT
+        and last_phase == "exit"
+        and not has_error
+        and "Fatal Python error: Aborted" in stderr_tail
+        and "<no Python frame>" in stderr_tail
+    )

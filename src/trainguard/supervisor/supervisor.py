@@ -35,7 +35,7 @@ from trainguard.incidents import Incident, IntervalKind, RootCause
 from trainguard.records import Finding, Health
 from trainguard.recover.policy import Failure, FailureKind, PolicyState, Verb, decide, with_diagnosis
 from trainguard.rundir import ATTEMPT_ENV, RUN_DIR_ENV, read_errors
-from trainguard.supervisor.assess import Exited, Trouble, exit_trouble, gpu_trouble
+from trainguard.supervisor.assess import Exited, Trouble, aborted_after_finishing, exit_trouble, gpu_trouble
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.health import Diagnose, GpuMap, NodeHealth
 from trainguard.supervisor.logs import LogTail, default_classifier
@@ -285,7 +285,7 @@ class Supervisor:
 
     def _observe(self, now: float) -> tuple[Trouble | None, bool]:
         agent = self._agent
-        codes = agent.exit_codes()
+        codes = self._forgive_teardown_aborts(agent.exit_codes())
         for lr, code in codes.items():
             if code is not None and lr not in self._exit_seen:
                 self._exit_seen[lr] = now
@@ -349,6 +349,27 @@ class Supervisor:
                 rank,
             ), False
         return None, False
+
+    def _forgive_teardown_aborts(self, codes: dict[int, int | None]) -> dict[int, int | None]:
+        """Exit codes with a finished rank's abort in interpreter teardown counted as 0 (see
+        ``assess.aborted_after_finishing``); logged, since it is torch's bug, not the job's."""
+        aborted = [lr for lr, c in codes.items() if c == -signal.SIGABRT and lr not in self._teardown_aborts]
+        if aborted:
+            beats = self.watch.last_beats()
+            errors = {e.rank for e in read_errors(self.run_dir) if e.attempt == self.attempt}
+            for lr in aborted:
+                rank = self._rank_of[lr]
+                beat = beats.get(rank)
+                phase = beat.phase if beat is not None and beat.attempt == self.attempt else None
+                tail = _tail(self._attempt_dir() / f"rank{rank}.stderr")
+                if aborted_after_finishing(codes[lr], phase, rank in errors, tail):
+                    log.warning(
+                        "rank %s finished, then aborted in interpreter teardown (torch/gloo); counted as done",
+                        rank,
+                    )
+                    self._emit("teardown_abort", rank=rank)
+                    self._teardown_aborts.add(lr)
+        return {lr: 0 if lr in self._teardown_aborts else c for lr, c in codes.items()}
 
     def _stuck_in_teardown(self, now: float, codes: dict[int, int | None]) -> bool:
         """Some ranks finished (exit 0) and the others said goodbye (an "exit" heartbeat) but
@@ -583,6 +604,7 @@ class Supervisor:
         self._attempt_closed = False
         self._rank_of = {w.local_rank: w.global_rank for w in group.workers}
         self._exit_seen: dict[int, float] = {}
+        self._teardown_aborts: set[int] = set()  # local ranks that finished, then aborted at exit
         self._events: list[Any] = []
         self._straggler_seen = False
         self._last_step_emitted: int | None = None
@@ -777,6 +799,15 @@ class Supervisor:
             self._on_event(RunEvent(what, time.time(), data))
         except Exception:
             log.debug("event callback failed", exc_info=True)
+
+
+def _tail(path: Path, nbytes: int = 4096) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - nbytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def _handle_signals() -> dict[signal.Signals, Any]:
