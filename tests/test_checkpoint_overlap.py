@@ -133,3 +133,19 @@ def test_only_tensors_the_optimizer_owns_are_deferred():
         assert all(torch.equal(v, s) for v, s in zip(staging.views, sd.values(), strict=True))
     finally:
         staging.close()
+
+
+def test_a_parameter_changed_in_place_during_the_copy_fails_the_save_instead_of_tearing_it(
+    tmp_path, slow_copy
+):
+    state = make_state()
+    step(state)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.resume(state)
+    ckpt.save(1, state)
+    with torch.no_grad():
+        state.model[0].weight.mul_(2.0)  # outside optimizer.step(), while the copy runs
+    with pytest.raises(CheckpointError, match="changed in place outside optimizer"):
+        ckpt.wait()
+    ckpt.close()
+    assert list(tmp_path.glob("step-*")) == []

@@ -15,6 +15,12 @@ optimizer-owned tensors here, while training goes on::
 On CPU the copy runs in a thread (``torch._foreach_copy_`` releases the GIL); on CUDA it is
 queued on a side stream and ``protect`` only orders the optimizer's stream after it, so the host
 never waits. ``join`` is the blocking end used by ``wait``/``resume``/``close``.
+
+The contract is that nothing but the optimizer changes those tensors in between. Code that does
+(an in-place ``p.data.mul_()`` after a save) would get a torn snapshot, so the tensors' autograd
+version counters, which every in-place op bumps, are compared with their values at the save:
+a change makes the save fail loudly (``CheckpointError`` at the next save/wait) instead of
+writing a checkpoint that mixes two steps.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ class Snapshot:
 
     def __init__(self, pairs: Pairs, pinned: bool) -> None:
         self.error: BaseException | None = None
+        self._versions = [(src, src._version) for _, src in pairs]  # see "The contract" above
+        self._checked = False
         self._copied = threading.Event()
         self._event: Any = None  # CUDA: recorded on the side stream after the copy
         self._thread: threading.Thread | None = None
@@ -81,6 +89,19 @@ class Snapshot:
         self._copied.wait()
         if self._event is not None:
             torch.cuda.current_stream().wait_event(self._event)
+        self._check_untouched()  # before the optimizer's own in-place update
+
+    def _check_untouched(self) -> None:
+        if self._checked:
+            return
+        self._checked = True
+        changed = sum(src._version != version for src, version in self._versions)
+        if changed and self.error is None:
+            self.error = RuntimeError(
+                f"{changed} parameter/optimizer tensor(s) were changed in place outside optimizer.step() "
+                "while the overlapped snapshot copied them; call Checkpointer.wait() before such changes, "
+                "or use Checkpointer(overlap=False)"
+            )
 
     def ready(self) -> bool:
         """The staging buffer holds the whole snapshot (never blocks)."""
@@ -93,6 +114,7 @@ class Snapshot:
             self._thread.join()
         if self._event is not None:
             self._event.synchronize()
+        self._check_untouched()
         if self.error is not None:
             raise self.error
 
