@@ -128,6 +128,8 @@ def test_checkpoint_dir_and_script_are_found_in_the_worker_command(tmp_path):
 
 
 TEARDOWN_ABORT = (Path(__file__).parent / "data" / "teardown_abort.stderr").read_text()
+# The same abort, with faulthandler crashing (SIGSEGV) while it walked the dying threads.
+TEARDOWN_ABORT_SEGV = (Path(__file__).parent / "data" / "teardown_abort_segv.stderr").read_text()
 ABORT_IN_PYTHON = (
     "Fatal Python error: Aborted\n\nCurrent thread 0x00007f (most recent call first):\n"
     '  File "/job/train.py", line 88 in evaluate\n'
@@ -137,13 +139,17 @@ ABORT_IN_PYTHON = (
 def test_a_rank_that_finished_and_aborted_in_teardown_counts_as_done():
     # The real stderr of a DDP gloo worker that finished, said goodbye and died at interpreter exit.
     assert aborted_after_finishing(-signal.SIGABRT, "exit", False, TEARDOWN_ABORT)
+    assert aborted_after_finishing(-signal.SIGSEGV, "exit", False, TEARDOWN_ABORT_SEGV)
 
 
 def test_an_abort_is_a_failure_unless_the_rank_finished_and_python_was_done():
     assert not aborted_after_finishing(-signal.SIGABRT, "train", False, TEARDOWN_ABORT)  # mid-training
     assert not aborted_after_finishing(-signal.SIGABRT, "exit", True, TEARDOWN_ABORT)  # left an error file
     assert not aborted_after_finishing(-signal.SIGABRT, "exit", False, ABORT_IN_PYTHON)  # inside Python code
-    assert not aborted_after_finishing(-signal.SIGSEGV, "exit", False, TEARDOWN_ABORT)
+    assert not aborted_after_finishing(
+        -signal.SIGSEGV, "exit", False, "Fatal Python error: Segmentation fault\n"
+    )
+    assert not aborted_after_finishing(-signal.SIGKILL, "exit", False, TEARDOWN_ABORT)
     assert not aborted_after_finishing(
         -signal.SIGABRT, None, False, TEARDOWN_ABORT
     )  # no heartbeat this attempt

@@ -174,21 +174,23 @@ def _hw_cause(category: Category) -> RootCause:
     return RootCause.GPU_HBM_MEMORY if category is Category.GPU_MEMORY_ECC else RootCause.FAULTY_GPU
 
 
+TEARDOWN_SIGNALS = (signal.SIGABRT, signal.SIGSEGV)  # abort(), or faulthandler crashing while it reports one
+
+
 def aborted_after_finishing(
     code: int | None, last_phase: str | None, has_error: bool, stderr_tail: str
 ) -> bool:
-    """A rank that finished cleanly and then died of SIGABRT in interpreter teardown.
+    """A rank that finished cleanly and then died in interpreter teardown.
 
     With DDP or FSDP on gloo, the process group's C++ threads can outlive
     ``destroy_process_group``; at exit their destructor calls ``std::terminate`` ("terminate called
-    without an active exception") and faulthandler reports the abort with no Python frame left.
-    The work is done: the rank said goodbye (its last heartbeat is "exit"), left no error file, and
-    the abort happened outside Python. Restarting would redo nothing and abort again.
+    without an active exception"), and faulthandler reports the abort with no Python frame left
+    (or itself crashes with SIGSEGV while walking the dying threads). The work is done: the rank
+    said goodbye (its last heartbeat is "exit") and left no error file. Restarting would redo
+    nothing and abort again.
     """
-    return (
-        code == -signal.SIGABRT
-        and last_phase == "exit"
-        and not has_error
-        and "Fatal Python error: Aborted" in stderr_tail
-        and "<no Python frame>" in stderr_tail
-    )
+    if code not in tuple(-s for s in TEARDOWN_SIGNALS) or last_phase != "exit" or has_error:
+        return False
+    cxx_terminate = "terminate called without an active exception" in stderr_tail
+    outside_python = "Fatal Python error: Aborted" in stderr_tail and "<no Python frame>" in stderr_tail
+    return cxx_terminate or outside_python
