@@ -177,10 +177,7 @@ class Checkpointer:
         snapshot = self._snapshot[0]
         snapshot.protect()
         if snapshot.ready():
-            try:
-                self._release()
-            except CheckpointError as exc:
-                self._pending = exc
+            self._release_keeping_error()
         self.last_stall_s = (self.last_stall_s or 0.0) + time.perf_counter() - started
 
     def _release(self) -> None:
@@ -194,6 +191,14 @@ class Checkpointer:
                 f"save of step {job['step']} failed while copying the state to host memory: {exc!r}"
             ) from exc
         self._send(job)
+
+    def _release_keeping_error(self) -> None:
+        """``_release`` where raising is not an option (inside optimizer.step, a property): its
+        error waits for the next save/wait."""
+        try:
+            self._release()
+        except CheckpointError as exc:
+            self._pending = exc
 
     def _collect(self) -> None:
         """Finish the in-flight save on this rank (blocking); raise its error."""
@@ -233,10 +238,7 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         """The newest step known durable to this process (saved or resumed), or None."""
         if self._snapshot is not None and self._snapshot[0].ready():
-            try:
-                self._release()
-            except CheckpointError as exc:
-                self._pending = exc
+            self._release_keeping_error()
         if self._writer is not None and self._writer.in_flight is not None and self._writer.done():
             try:
                 self._collect()
