@@ -33,8 +33,15 @@ import torch
 Pairs = list[tuple[torch.Tensor, torch.Tensor]]  # (staging view, live tensor)
 
 
+def by_device(pairs: Pairs) -> tuple[Pairs, Pairs]:
+    """(host, device) pairs, by where the live tensor is: the two are copied differently."""
+    host = [(d, s) for d, s in pairs if s.device.type == "cpu"]
+    device = [(d, s) for d, s in pairs if s.device.type != "cpu"]
+    return host, device
+
+
 def copy_pairs(pairs: Pairs, non_blocking: bool = False) -> None:
-    """Grouped copies into staging views (one ``_foreach_copy_`` per device kind)."""
+    """One grouped ``_foreach_copy_`` into staging views (the sources on one kind of device)."""
     if not pairs:
         return
     with torch.no_grad():
@@ -52,8 +59,7 @@ class Snapshot:
         self._copied = threading.Event()
         self._event: Any = None  # CUDA: recorded on the side stream after the copy
         self._thread: threading.Thread | None = None
-        cpu = [(d, s) for d, s in pairs if s.device.type == "cpu"]
-        device = [(d, s) for d, s in pairs if s.device.type != "cpu"]
+        cpu, device = by_device(pairs)
         if device:
             self._queue_device_copy(device, pinned)
         if cpu:

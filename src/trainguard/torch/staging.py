@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from trainguard.torch.snapshot import Pairs, Snapshot, copy_pairs
+from trainguard.torch.snapshot import Pairs, Snapshot, by_device, copy_pairs
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +156,7 @@ class Staging:
         for dst, src in zip(self.views, tensors, strict=True):
             if src.numel():
                 (later if defer and src.data_ptr() in defer else now).append((dst, src))
-        host = [(d, s) for d, s in now if s.device.type == "cpu"]
-        device = [(d, s) for d, s in now if s.device.type != "cpu"]
+        host, device = by_device(now)
         copy_pairs(host)
         if device:
             copy_pairs(device, non_blocking=self._pinned)
