@@ -14,7 +14,21 @@ from trainguard import __version__
 from trainguard.errors import TrainguardError
 
 # Order is the order of `trainguard --help`.
-SUBCOMMANDS = ["check", "monitor", "logs", "run", "demo", "incidents", "report", "checkpoints"]
+SUBCOMMANDS = [
+    "check",
+    "monitor",
+    "diagnose",
+    "logs",
+    "run",
+    "demo",
+    "incidents",
+    "report",
+    "checkpoints",
+    "agent",
+    "plan",
+    "simulate",
+    "reliability",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
