@@ -1,0 +1,131 @@
+"""`trainguard simulate`: Monte Carlo of a synchronous job on a failing cluster.
+
+    trainguard simulate --gpus N --days D [--checkpoint-minutes M] [--checkpoint-write-seconds W]
+                        [--restart-minutes U] [--trials T] [--seed S] [--from-bench FILE]
+                        [--json] [--plot PATH.png]
+
+Default failure rates: Llama 3 405B's 54-day record (Table 5), per GPU. --from-bench FILE takes
+the recovery costs `benchmarks/bench_recovery.py --json` measured for trainguard and for plain
+torchrun and simulates the job under both. Exit codes: 0 shown, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+# torch.distributed's default collective timeout for NCCL process groups: what a hang costs
+# plain torchrun before anything notices.
+NCCL_DEFAULT_TIMEOUT_S = 600.0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="Monte Carlo of a training job's interruptions and ETTR on a cluster of N GPUs",
+        description="Failures per root-cause category (default: Llama 3 405B's published record) "
+        "interrupt a synchronous job; each loses the work since the last checkpoint and costs a "
+        "restart. Reports interruptions by category, MTTF and ETTR over many trials.",
+    )
+    p.add_argument("--gpus", type=int, required=True, metavar="N")
+    p.add_argument("--days", type=float, required=True, metavar="D", help="wall-clock days")
+    p.add_argument("--checkpoint-minutes", type=float, default=30.0, metavar="M", help="default 30")
+    p.add_argument(
+        "--checkpoint-write-seconds", type=float, default=0.0, metavar="W", help="blocking save (default 0)"
+    )
+    p.add_argument("--restart-minutes", type=float, default=10.0, metavar="U", help="default 10")
+    p.add_argument("--trials", type=int, default=1000, metavar="T", help="default 1000")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument(
+        "--from-bench",
+        metavar="FILE",
+        help="JSON of benchmarks/bench_recovery.py --json: simulate trainguard's and torchrun's recovery",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="PATH.png", help="draw the distributions to this PNG file")
+    p.set_defaults(func=run)
+
+
+def bench_costs(path: str, restart_s: float) -> dict[str, dict[str, float]]:
+    """Recovery costs per launcher from a bench_recovery JSON: the job's own restart (reload,
+    warm-up) plus the launcher's measured time to the first step; hangs detected after the
+    measured delay (torchrun: at least the NCCL collective timeout)."""
+    from trainguard.errors import InputError
+
+    try:
+        data = json.loads(Path(path).read_text())
+        tg = {"restart_s": restart_s + float(data["mttr_s"]), "detect_hang_s": float(data["hang_detect_s"])}
+        tr_hang = max(float(data["torchrun_hang_detect_s"]), NCCL_DEFAULT_TIMEOUT_S)
+        tr = {"restart_s": restart_s + float(data["torchrun_mttr_s"]), "detect_hang_s": tr_hang}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(
+            f"--from-bench {path}: not the JSON of `benchmarks/bench_recovery.py --json` ({exc!r})"
+        ) from None
+    return {"trainguard": tg, "torchrun": tr}
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainguard.reliability.simulate import SimConfig, simulate, with_costs
+
+    cfg = SimConfig(
+        gpus=args.gpus,
+        days=args.days,
+        interval_s=args.checkpoint_minutes * 60.0,
+        write_s=args.checkpoint_write_seconds,
+        restart_s=args.restart_minutes * 60.0,
+        trials=args.trials,
+        seed=args.seed,
+    )
+    results = {"simulated": simulate(cfg)}
+    out: dict[str, Any] = results["simulated"].summary()
+    if args.from_bench:
+        costs = bench_costs(args.from_bench, cfg.restart_s)
+        scenarios = {}
+        for name, c in costs.items():
+            results[name] = simulate(with_costs(cfg, **c))
+            scenarios[name] = {**c, **results[name].summary()}
+        out["from_bench"] = scenarios
+    if args.plot:
+        from trainguard.reliability.plot import plot_simulation
+
+        shown = {k: v for k, v in results.items() if k != "simulated"} if args.from_bench else results
+        plot_simulation(shown, args.plot)
+    if args.json:
+        print(json.dumps(out, indent=1, allow_nan=False))
+    else:
+        print(render(out, results["simulated"]))
+        if args.plot:
+            print(f"\nplot: {args.plot}")
+    return 0
+
+
+def render(s: dict[str, Any], result: Any) -> str:
+    from trainguard.incidents.report import format_table
+    from trainguard.reliability.simulate import category_table
+
+    lines = [
+        f"{s['gpus']:,} GPUs, {s['days']:g} days, {s['trials']} trials: checkpoint every "
+        f"{s['checkpoint_interval_minutes']:g} min (blocking {s['checkpoint_write_seconds']:g} s), "
+        f"restart {s['restart_minutes']:g} min",
+        f"interruptions  {s['interruptions_mean']:.1f} +/- {s['interruptions_sd']:.1f}   "
+        f"(expected {s['interruptions_expected']:.1f}; job MTTF {s['mttf_hours']} h)",
+        f"ETTR           {s['ettr_mean']:.4f} +/- {s['ettr_sd']:.4f}   (5th percentile {s['ettr_p05']:.4f}; "
+        f"model {s['ettr_model']:.4f}, first order {s['ettr_model_first_order']:.4f})",
+        "",
+    ]
+    rows = [["root cause", "simulated", "Llama 3 Table 5 (scaled)", "z"]]
+    for r in category_table(result):
+        rows.append([r["category"], f"{r['simulated']:.2f}", _f(r["published"]), _f(r["z"])])
+    lines += format_table(rows)
+    for name, sc in s.get("from_bench", {}).items():
+        lines.append(
+            f"\n{name:10s}: restart {sc['restart_s']:.1f} s, hang detected after {sc['detect_hang_s']:.1f} s "
+            f"-> ETTR {sc['ettr_mean']:.4f} +/- {sc['ettr_sd']:.4f}"
+        )
+    return "\n".join(lines)
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
