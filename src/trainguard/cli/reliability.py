@@ -180,3 +180,22 @@ def run_predict(args: argparse.Namespace) -> int:
     ]
     print("\n".join(lines))
     return 0
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    from trainguard.cli.incidents import open_store
+    from trainguard.reliability.fleet import fleet_from_store, render_fleet
+
+    with open_store(args.db) as store:
+        report = fleet_from_store(store)
+    if args.plot:
+        from trainguard.reliability.plot import plot_fleet
+
+        plot_fleet(report, args.plot)
+    if args.json:
+        print(json.dumps(report, indent=1, allow_nan=False))
+    else:
+        print(render_fleet(report))
+        if args.plot:
+            print(f"\nfleet plot: {args.plot}")
+    return 0

@@ -1,6 +1,7 @@
 """`trainguard report JOB`: a job's goodput (ETTR), where its time went, and its incidents.
 
     trainguard report JOB [--db PATH] [--json] [--plot PATH.png]
+    trainguard report --fleet [--db PATH] [--json] [--plot PATH.png]
 
 Exit codes: 0 shown, 1 no such job in the store, 2 no store / unreadable store / bad usage.
 """
@@ -22,7 +23,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "breakdown of lost time, and every incident with its root cause, action and time lost.",
     )
     p.add_argument(
-        "job", metavar="JOB", help="job id, as `trainguard run` recorded it (see `incidents list`)"
+        "job", metavar="JOB", nargs="?", help="job id, as `trainguard run` recorded it (see `incidents list`)"
+    )
+    p.add_argument(
+        "--fleet", action="store_true", help="instead of one job: MTBF per GPU/node/root cause, lemons, trend"
     )
     add_db_argument(p)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -32,6 +36,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     from trainguard.errors import InputError
+
+    if args.fleet:
+        from trainguard.cli.reliability import run_fleet
+
+        return run_fleet(args)
+    if args.job is None:
+        print("trainguard report: give a JOB, or --fleet for the whole store", file=sys.stderr)
+        return 2
     from trainguard.incidents.report import job_report, render_report
 
     with open_store(args.db) as store:

@@ -126,3 +126,56 @@ def plot_simulation(results: dict[str, Any], path: str | Path) -> None:
         fig.savefig(path, dpi=110)
     finally:
         plt.close(fig)
+
+
+def plot_fleet(report: dict[str, Any], path: str | Path, top: int = 12) -> None:
+    """Incidents per period stacked by root cause (the trend), the worst GPUs and nodes (lemons
+    in red), and MTBF per root cause."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    try:
+        bins = report["trend"]["bins"]
+        ax = axes[0]
+        if bins:
+            t0 = bins[0]["start"]
+            x = [(b["start"] - t0) / 3600.0 for b in bins]
+            w = (bins[0]["end"] - bins[0]["start"]) / 3600.0
+            causes = [c["root_cause"] for c in report["by_root_cause"]]
+            bottom = [0] * len(bins)
+            for cause in causes:
+                h = [b["by_cause"].get(cause, 0) for b in bins]
+                ax.bar(x, h, width=w, bottom=bottom, align="edge", label=cause.replace("_", " "))
+                bottom = [a + b for a, b in zip(bottom, h, strict=True)]
+            ax.legend(fontsize=7)
+        ax.set(
+            title=f"incidents over time (trend: {report['trend']['verdict']})",
+            xlabel="hours since the first job",
+            ylabel="incidents",
+        )
+        ax = axes[1]
+        units = [(u["unit"], u) for u in report["gpus"][: top // 2]] + [
+            (u["unit"], u) for u in report["nodes"][: top // 2]
+        ]
+        units.reverse()
+        ax.barh(
+            [name for name, _ in units],
+            [u["incidents"] for _, u in units],
+            color=["#c62828" if u["lemon"] else "#90a4ae" for _, u in units],
+        )
+        ax.set(title="worst GPUs and nodes (red: lemon)", xlabel="incidents")
+        ax.tick_params(axis="y", labelsize=8)
+        ax = axes[2]
+        rows = [c for c in report["by_root_cause"] if c["mtbf_hours"] is not None][::-1]
+        ax.barh(
+            [c["root_cause"].replace("_", " ") for c in rows],
+            [c["mtbf_hours"] for c in rows],
+            color="#1565c0",
+        )
+        ax.set(title="MTBF by root cause", xlabel="hours")
+        ax.tick_params(axis="y", labelsize=8)
+        for a in axes:
+            a.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
