@@ -122,16 +122,20 @@ def job_costs(store: Any, job: str) -> JobCosts:
             f"no job {job!r} in the incident store {store.path}: see `trainguard incidents list`"
         )
     summary = store.goodput(job)
-    saves = sum(1 for i in intervals if i.kind == IntervalKind.CHECKPOINT)
-    recovery = summary.detection_s + summary.downtime_s + summary.restart_s
-    restarts = summary.attempts - 1
-    recovery += summary.init_s * restarts / summary.attempts if summary.attempts else 0.0
+    saves = [i.end - i.start for i in intervals if i.kind == IntervalKind.CHECKPOINT]
+    down = (IntervalKind.DETECTION, IntervalKind.DOWNTIME, IntervalKind.RESTART)
+    # A restarted attempt's start-up (imports, rendezvous, load) is recovery; the first one is not.
+    recovery = sum(
+        i.end - i.start
+        for i in intervals
+        if i.kind in down or (i.kind == IntervalKind.INIT and i.attempt > 0)
+    )
     return JobCosts(
         job=job,
         world_size=info.world_size if info else None,
-        write_s=summary.checkpoint_s / saves if saves else None,
+        write_s=sum(saves) / len(saves) if saves else None,
         restart_s=recovery / summary.interruptions if summary.interruptions else None,
-        interval_s=(summary.productive_s + summary.lost_s) / saves if saves else None,
-        checkpoints=saves,
+        interval_s=(summary.productive_s + summary.lost_s) / len(saves) if saves else None,
+        checkpoints=len(saves),
         interruptions=summary.interruptions,
     )

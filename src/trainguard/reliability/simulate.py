@@ -220,3 +220,13 @@ def category_table(
             }
         )
     return rows
+
+
+def disagreements(result: SimResult, z_max: float = 4.0) -> list[str]:
+    """Categories (and "total") whose simulated mean count is more than ``z_max`` standard
+    errors from the published count: the simulator's self-check against Table 5."""
+    bad = [r["category"] for r in category_table(result) if r["z"] is None or abs(r["z"]) > z_max]
+    cfg = result.config
+    expected = sum(n for _, n, _ in LLAMA3_TABLE5) * cfg.gpus * cfg.days / (LLAMA3_GPUS * LLAMA3_DAYS)
+    z = (float(result.interruptions.mean()) - expected) / math.sqrt(expected / cfg.trials)
+    return (["total"] if abs(z) > z_max else []) + bad

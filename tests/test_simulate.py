@@ -1,0 +1,137 @@
+"""The cluster failure simulator: Llama 3's Table 5 at the default calibration, agreement with
+the expected-ETTR model, recovery costs, and the CLI."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from trainguard.cli import main
+from trainguard.errors import ConfigError
+from trainguard.reliability import models
+from trainguard.reliability.simulate import (
+    LLAMA3_TABLE5,
+    SimConfig,
+    disagreements,
+    llama3_categories,
+    simulate,
+    with_costs,
+)
+
+pytest.importorskip("numpy")
+
+LLAMA3 = SimConfig(gpus=16_384, days=54, trials=1000, seed=0)
+
+
+@pytest.fixture(scope="module")
+def llama3():
+    return simulate(LLAMA3)
+
+
+def test_default_calibration_reproduces_table5_total_and_every_category(llama3):
+    s = llama3.summary()
+    # 1,000 trials: the standard error of the mean total is sqrt(419 / 1000) = 0.65.
+    assert s["interruptions_mean"] == pytest.approx(419, abs=4 * (419 / 1000) ** 0.5)
+    assert s["interruptions_sd"] == pytest.approx(419**0.5, rel=0.1)  # Poisson spread
+    for name, count, _ in LLAMA3_TABLE5:
+        assert s["by_category"][name] == pytest.approx(count, abs=4 * (count / 1000) ** 0.5), name
+    assert disagreements(llama3) == []
+    assert s["mttf_hours"] == pytest.approx(54 * 24 / 419, rel=0.01)
+
+
+def test_the_table5_check_fails_a_miscalibrated_simulator():
+    five_percent_high = tuple(replace(c, per_gpu_day=c.per_gpu_day * 1.05) for c in llama3_categories())
+    assert "total" in disagreements(simulate(replace(LLAMA3, categories=five_percent_high, trials=300)))
+    # The paper's misprinted 30.1% for faulty GPUs (126 of 419) instead of the count, 148.
+    cats = tuple(
+        replace(c, per_gpu_day=c.per_gpu_day * 126 / 148) if c.name == "faulty_gpu" else c
+        for c in llama3_categories()
+    )
+    misprint = simulate(replace(LLAMA3, categories=cats, trials=300))
+    assert "faulty_gpu" in disagreements(misprint)
+
+
+def test_simulated_ettr_agrees_with_the_exact_expected_ettr_model(llama3):
+    # Poisson failures, one restart cost, no detection delay: the model's assumptions hold.
+    s = llama3.summary()
+    cfg = llama3.config
+    model = models.exact_ettr(cfg.rate_per_s, cfg.restart_s, cfg.interval_s, cfg.write_s)
+    se = s["ettr_sd"] / cfg.trials**0.5
+    assert abs(s["ettr_mean"] - model) < 4 * se + 1e-4  # 1e-4: the final partial period kept
+    assert s["ettr_model"] == pytest.approx(model, abs=1e-5)
+
+
+def test_simulated_ettr_agrees_with_kokolis_first_order_model_when_failures_are_rare():
+    # 256 GPUs: MTTF ~200 h >> restart + interval, where the first-order model holds.
+    cfg = SimConfig(gpus=256, days=54, interval_s=1800, write_s=30, restart_s=600, trials=2000, seed=3)
+    s = simulate(cfg).summary()
+    kokolis = models.expected_ettr(cfg.rate_per_s, cfg.restart_s, cfg.interval_s, cfg.write_s)
+    assert s["ettr_mean"] == pytest.approx(kokolis, abs=0.002)
+
+
+def test_a_blocking_checkpoint_write_costs_its_share_of_every_period():
+    free = simulate(SimConfig(gpus=8, days=10, interval_s=600, write_s=0, trials=50)).summary()
+    blocking = simulate(SimConfig(gpus=8, days=10, interval_s=600, write_s=60, trials=50)).summary()
+    assert blocking["ettr_mean"] < free["ettr_mean"]
+    assert blocking["ettr_mean"] == pytest.approx(free["ettr_mean"] * 600 / 660, abs=0.01)
+
+
+def test_slow_hang_detection_lowers_ettr_with_the_same_failures():
+    fast = simulate(with_costs(LLAMA3, detect_hang_s=3, restart_s=300))
+    slow = simulate(with_costs(LLAMA3, detect_hang_s=600, restart_s=300))
+    assert (fast.interruptions == slow.interruptions).all()  # same seed, same failures
+    assert slow.ettr.mean() < fast.ettr.mean()
+
+
+def test_no_failures_leaves_only_the_checkpoint_cost():
+    cfg = SimConfig(gpus=8, days=1, interval_s=600, write_s=60, trials=3, categories=())
+    r = simulate(cfg)
+    assert (r.interruptions == 0).all()
+    assert r.ettr.mean() == pytest.approx(600 / 660, abs=0.01)
+
+
+def test_impossible_sizes_are_config_errors():
+    with pytest.raises(ConfigError):
+        SimConfig(gpus=0, days=1)
+    with pytest.raises(ConfigError):
+        SimConfig(gpus=8, days=1, interval_s=0)
+
+
+def test_simulate_cli_prints_the_issue_keys(capsys):
+    assert main(["simulate", "--gpus", "16384", "--days", "54", "--trials", "200", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    for key in (
+        "interruptions_mean",
+        "interruptions_sd",
+        "by_category",
+        "mttf_hours",
+        "ettr_mean",
+        "ettr_sd",
+    ):
+        assert key in s
+    assert s["by_category"]["faulty_gpu"] == pytest.approx(148, abs=4)
+
+
+def test_simulate_from_bench_compares_trainguard_with_torchrun(tmp_path, capsys):
+    bench = tmp_path / "recovery.json"
+    bench.write_text(
+        json.dumps(
+            {"mttr_s": 0.5, "torchrun_mttr_s": 2.2, "hang_detect_s": 3.1, "torchrun_hang_detect_s": 120}
+        )
+    )
+    plot = tmp_path / "sim.png"
+    argv = ["simulate", "--gpus", "16384", "--days", "54", "--trials", "100", "--from-bench", str(bench)]
+    assert main([*argv, "--json", "--plot", str(plot)]) == 0
+    s = json.loads(capsys.readouterr().out)["from_bench"]
+    assert s["torchrun"]["detect_hang_s"] == 600.0  # at least NCCL's default collective timeout
+    assert s["trainguard"]["ettr_mean"] > s["torchrun"]["ettr_mean"]
+    assert plot.stat().st_size > 10_000
+
+
+def test_simulate_from_a_file_that_is_not_the_bench_output_is_an_input_error(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    assert main(["simulate", "--gpus", "8", "--days", "1", "--from-bench", str(bad)]) == 2
+    assert "bench_recovery.py --json" in capsys.readouterr().err
