@@ -85,6 +85,20 @@ def test_slow_hang_detection_lowers_ettr_with_the_same_failures():
     assert slow.ettr.mean() < fast.ettr.mean()
 
 
+def test_simulated_ettr_agrees_with_the_model_when_recovery_costs_differ_by_category():
+    cfg = with_costs(LLAMA3, detect_hang_s=600, restart_s=300, node_fault_extra_s=1800)
+    s = simulate(cfg).summary()
+    assert s["ettr_mean"] == pytest.approx(s["ettr_model"], abs=4 * s["ettr_sd"] / cfg.trials**0.5 + 1e-4)
+
+
+def test_a_fault_that_stays_with_its_node_costs_more_without_a_spare():
+    spare = simulate(with_costs(LLAMA3, detect_hang_s=3, restart_s=300)).ettr.mean()
+    no_spare = simulate(
+        with_costs(LLAMA3, detect_hang_s=3, restart_s=300, node_fault_extra_s=7200)
+    ).ettr.mean()
+    assert no_spare < spare - 0.1
+
+
 def test_no_failures_leaves_only_the_checkpoint_cost():
     cfg = SimConfig(gpus=8, days=1, interval_s=600, write_s=60, trials=3, categories=())
     r = simulate(cfg)

@@ -43,22 +43,38 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="FILE",
         help="JSON of benchmarks/bench_recovery.py --json: simulate trainguard's and torchrun's recovery",
     )
+    p.add_argument(
+        "--spare-nodes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --from-bench: a spare node replaces an excluded one at once (default); "
+        "--no-spare-nodes waits --repair-minutes for it",
+    )
+    p.add_argument("--repair-minutes", type=float, default=120.0, metavar="R", help="default 120")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="PATH.png", help="draw the distributions to this PNG file")
     p.set_defaults(func=run)
 
 
-def bench_costs(path: str, restart_s: float) -> dict[str, dict[str, float]]:
+def bench_costs(path: str, restart_s: float, wait_s: float = 0.0) -> dict[str, dict[str, float]]:
     """Recovery costs per launcher from a bench_recovery JSON: the job's own restart (reload,
     warm-up) plus the launcher's measured time to the first step; hangs detected after the
-    measured delay (torchrun: at least the NCCL collective timeout)."""
+    measured delay (torchrun: at least the NCCL collective timeout). A fault that stays with its
+    node: trainguard excludes the node and waits ``wait_s`` for a replacement (0 with a spare);
+    torchrun relaunches onto the same node, fails once more, and then waits as long."""
     from trainguard.errors import InputError
 
     try:
         data = json.loads(Path(path).read_text())
-        tg = {"restart_s": restart_s + float(data["mttr_s"]), "detect_hang_s": float(data["hang_detect_s"])}
+        tg_restart = restart_s + float(data["mttr_s"])
+        tg = {
+            "restart_s": tg_restart,
+            "detect_hang_s": float(data["hang_detect_s"]),
+            "node_fault_extra_s": wait_s,
+        }
+        tr_restart = restart_s + float(data["torchrun_mttr_s"])
         tr_hang = max(float(data["torchrun_hang_detect_s"]), NCCL_DEFAULT_TIMEOUT_S)
-        tr = {"restart_s": restart_s + float(data["torchrun_mttr_s"]), "detect_hang_s": tr_hang}
+        tr = {"restart_s": tr_restart, "detect_hang_s": tr_hang, "node_fault_extra_s": tr_restart + wait_s}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(
             f"--from-bench {path}: not the JSON of `benchmarks/bench_recovery.py --json` ({exc!r})"
@@ -81,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     results = {"simulated": simulate(cfg)}
     out: dict[str, Any] = results["simulated"].summary()
     if args.from_bench:
-        costs = bench_costs(args.from_bench, cfg.restart_s)
+        wait = 0.0 if args.spare_nodes else args.repair_minutes * 60.0
+        costs = bench_costs(args.from_bench, cfg.restart_s, wait)
         scenarios = {}
         for name, c in costs.items():
             results[name] = simulate(with_costs(cfg, **c))
@@ -121,8 +138,9 @@ def render(s: dict[str, Any], result: Any) -> str:
     lines += format_table(rows)
     for name, sc in s.get("from_bench", {}).items():
         lines.append(
-            f"\n{name:10s}: restart {sc['restart_s']:.1f} s, hang detected after {sc['detect_hang_s']:.1f} s "
-            f"-> ETTR {sc['ettr_mean']:.4f} +/- {sc['ettr_sd']:.4f}"
+            f"\n{name:10s}: restart {sc['restart_s']:.1f} s, hang detected after {sc['detect_hang_s']:.1f} s, "
+            f"a node fault costs {sc['node_fault_extra_s']:.0f} s more -> ETTR {sc['ettr_mean']:.4f} "
+            f"+/- {sc['ettr_sd']:.4f}"
         )
     return "\n".join(lines)
 
