@@ -147,3 +147,15 @@ def test_docstring_examples_run(name):
         pytest.importorskip("numpy")
     result = doctest.testmod(importlib.import_module(f"trainguard.reliability.{name}"))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_power_cap_pays_off_only_when_failures_dominate():
+    from trainguard.reliability.planner import power_cap_tradeoff
+
+    rate = models.LLAMA3_FAILURES_PER_NODE_DAY
+    small = power_cap_tradeoff(PlanInputs(nodes=2048, failures_per_node_day=rate), cap_w=600)
+    huge = power_cap_tradeoff(PlanInputs(nodes=16_384, failures_per_node_day=rate, restart_s=1200), cap_w=600)
+    assert small["failure_rate_factor"] == huge["failure_rate_factor"] < 1
+    assert not small["worth_it"]  # 5% slower for 24% fewer failures: not at 16k GPUs
+    assert huge["worth_it"]  # at 131k GPUs with 20 min restarts, fewer failures win
+    assert huge["useful_work"] == pytest.approx(huge["throughput"] * huge["expected_ettr_recommended"])

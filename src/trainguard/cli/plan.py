@@ -3,7 +3,8 @@ expected ETTR of a job of N GPUs.
 
     trainguard plan (--gpus N [--gpus-per-node 8] | --nodes N) [--failure-rate-per-node-day R |
                     --mttf-hours M] [--checkpoint-write-seconds W] [--restart-minutes U]
-                    [--checkpoint-interval-minutes T] [--from-job JOB [--db PATH]] [--json]
+                    [--checkpoint-interval-minutes T] [--from-job JOB [--db PATH]]
+                    [--power-cap-watts P [--tdp-watts 700]] [--json]
 
 With no rate given it uses Llama 3 405B's published interruption rate (and says so). With
 --from-job it takes the size, checkpoint and restart costs that `trainguard run` measured for a
@@ -43,6 +44,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--checkpoint-interval-minutes", type=float, metavar="T", help="your current interval")
     p.add_argument("--from-job", metavar="JOB", help="take size and costs from a job in the incident store")
     p.add_argument("--db", metavar="PATH", help="incident store for --from-job (default $TRAINGUARD_DB)")
+    p.add_argument(
+        "--power-cap-watts",
+        type=float,
+        metavar="P",
+        help="also answer: is capping the GPUs at P watts worth it?",
+    )
+    p.add_argument(
+        "--tdp-watts", type=float, default=700.0, metavar="W", help="uncapped board power (default 700)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -91,9 +101,12 @@ def inputs_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainguard.reliability.planner import plan
+    from trainguard.reliability.planner import plan, power_cap_tradeoff
 
-    result = plan(inputs_from_args(args))
+    inputs = inputs_from_args(args)
+    result = plan(inputs)
+    if args.power_cap_watts:
+        result["power_cap"] = power_cap_tradeoff(inputs, args.power_cap_watts, args.tdp_watts)
     if args.json:
         print(json.dumps(result, indent=1, allow_nan=False))
     else:
@@ -133,4 +146,16 @@ def render(p: dict[str, Any]) -> str:
         for r in p["table"]
     ]
     lines += ["", *format_table(rows), "", f"model: {p['model']}"]
+    if "power_cap" in p:
+        c = p["power_cap"]
+        lines += [
+            "",
+            f"power cap {c['cap_w']:g} W of {c['tdp_w']:g} W: GPU ~{c['gpu_temp_c']:.0f} C instead of "
+            f"~{c['gpu_temp_c_uncapped']:.0f} C, failure rate x{c['failure_rate_factor']:.3f}, "
+            f"throughput x{c['throughput']:.3f}",
+            f"  job MTTF {_m(c['mttf_hours'], '{:.2f}')} h, ETTR {c['expected_ettr_recommended']:.3f}; useful work per "
+            f"hour {c['useful_work']:.3f} vs {c['useful_work_uncapped']:.3f} uncapped: "
+            + ("worth it" if c["worth_it"] else "not worth it"),
+            f"  assumptions: {c['assumptions']}",
+        ]
     return "\n".join(lines)
