@@ -130,9 +130,13 @@ def render_fit(result: dict[str, Any]) -> str:
                     )
                 lines += ["", *("  " + line for line in format_table(rows))]
                 lines.append(
-                    f"  log-rank test across {key[3:]}s: chi2 {g['logrank_chi2']:.1f}, p = {g['logrank_p']:.2g}"
+                    f"  log-rank test across {key[3:]}s: chi2 {g['logrank_chi2']:.1f}, p {_p(g['logrank_p'])}"
                 )
     return "\n".join(lines)
+
+
+def _p(p: float) -> str:
+    return "< 1e-300" if p == 0 else f"= {p:.2g}"
 
 
 def run_predict(args: argparse.Namespace) -> int:
