@@ -65,7 +65,11 @@ def bench_costs(path: str, restart_s: float, wait_s: float = 0.0) -> dict[str, d
     from trainguard.errors import InputError
 
     try:
-        data = json.loads(Path(path).read_text())
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"--from-bench {path}: cannot read it ({exc.strerror})") from None
+    try:
+        data = json.loads(text)
         tg_restart = restart_s + float(data["mttr_s"])
         tg = {
             "restart_s": tg_restart,
@@ -75,7 +79,7 @@ def bench_costs(path: str, restart_s: float, wait_s: float = 0.0) -> dict[str, d
         tr_restart = restart_s + float(data["torchrun_mttr_s"])
         tr_hang = max(float(data["torchrun_hang_detect_s"]), NCCL_DEFAULT_TIMEOUT_S)
         tr = {"restart_s": tr_restart, "detect_hang_s": tr_hang, "node_fault_extra_s": tr_restart + wait_s}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise InputError(
             f"--from-bench {path}: not the JSON of `benchmarks/bench_recovery.py --json` ({exc!r})"
         ) from None

@@ -154,6 +154,8 @@ def render_fleet(r: dict[str, Any], top: int = 10) -> str:
     def hours(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}"
 
+    if not r["incidents"]:
+        return f"fleet: no incidents in the store ({r['jobs']} jobs)"
     lines = [
         f"fleet: {r['incidents']} incidents over {r['jobs']} jobs, {r['observed_hours']:.2f} h observed; "
         f"MTBF {hours(r['mtbf_hours'])} h",
