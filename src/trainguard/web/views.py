@@ -42,7 +42,7 @@ def node(d: AgentDaemon, q: Query) -> dict[str, Any]:
         "seq": s.seq,
         "health": v.health.value if v else "unknown",
         "action": v.action.value if v else "none",
-        "reasons": v.reasons if v else [],
+        "reasons": _reasons(v) if v else [],
         "gpus": len(s.samples),
         "agent": {
             "health": s.health.value,
@@ -54,6 +54,11 @@ def node(d: AgentDaemon, q: Query) -> dict[str, Any]:
             "scenario": d.config.scenario or None,
         },
     }
+
+
+def _reasons(v: Any) -> list[str]:
+    """The node's reasons, each GPU's prefixed with its index."""
+    return [f.reason for f in v.findings] + [f"GPU {g.gpu.index}: {r}" for g in v.gpus for r in g.reasons]
 
 
 def gpus(d: AgentDaemon, q: Query) -> list[dict[str, Any]]:

@@ -3,8 +3,11 @@
 "use strict";
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
                 "#bcbd22", "#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"];
-const CHARTS = [["temperature_c", "Temperature (°C)"], ["power_w", "Power (W)"], ["sm_clock_mhz", "SM clock (MHz)"],
-                ["mem_used_pct", "Memory used (%)"], ["util_gpu_pct", "Utilization (%)"], ["ecc_errors", "ECC errors (volatile)"]];
+// [field, title, fixed y range or null for one that follows the data]
+const CHARTS = [["temperature_c", "Temperature (°C)", null], ["power_w", "Power (W)", null], ["sm_clock_mhz", "SM clock (MHz)", null],
+                ["mem_used_pct", "Memory used (%)", [0, 100]], ["util_gpu_pct", "Utilization (%)", [0, 100]],
+                ["ecc_errors", "ECC errors (volatile)", null]];
+const TIMELINE_S = 900;
 const WINDOW_S = 300;
 const series = {};  // gpu -> array of points [time, ...fields]
 let fields = null, lastTime = 0, nowTime = 0;
@@ -19,7 +22,8 @@ function el(tag, attrs, text) {
 }
 
 async function get(path) {
-  const r = await fetch(path, {credentials: "same-origin", cache: "no-store"});
+  // location.origin, not a relative URL: the page may have been opened as http://user:token@host/
+  const r = await fetch(location.origin + path, {credentials: "same-origin", cache: "no-store"});
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
 }
@@ -73,8 +77,8 @@ function drawCharts() {
   if (!fields) return;
   const box = $("charts");
   if (!box.children.length) {
-    for (const [key, title] of CHARTS) {
-      const div = el("div", {class: "chart", "data-field": key});
+    for (const [key, title, range] of CHARTS) {
+      const div = el("div", {class: "chart", "data-field": key, "data-range": range ? range.join(",") : ""});
       div.append(el("h3", {}, title), el("svg:svg", {viewBox: "0 0 400 130", preserveAspectRatio: "none"}));
       box.append(div);
     }
@@ -82,7 +86,10 @@ function drawCharts() {
       const s = el("span", {}, `GPU ${g}`); const i = el("i"); i.style.background = COLORS[g % COLORS.length]; s.prepend(i); return s;
     }));
   }
-  const t1 = nowTime, t0 = t1 - WINDOW_S;
+  // The x axis spans the data we have (at least 10 s), up to WINDOW_S.
+  let first = nowTime;
+  for (const pts of Object.values(series)) if (pts.length) first = Math.min(first, pts[0][0]);
+  const t1 = nowTime, t0 = Math.min(t1 - 10, Math.max(first, t1 - WINDOW_S));
   for (const div of box.children) {
     const k = fields.indexOf(div.dataset.field), svg = div.querySelector("svg");
     let lo = Infinity, hi = -Infinity;
@@ -90,6 +97,7 @@ function drawCharts() {
     if (lo === Infinity) { lo = 0; hi = 1; }
     if (hi - lo < 1e-9) { hi += 1; lo = Math.max(0, lo - 1); }
     const pad = (hi - lo) * 0.08; lo -= pad; hi += pad;
+    if (div.dataset.range) [lo, hi] = div.dataset.range.split(",").map(Number);
     const x = (t) => 30 + (t - t0) / (t1 - t0) * 365, y = (v) => 122 - (v - lo) / (hi - lo) * 114;
     const kids = [el("svg:text", {x: 2, y: 12, class: "axis"}, fmt(hi, hi < 10 ? 1 : 0)), el("svg:text", {x: 2, y: 126, class: "axis"}, fmt(lo, hi < 10 ? 1 : 0))];
     let drawn = 0;
@@ -114,11 +122,11 @@ function drawIncidents(page) {
       el("td", {}, i.root_cause), el("td", {}, i.action), el("td", {}, i.summary));
     return tr;
   }));
-  const svg = $("timeline"), t1 = Date.now() / 1000, t0 = t1 - 3600;
+  const svg = $("timeline"), t1 = Date.now() / 1000, t0 = t1 - TIMELINE_S;
   const kids = [el("svg:line", {x1: 0, x2: 1000, y1: 30, y2: 30, stroke: "#ccc"})];
   for (const i of items) {
     if (i.time < t0) continue;
-    const c = el("svg:circle", {cx: (i.time - t0) / 3600 * 1000, cy: 30, r: 6, fill: i.action === "reboot_node" || i.action === "reset_gpu" ? "#c62828" : "#e6a700"});
+    const c = el("svg:circle", {cx: (i.time - t0) / TIMELINE_S * 990, cy: 30, r: 6, fill: i.action === "reboot_node" || i.action === "reset_gpu" ? "#c62828" : "#e6a700"});
     c.append(el("svg:title", {}, `${new Date(i.time * 1000).toLocaleTimeString()} GPU ${i.gpu ?? "-"}: ${i.summary}`));
     kids.push(c);
   }
