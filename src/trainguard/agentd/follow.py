@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 from trainguard.agentd.state import Cursor
 from trainguard.detect.follow import LogFollower
@@ -12,8 +14,8 @@ from trainguard.detect.follow import LogFollower
 class ResumingFollower(LogFollower):
     """``LogFollower`` from the start of the file, or from ``cursor`` when it still applies.
 
-    A cursor applies when the path names the same file (device and inode) and that file is at
-    least as long as the offset; after a rotation or a truncation the whole file is new.
+    A cursor applies when the path names the same file (device and inode) and the bytes before
+    the offset are the ones read then; after a rotation or a truncation the whole file is new.
     """
 
     def __init__(self, path: str | Path, cursor: Cursor | None = None) -> None:
@@ -26,8 +28,11 @@ class ResumingFollower(LogFollower):
         cursor, self._resume = self._resume, None
         if cursor is not None and self._fh is not None:
             st = os.fstat(self._fh.fileno())
-            if (st.st_dev, st.st_ino) == (cursor.dev, cursor.ino) and st.st_size >= cursor.offset:
+            same = (st.st_dev, st.st_ino) == (cursor.dev, cursor.ino) and st.st_size >= cursor.offset
+            if same and tail_digest(self._fh, cursor.offset) == cursor.tail:
                 self._fh.seek(cursor.offset)
+            else:
+                self._fh.seek(0)
         return True
 
     @property
@@ -35,4 +40,19 @@ class ResumingFollower(LogFollower):
         """Where the next complete line starts (a partial line is read again after a restart)."""
         if self._fh is None or self._ino is None:
             return None
-        return Cursor(self._ino[0], self._ino[1], self._fh.tell() - len(self._partial))
+        offset = self._fh.tell() - len(self._partial)
+        here = self._fh.tell()
+        try:
+            return Cursor(self._ino[0], self._ino[1], offset, tail_digest(self._fh, offset))
+        finally:
+            self._fh.seek(here)
+
+
+TAIL_BYTES = 256
+
+
+def tail_digest(fh: BinaryIO, offset: int) -> str:
+    """SHA-256 of the (up to) 256 bytes before ``offset``; moves the file position."""
+    start = max(0, offset - TAIL_BYTES)
+    fh.seek(start)
+    return hashlib.sha256(fh.read(offset - start)).hexdigest()[:32]

@@ -23,11 +23,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Cursor:
-    """A position in a log file: its identity (device, inode) and a byte offset."""
+    """A position in a log file: its identity (device, inode), a byte offset, and a digest of the
+    bytes just before it (so a file truncated and rewritten past the offset is not mistaken for
+    the one we read)."""
 
     dev: int
     ino: int
     offset: int
+    tail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +41,9 @@ class SavedState:
     def to_json(self) -> str:
         return json.dumps(
             {
-                "cursor": [self.cursor.dev, self.cursor.ino, self.cursor.offset] if self.cursor else None,
+                "cursor": [self.cursor.dev, self.cursor.ino, self.cursor.offset, self.cursor.tail]
+                if self.cursor
+                else None,
                 "active": [[*k, n] for k, n in sorted(self.active.items(), key=repr)],
             }
         )
@@ -48,7 +53,8 @@ def load_state(path: Path) -> SavedState:
     """The saved state; empty when there is none or it cannot be read (said in the log)."""
     try:
         data: Any = json.loads(path.read_text(encoding="utf-8"))
-        cursor = Cursor(*map(int, data["cursor"])) if data.get("cursor") else None
+        raw = data.get("cursor")
+        cursor = Cursor(int(raw[0]), int(raw[1]), int(raw[2]), str(raw[3])) if raw else None
         active: Counter[FindingKey] = Counter()
         for rule, gpu, health, action, category, n in data.get("active", []):
             active[(str(rule), None if gpu is None else int(gpu), health, action, category)] = int(n)
