@@ -73,6 +73,19 @@ class Tally:
             self.refusals[reason] += 1
 
 
+# Why the HTTP side refuses a request (trainguard_http_refusals_total{reason}); all exported from 0.
+REFUSALS = (
+    "unauthenticated",
+    "wrong_token",
+    "token_in_query",
+    "path_traversal",
+    "oversized",
+    "method",
+    "rate_limited",
+    "bad_request",
+    "not_found",
+    "too_many_connections",
+)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 

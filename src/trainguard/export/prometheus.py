@@ -37,7 +37,7 @@ except ImportError:
     ) from None
 
 from trainguard import __version__
-from trainguard.agentd.snapshot import LATENCY_BUCKETS
+from trainguard.agentd.snapshot import LATENCY_BUCKETS, REFUSALS
 from trainguard.records import Health, Sample
 
 if TYPE_CHECKING:
@@ -219,7 +219,7 @@ class _Collector:
             errors.add_sample("trainguard_agent_errors_total", {"source": source}, tally.errors[source])
         yield errors
         refusals = _counter("trainguard_http_refusals", "HTTP requests refused, by reason.", ["reason"])
-        for reason, n in sorted(tally.refusals.items()):
+        for reason, n in sorted({**dict.fromkeys(REFUSALS, 0), **tally.refusals}.items()):
             refusals.add_sample("trainguard_http_refusals_total", {"reason": reason}, n)
         yield refusals
         ticks = _counter("trainguard_agent_ticks", "Samples taken (one tick of the agent loop).", [])
