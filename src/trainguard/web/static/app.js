@@ -133,13 +133,19 @@ function drawIncidents(page) {
   svg.replaceChildren(...kids);
 }
 
+function emptyRow(cols, text) {
+  const tr = el("tr"), td = el("td", {colspan: cols, class: "muted"}, text);
+  tr.append(td);
+  return tr;
+}
+
 function drawJobs(jobs) {
   $("jobs").tBodies[0].replaceChildren(...(jobs.length ? jobs.map((j) => {
     const tr = el("tr");
     tr.append(el("td", {}, j.name || j.job), el("td", {}, j.status ?? ""), el("td", {class: "num"}, `${fmt(j.goodput.wall_s)} s`),
       el("td", {class: "num"}, `${fmt(100 * j.goodput.ettr, 1)} %`), el("td", {class: "num"}, j.goodput.interruptions));
     return tr;
-  }) : [el("tr", {}, "")]));
+  }) : [emptyRow(5, "no jobs in this store yet (trainguard run records them)")]));
 }
 
 async function fast() {
