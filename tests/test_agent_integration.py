@@ -23,7 +23,7 @@ import pytest
 
 from agent_service import TOKEN, Running, sim_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "build" / "test-artifacts"
 RULES = ROOT / "deploy" / "prometheus" / "trainguard-agent.rules.yml"
