@@ -7,7 +7,7 @@ const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"
 const CHARTS = [["temperature_c", "Temperature (°C)", null], ["power_w", "Power (W)", null], ["sm_clock_mhz", "SM clock (MHz)", null],
                 ["mem_used_pct", "Memory used (%)", [0, 100]], ["util_gpu_pct", "Utilization (%)", [0, 100]],
                 ["ecc_errors", "ECC errors (volatile)", null]];
-const TIMELINE_S = 900;
+const TIMELINE_MAX_S = 3600, TIMELINE_MIN_S = 120;  // the timeline spans the last hour's incidents
 const WINDOW_S = 300;
 const series = {};  // gpu -> array of points [time, ...fields]
 let fields = null, lastTime = 0, nowTime = 0;
@@ -122,11 +122,15 @@ function drawIncidents(page) {
       el("td", {}, i.root_cause), el("td", {}, i.action), el("td", {}, i.summary));
     return tr;
   }));
-  const svg = $("timeline"), t1 = Date.now() / 1000, t0 = t1 - TIMELINE_S;
+  const svg = $("timeline"), t1 = Date.now() / 1000;
+  let t0 = t1 - TIMELINE_MIN_S;
+  for (const i of items) if (i.time >= t1 - TIMELINE_MAX_S) t0 = Math.min(t0, i.time - 10);
+  const span = t1 - t0;
+  $("timeline-span").textContent = `(timeline: last ${span < 120 ? Math.round(span) + " s" : Math.round(span / 60) + " min"})`;
   const kids = [el("svg:line", {x1: 0, x2: 1000, y1: 30, y2: 30, stroke: "#ccc"})];
   for (const i of items) {
     if (i.time < t0) continue;
-    const c = el("svg:circle", {cx: (i.time - t0) / TIMELINE_S * 990, cy: 30, r: 6, fill: i.action === "reboot_node" || i.action === "reset_gpu" ? "#c62828" : "#e6a700"});
+    const c = el("svg:circle", {cx: 10 + (i.time - t0) / span * 980, cy: 30, r: 6, fill: i.action === "reboot_node" || i.action === "reset_gpu" ? "#c62828" : "#e6a700"});
     c.append(el("svg:title", {}, `${new Date(i.time * 1000).toLocaleTimeString()} GPU ${i.gpu ?? "-"}: ${i.summary}`));
     kids.push(c);
   }
