@@ -237,3 +237,36 @@ def test_state_round_trips_and_a_corrupt_file_starts_afresh(tmp_path: Path) -> N
     assert load_state(path) == state
     path.write_text("{not json")
     assert load_state(path) == SavedState()
+
+
+def test_kmsg_resumes_after_the_last_sequence_number_of_the_same_boot(tmp_path: Path) -> None:
+    from trainguard.agentd.follow import ResumingKmsg
+
+    records = [
+        b"6,10,100,-;NVRM: loading\n",
+        b"4,11,200,-;NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus.\n",
+    ]
+
+    def reader() -> object:
+        queue = list(records)
+
+        def read(fd: int, n: int) -> bytes:
+            if not queue:
+                raise BlockingIOError
+            return queue.pop(0)
+
+        return read
+
+    stand_in = tmp_path / "kmsg"
+    stand_in.write_text("")
+    first = ResumingKmsg(stand_in, boot_id="boot-1", read=reader())
+    assert len(first.poll()) == 2
+    cursor = first.cursor
+    first.close()
+    records.append(b"4,12,300,-;NVRM: Xid (PCI:0000:1b:00): 48, DBE\n")
+    again = ResumingKmsg(stand_in, cursor, boot_id="boot-1", read=reader())
+    assert [line.split(";")[0] for line in again.poll()] == ["4,12,300,-"]
+    again.close()
+    rebooted = ResumingKmsg(stand_in, cursor, boot_id="boot-2", read=reader())
+    assert len(rebooted.poll()) == 3  # a new boot: every record is new
+    rebooted.close()

@@ -29,7 +29,7 @@ from typing import Any
 
 from trainguard.agent import Agent
 from trainguard.agentd.config import AgentConfig
-from trainguard.agentd.follow import ResumingFollower
+from trainguard.agentd.follow import ResumingFollower, ResumingKmsg
 from trainguard.agentd.judge import FindingKey, all_findings, incident_for, onsets
 from trainguard.agentd.snapshot import LATENCY_BUCKETS, History, Snapshot, Tally
 from trainguard.agentd.state import SavedState, load_state, save_state
@@ -65,7 +65,12 @@ class AgentDaemon:
         else:
             kernel_log = Path(config.kernel_log) if config.kernel_log else None
         saved = load_state(self.state_path)
-        follower = ResumingFollower(kernel_log, saved.cursor) if kernel_log is not None else None
+        follower: ResumingFollower | ResumingKmsg | None = None
+        if kernel_log is not None:
+            kmsg = kernel_log.is_char_device()  # /dev/kmsg: one record per read
+            follower = (
+                ResumingKmsg(kernel_log, saved.cursor) if kmsg else ResumingFollower(kernel_log, saved.cursor)
+            )
         self.follower = follower
         self.agent = Agent(
             backend, kernel_log=kernel_log, clock=self.clock, thresholds=thresholds, follower=follower

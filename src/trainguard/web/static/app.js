@@ -116,7 +116,7 @@ function drawCharts() {
 
 function drawIncidents(page) {
   const items = page.items;
-  $("incidents").tBodies[0].replaceChildren(...items.slice(0, 25).map((i) => {
+  $("incidents").tBodies[0].replaceChildren(...items.slice(0, 10).map((i) => {
     const tr = el("tr", {"data-gpu": i.gpu ?? ""});
     tr.append(el("td", {}, new Date(i.time * 1000).toLocaleTimeString()), el("td", {}, i.gpu ?? "node"),
       el("td", {}, i.root_cause), el("td", {}, i.action), el("td", {}, i.summary));
