@@ -270,3 +270,14 @@ def test_kmsg_resumes_after_the_last_sequence_number_of_the_same_boot(tmp_path: 
     rebooted = ResumingKmsg(stand_in, cursor, boot_id="boot-2", read=reader())
     assert len(rebooted.poll()) == 3  # a new boot: every record is new
     rebooted.close()
+
+
+@pytest.mark.parametrize(
+    "name", ["trainguard.agentd.judge", "trainguard.agentd.daemon", "trainguard.export.prometheus"]
+)
+def test_module_examples_run(name: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0

@@ -89,5 +89,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return run_agent(*reload(), reload=reload)
     except BackendUnavailable as exc:
-        print(f"trainguard agent: {exc} (try --backend sim for a simulated node)", file=sys.stderr)
+        message = str(exc).rstrip()
+        hint = "" if "--backend sim" in message else " (try --backend sim for a simulated node)"
+        print(f"trainguard agent: {message}{hint}", file=sys.stderr)
         return 3

@@ -6,7 +6,7 @@
     >>> d = tempfile.mkdtemp()
     >>> daemon = AgentDaemon(AgentConfig(backend="sim", gpus=2, db=f"{d}/tg.db", state_dir=d))
     >>> _ = daemon.step()
-    >>> b'DCGM_FI_DEV_GPU_TEMP{gpu="0"' in MetricsView(daemon).render()
+    >>> b'DCGM_FI_DEV_GPU_TEMP{Hostname=' in MetricsView(daemon).render()
     True
     >>> daemon.close()
 
