@@ -179,7 +179,7 @@ def test_pending_incidents_are_bounded_and_drops_are_counted(
         daemon.fleet.now().xid(79, gpu=3)
         snap = daemon.step()
         assert snap.health is Health.DEGRADED
-        assert len(daemon._pending) == 1 and daemon.tally.copy().incidents_dropped >= 1
+        assert daemon.pending == 1 and daemon.tally.copy().incidents_dropped >= 1
     finally:
         daemon.close()
 

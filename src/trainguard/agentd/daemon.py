@@ -167,16 +167,16 @@ class AgentDaemon:
         self._observe_latency(new, published, t0)
         health = Health.DEGRADED if problems else Health.OK
         self.snapshot = Snapshot(
-            self.snapshot.seq + 1,
-            now,
-            self.hostname,
-            verdict,
-            samples,
-            health,
-            tuple(problems),
-            self.snapshot.started,
-            time.monotonic() - t0,
-            self.config.interval_s,
+            seq=self.snapshot.seq + 1,
+            time=now,
+            hostname=self.hostname,
+            verdict=verdict,
+            samples=samples,
+            health=health,
+            problems=tuple(problems),
+            started=self.snapshot.started,
+            tick_s=time.monotonic() - t0,
+            interval_s=self.config.interval_s,
         )
         self.last_tick_monotonic = time.monotonic()
         return self.snapshot
@@ -265,6 +265,11 @@ class AgentDaemon:
             self.agent.set_thresholds(thresholds)
         self.wake.set()
         return restart
+
+    @property
+    def pending(self) -> int:
+        """Incidents waiting for the store."""
+        return len(self._pending)
 
     def stalled(self) -> bool:
         """True when the loop has not ticked for three intervals (and at least five seconds)."""

@@ -255,7 +255,7 @@ class _Collector:
         yield GaugeMetricFamily(
             "trainguard_agent_lag_seconds", "Seconds since the last tick ended.", value=lag
         )
-        pending = len(self.daemon._pending)
+        pending = self.daemon.pending
         yield GaugeMetricFamily(
             "trainguard_agent_incidents_pending", "Incidents waiting for the store.", value=pending
         )

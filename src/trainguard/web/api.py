@@ -53,7 +53,6 @@ class Api:
     ) -> None:
         self.daemon, self.metrics, self.tokens, self.limiter = daemon, metrics, tokens, limiter
         self.static = load_static()
-        self._cache: dict[str, tuple[int, bytes]] = {}
         self.routes: dict[str, Any] = {
             "/api/v1/node": views.node,
             "/api/v1/gpus": views.gpus,

@@ -10,6 +10,7 @@ connections (``max_connections``), and a client that sends or reads too slowly (
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
@@ -45,11 +46,16 @@ class Response:
     refusal: str | None = None  # why the request was refused (for the counter), None if served
 
     @staticmethod
-    def error(status: int, message: str, refusal: str | None = None, **kw: object) -> Response:
-        import json
-
+    def error(
+        status: int,
+        message: str,
+        refusal: str | None = None,
+        *,
+        headers: tuple[tuple[str, str], ...] = (),
+        close: bool = False,
+    ) -> Response:
         body = json.dumps({"error": message, "status": status}).encode()
-        return Response(status, body, refusal=refusal, **kw)  # type: ignore[arg-type]
+        return Response(status, body, headers=headers, close=close, refusal=refusal)
 
 
 Handler = Callable[[Request], Awaitable[Response]]

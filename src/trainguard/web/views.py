@@ -7,6 +7,7 @@ off the event loop); the rest read the in-memory snapshot.
 from __future__ import annotations
 
 import dataclasses
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from trainguard.agentd.judge import all_findings
@@ -94,7 +95,7 @@ def reading(s: Sample) -> dict[str, Any]:
         value = getattr(s, f.name)
         if isinstance(value, frozenset):
             value = sorted(t.value for t in value)
-        elif hasattr(value, "value"):
+        elif isinstance(value, Enum):
             value = value.value
         out[f.name] = value
     return out
