@@ -173,3 +173,14 @@ def test_healthz_says_when_the_store_cannot_be_written(tmp_path: Path) -> None:
         body = json.loads(agent.get("/healthz", token=None)[2])
         assert body["status"] == "degraded" and "incident store" in body["problems"][0]
         assert agent.get("/api/v1/incidents")[0] == 503
+
+
+def test_healthz_fails_when_the_sampling_loop_stalls(agent: Running) -> None:
+    agent.daemon.last_tick_monotonic -= 4 * agent.daemon.config.interval_s  # four intervals without a tick
+    status, _, body = agent.get("/healthz", token=None)
+    assert status == 503 and json.loads(body)["status"] == "failed"
+
+
+def test_head_answers_headers_without_a_body(agent: Running) -> None:
+    status, headers, body = agent.get("/metrics", method="HEAD")
+    assert status == 200 and int(headers["content-length"]) > 1000 and body == b""

@@ -170,3 +170,18 @@ def test_agent_serves_https_when_given_a_certificate(tmp_path: Path) -> None:
         with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as s:
             s.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")  # plain HTTP to a TLS port: no answer in clear
             assert not s.recv(100).startswith(b"HTTP/")
+
+
+def test_connections_beyond_the_limit_are_refused_and_counted(tmp_path: Path) -> None:
+    with Running(sim_config(tmp_path, max_connections=2)) as agent:
+        held = [socket.create_connection(("127.0.0.1", agent.port), timeout=10) for _ in range(2)]
+        try:
+            for s in held:  # make sure both are accepted before the third arrives
+                s.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+                assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as third:
+                assert third.recv(4096).startswith(b"HTTP/1.1 503")
+        finally:
+            for s in held:
+                s.close()
+        assert refusals(agent) == {"too_many_connections": 1}
