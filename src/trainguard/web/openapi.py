@@ -83,7 +83,11 @@ SPEC: dict[str, Any] = {
                 ("offset", "integer", "items to skip"),
             ),
         ),
-        "/api/v1/jobs": _get("Jobs in the store with their goodput and ETTR", schema="array"),
+        "/api/v1/jobs": _get(
+            "The most recently started jobs with their goodput and ETTR",
+            (("limit", "integer", "how many, 1..500 (default 50)"),),
+            "array",
+        ),
     },
 }
 

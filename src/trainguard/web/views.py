@@ -167,11 +167,15 @@ def incidents(d: AgentDaemon, q: Query) -> dict[str, Any]:
 
 
 def jobs(d: AgentDaemon, q: Query) -> list[dict[str, Any]]:
+    """The ``limit`` (default 50) most recently started jobs with their goodput."""
     try:
         store = d.store()
         now = d.snapshot.time
         out = []
-        for j in store.list_jobs():
+        limit = int(_float(q, "limit", 50))
+        if not 1 <= limit <= MAX_PAGE:
+            raise BadQuery(f"limit must be 1..{MAX_PAGE}")
+        for j in store.list_jobs()[-limit:]:  # the most recently started
             g = store.goodput(j.job, now=now)
             out.append({**dataclasses.asdict(j), "goodput": g.to_dict()})
         return out
