@@ -281,3 +281,20 @@ def test_module_examples_run(name: str) -> None:
 
     result = doctest.testmod(importlib.import_module(name))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_reloaded_thresholds_judge_the_next_tick(tmp_path: Path) -> None:
+    from trainguard.detect.thresholds import Thresholds
+
+    class Warm(Quiet):
+        def sample(self) -> list[Sample]:
+            return [Sample(Gpu(0), 0.0, temperature_c=82.0, temp_slowdown_c=89.0, temp_shutdown_c=92.0)]
+
+    config = sim_config(tmp_path)
+    daemon = AgentDaemon(config, backend=Warm())
+    try:
+        assert daemon.step().verdict.health is Health.OK  # type: ignore[union-attr]
+        daemon.reload(config, Thresholds(thermal_margin_c=10.0))
+        assert daemon.step().verdict.health is Health.DEGRADED  # type: ignore[union-attr]
+    finally:
+        daemon.close()
