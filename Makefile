@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean install
+.PHONY: demo test lint typecheck unit bench clean install test-integration
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,3 +36,9 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# Real Prometheus and headless Chromium against the node agent (Debian packages; needs root or sudo).
+test-integration: $(STAMP)
+	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver prometheus \
+		|| echo "apt-get failed: the tests below skip what is missing"
+	$(BIN)/pytest -q -m integration tests/test_agent_integration.py

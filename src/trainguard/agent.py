@@ -50,6 +50,7 @@ class Agent:
         kernel_log: Path | str | None = None,
         clock: Clock | None = None,
         thresholds: Thresholds | None = None,
+        follower: Any = None,
     ) -> None:
         if clock is None:
             from trainguard.clock import RealClock
@@ -60,8 +61,10 @@ class Agent:
         self.kernel_log = Path(kernel_log) if kernel_log is not None else None
         self._rules = RuleState(self.thresholds)
         self._xids = XidState(self.thresholds)
-        self._follower: Any = None
-        if self.kernel_log is not None:
+        # ``follower``: a ready reader of the kernel log (anything with ``poll() -> list[str]``),
+        # e.g. the daemon's, which resumes where the previous run stopped.
+        self._follower: Any = follower
+        if follower is None and self.kernel_log is not None:
             from trainguard.detect.follow import KmsgReader, LogFollower
 
             # From the start: what the kernel logged before we started watching still counts.
@@ -123,6 +126,16 @@ class Agent:
         """
         self._xids.clear(index)
         self._rules.clear(index)
+
+    def set_thresholds(self, thresholds: Thresholds) -> None:
+        """Judge with new thresholds from now on (a config reload); rate windows start afresh."""
+        self.thresholds = thresholds
+        self._rules = RuleState(thresholds)
+        self._xids.th = thresholds
+
+    def gpu_of(self, event: Event) -> int | None:
+        """The GPU index a kernel-log event is about (by PCI address or UUID); None when unknown."""
+        return self._xids.gpu_of(event)
 
     @property
     def skipped_events(self) -> int:

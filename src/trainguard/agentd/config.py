@@ -1,0 +1,77 @@
+"""The ``[agent]`` section of the config file: how the node agent samples, stores and serves.
+
+    # /etc/trainguard/agent.toml
+    [agent]
+    listen = "0.0.0.0:9410"          # beyond loopback only when set here (or by --listen)
+    token_file = "/etc/trainguard/agent.token"
+    tls_cert = "/etc/trainguard/tls.crt"
+    tls_key = "/etc/trainguard/tls.key"
+
+Flags of ``trainguard agent`` override the file (``TRAINGUARD_AGENT_*`` variables sit between).
+Fields that only matter at start (listen, TLS, db, kernel log) need a restart; SIGHUP re-reads
+the rest (interval, token, rate limit, thresholds).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from trainguard.errors import ConfigError
+
+DEFAULT_PORT = 9410  # dcgm-exporter keeps 9400
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    backend: str = "nvml"  # nvml | sim
+    scenario: str = ""  # a simulated scenario (implies backend sim), e.g. "tour"
+    gpus: int = 8  # GPUs of the simulated node
+    seed: int = 0  # seed of the simulated node
+    listen: str = f"127.0.0.1:{DEFAULT_PORT}"  # ADDR:PORT of the HTTP server
+    interval_s: float = 1.0  # seconds between samples
+    kernel_log: str = ""  # kernel log to follow (file or /dev/kmsg); "" = none
+    db: str = ""  # incident store; "" = $TRAINGUARD_DB or ./trainguard.db
+    state_dir: str = ""  # where the token and the kernel-log cursor live; "" = $STATE_DIRECTORY or ~/.local/state/trainguard
+    token_file: str = ""  # bearer token (mode 0600); "" = <state_dir>/agent.token, created if missing
+    tls_cert: str = ""  # PEM certificate; with tls_key, serve HTTPS
+    tls_key: str = ""  # PEM private key
+    rate_limit_rps: float = 50.0  # requests per second per client address
+    rate_limit_burst: int = 100  # requests a client may make at once
+    max_header_bytes: int = 16384  # request line plus headers
+    max_body_bytes: int = 1024  # the API is read-only: bodies are refused beyond this
+    max_connections: int = 256  # open connections at once
+    history_s: float = 600.0  # seconds of readings kept per GPU for the charts
+    hostname: str = ""  # Hostname label; "" = this host's name
+
+    def __post_init__(self) -> None:
+        host_port(self.listen)
+        if self.interval_s <= 0:
+            raise ConfigError(f"agent interval_s must be positive (got {self.interval_s})")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("TLS needs both tls_cert and tls_key (one of them is empty)")
+        if self.backend not in ("nvml", "sim"):
+            raise ConfigError(f"agent backend must be nvml or sim (got {self.backend!r})")
+        if self.rate_limit_rps <= 0 or self.rate_limit_burst < 1:
+            raise ConfigError("agent rate_limit_rps must be > 0 and rate_limit_burst >= 1")
+
+    @property
+    def sim(self) -> bool:
+        return self.backend == "sim" or bool(self.scenario)
+
+    @property
+    def loopback(self) -> bool:
+        host, _ = host_port(self.listen)
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return host == "localhost"
+
+
+def host_port(listen: str) -> tuple[str, int]:
+    """``"127.0.0.1:9410"`` -> ("127.0.0.1", 9410); ``"[::1]:9410"`` -> ("::1", 9410)."""
+    host, sep, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"listen address {listen!r} is not ADDR:PORT (e.g. 127.0.0.1:{DEFAULT_PORT})")
+    return host, int(port)

@@ -1,0 +1,70 @@
+"""The daemon's pure judgement: which findings are new this tick, and the incident each becomes.
+
+Rules re-state a finding on every tick while its condition holds, so the daemon counts a finding
+once, when it appears (its key was absent, or present fewer times, on the previous tick)::
+
+    >>> from trainguard.records import Action, Finding, Health
+    >>> f = Finding("xid", Health.FAILED, Action.RESET_GPU, "Xid 48 on GPU 2", gpu=2, time=5.0)
+    >>> new, active = onsets(Counter(), [f])
+    >>> len(new), len(onsets(active, [f])[0])
+    (1, 0)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from trainguard.incidents import Incident
+from trainguard.incidents.taxonomy import root_cause_for
+from trainguard.records import Finding, Health, NodeVerdict
+
+FindingKey = tuple[str, int | None, str, str, str]
+
+__all__ = ["Counter", "FindingKey", "all_findings", "incident_for", "key", "onsets"]
+
+
+def key(f: Finding) -> FindingKey:
+    """What makes two findings the same one: the reason text may change from tick to tick."""
+    category = f.category.value if f.category is not None else ""
+    return (f.rule, f.gpu, f.health.value, f.action.value, category)
+
+
+def all_findings(verdict: NodeVerdict) -> list[Finding]:
+    return [*verdict.findings, *(f for g in verdict.gpus for f in g.findings)]
+
+
+def onsets(
+    previous: Counter[FindingKey], findings: Iterable[Finding]
+) -> tuple[list[Finding], Counter[FindingKey]]:
+    """(the findings that appeared since ``previous``, the active keys to pass next time)."""
+    current: Counter[FindingKey] = Counter()
+    new: list[Finding] = []
+    for f in findings:
+        k = key(f)
+        current[k] += 1
+        if current[k] > previous[k]:
+            new.append(f)
+    return new, current
+
+
+def incident_for(f: Finding, node: str, now: float) -> Incident | None:
+    """The node incident a new finding is, or None when it says nothing is wrong."""
+    if f.health not in (Health.DEGRADED, Health.FAILED):
+        return None
+    # Kernel-log findings carry the line's dmesg time (seconds since boot): no delay from that.
+    same_clock = f.time is not None and 0 <= now - f.time < 86400
+    return Incident(
+        job=f"node:{node}",
+        time=now,
+        started=f.time if same_clock else None,
+        root_cause=root_cause_for([f]),
+        category=f.category.value if f.category is not None else None,
+        action=f.action.value,
+        summary=f.reason,
+        evidence=(f.rule, *f.evidence),
+        gpu=f.gpu,
+        node=node,
+        detected_by="agent",
+        detection_delay_s=now - f.time if same_clock and f.time is not None else None,
+    )

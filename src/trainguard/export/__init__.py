@@ -1,0 +1,1 @@
+"""Read-only views of trainguard's state for other systems (``prometheus``: the /metrics text)."""

@@ -1,0 +1,137 @@
+"""The agent's routes: ``/healthz``, ``/metrics``, ``/api/v1/...`` and the dashboard at ``/``.
+
+Every route but ``/healthz`` needs the token; the API is read-only (GET and HEAD). Refusals come
+back as JSON errors and are counted by reason: ``method``, ``path_traversal``, ``token_in_query``,
+``rate_limited``, ``unauthenticated``, ``wrong_token``, ``not_found`` (plus the HTTP layer's
+``oversized``, ``bad_request``, ``too_many_connections``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from trainguard.web import views
+from trainguard.web.http import Request, Response
+
+if TYPE_CHECKING:
+    from trainguard.agentd.daemon import AgentDaemon
+    from trainguard.export.prometheus import MetricsView
+    from trainguard.web.auth import RateLimiter, TokenCheck
+
+JSON = "application/json"
+TOKEN_PARAMS = frozenset({"token", "access_token", "auth", "bearer", "api_key", "apikey", "key"})
+CHALLENGE = (
+    ("WWW-Authenticate", 'Bearer realm="trainguard"'),
+    ("WWW-Authenticate", 'Basic realm="trainguard"'),
+)
+STATIC_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css",
+}
+
+
+def load_static() -> dict[str, tuple[bytes, str]]:
+    """Every dashboard asset, read once at start: URL path -> (body, content type)."""
+    out: dict[str, tuple[bytes, str]] = {}
+    root = resources.files("trainguard.web") / "static"
+    for item in root.iterdir():
+        suffix = "." + item.name.rpartition(".")[2]
+        if item.is_file() and suffix in STATIC_TYPES:
+            out[f"/static/{item.name}"] = (item.read_bytes(), STATIC_TYPES[suffix])
+    out["/"] = out["/static/index.html"]
+    return out
+
+
+class Api:
+    def __init__(
+        self, daemon: AgentDaemon, metrics: MetricsView, tokens: TokenCheck, limiter: RateLimiter
+    ) -> None:
+        self.daemon, self.metrics, self.tokens, self.limiter = daemon, metrics, tokens, limiter
+        self.static = load_static()
+        self.routes: dict[str, Any] = {
+            "/api/v1/node": views.node,
+            "/api/v1/gpus": views.gpus,
+            "/api/v1/findings": views.findings,
+            "/api/v1/history": views.history,
+        }
+
+    async def __call__(self, req: Request) -> Response:
+        refused = self.gate(req)
+        if refused is not None:
+            return refused
+        path = req.path
+        if path == "/healthz":
+            return self.healthz()
+        if path == "/metrics":
+            from trainguard.export.prometheus import CONTENT_TYPE
+
+            return Response(200, self.metrics.render(), CONTENT_TYPE)
+        if path in self.static:
+            body, kind = self.static[path]
+            return Response(200, body, kind)
+        if path == "/api/v1/openapi.json":
+            from trainguard.web.openapi import spec_bytes
+
+            return Response(200, spec_bytes(), JSON)
+        try:
+            if path in self.routes:
+                return self._json(self.routes[path](self.daemon, req.query))
+            if path.startswith("/api/v1/gpus/"):
+                return self._json(views.gpu(self.daemon, path.rsplit("/", 1)[1]))
+            if path in ("/api/v1/incidents", "/api/v1/jobs"):
+                fn = views.incidents if path.endswith("incidents") else views.jobs
+                return self._json(await asyncio.to_thread(fn, self.daemon, req.query))
+        except views.NotFound as exc:
+            return Response.error(404, str(exc), "not_found")
+        except views.BadQuery as exc:
+            return Response.error(400, str(exc), "bad_request")
+        except views.Unavailable as exc:
+            return Response.error(503, str(exc))
+        return Response.error(404, f"no such path: {path}", "not_found")
+
+    def gate(self, req: Request) -> Response | None:
+        """The refusals, cheapest first; None lets the request through."""
+        if req.method not in ("GET", "HEAD"):
+            return Response.error(
+                405, "the agent's API is read-only (GET, HEAD)", "method", headers=(("Allow", "GET, HEAD"),)
+            )
+        decoded = unquote(unquote(req.path))
+        if ".." in decoded.split("/") or "\\" in decoded or "\x00" in decoded or not req.path.startswith("/"):
+            return Response.error(400, "path traversal refused", "path_traversal", close=True)
+        if TOKEN_PARAMS & {k.lower() for k in req.query}:
+            return Response.error(
+                400,
+                "never put the token in the URL (it ends up in logs): send Authorization: Bearer",
+                "token_in_query",
+            )
+        if not self.limiter.allow(req.client):
+            return Response.error(429, "rate limit exceeded", "rate_limited", headers=(("Retry-After", "1"),))
+        if req.path == "/healthz":
+            return None
+        ok = self.tokens.verify(req.headers.get("authorization"))
+        if ok is None:
+            return Response.error(
+                401,
+                "authentication required: Authorization: Bearer <token>",
+                "unauthenticated",
+                headers=CHALLENGE,
+            )
+        if not ok:
+            return Response.error(401, "wrong token", "wrong_token", headers=CHALLENGE)
+        return None
+
+    def healthz(self) -> Response:
+        snap = self.daemon.snapshot
+        if self.daemon.stalled():
+            body = {"status": "failed", "problems": ["the sampling loop has stalled"]}
+            return Response(503, json.dumps(body).encode(), JSON)
+        body = {"status": snap.health.value if snap.seq else "starting", "problems": list(snap.problems)}
+        return Response(200, json.dumps(body).encode(), JSON)
+
+    def _json(self, value: Any) -> Response:
+        return Response(200, json.dumps(value, separators=(",", ":")).encode(), JSON)

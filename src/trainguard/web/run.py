@@ -1,0 +1,150 @@
+"""Running the agent: the sampling thread, the HTTP server and the signals, until SIGTERM.
+
+    run_agent(config, thresholds)     # what `trainguard agent` calls
+
+SIGTERM and SIGINT stop it cleanly (the server stops accepting, the loop finishes its tick, the
+store and the state are closed); SIGHUP re-reads the config file and the token file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainguard.agentd import AgentConfig, AgentDaemon
+from trainguard.agentd.config import host_port
+from trainguard.detect.thresholds import Thresholds
+from trainguard.errors import ConfigError
+from trainguard.web.api import Api
+from trainguard.web.auth import RateLimiter, TokenCheck, create_token_file
+from trainguard.web.http import HttpServer, Limits
+
+log = logging.getLogger(__name__)
+
+Reload = Callable[[], tuple[AgentConfig, Thresholds | None]]
+
+
+def token_path(config: AgentConfig, daemon: AgentDaemon) -> Path:
+    if config.token_file:
+        return Path(config.token_file)
+    path = daemon.state_dir / "agent.token"
+    if create_token_file(path):
+        log.warning("created a new API token in %s (mode 0600)", path)
+    return path
+
+
+def tls_context(config: AgentConfig) -> ssl.SSLContext | None:
+    if not config.tls_cert:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"cannot load TLS certificate {config.tls_cert} / key {config.tls_key}: {exc}"
+        ) from None
+    return ctx
+
+
+class AgentService:
+    """The daemon plus its server, started and stopped together (tests drive it directly)."""
+
+    def __init__(self, daemon: AgentDaemon) -> None:
+        from trainguard.export.prometheus import MetricsView
+
+        cfg = daemon.config
+        self.daemon = daemon
+        self.tokens = TokenCheck(token_path(cfg, daemon))
+        self.limiter = RateLimiter(cfg.rate_limit_rps, cfg.rate_limit_burst)
+        self.api = Api(daemon, MetricsView(daemon), self.tokens, self.limiter)
+        self.http = HttpServer(
+            self.api,
+            Limits(cfg.max_header_bytes, cfg.max_body_bytes, cfg.max_connections),
+            daemon.tally.refuse,
+        )
+        self.stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    async def start(self) -> int:
+        cfg = self.daemon.config
+        host, port = host_port(cfg.listen)
+        self.daemon.step()  # the first reading is there before the first request
+        self.port = await self.http.start(host, port, tls_context(cfg))
+        self._thread = threading.Thread(target=self._loop, name="trainguard-agent-loop", daemon=True)
+        self._thread.start()
+        scheme = "https" if cfg.tls_cert else "http"
+        log.warning(
+            "trainguard agent serving %s://%s:%d/ (token in %s)", scheme, host, self.port, self.tokens.path
+        )
+        return self.port
+
+    def _loop(self) -> None:
+        self.daemon.wake.wait(self.daemon.config.interval_s)  # start() already ticked once
+        self.daemon.run(self.stop_event)
+
+    def reload(self, config: AgentConfig, thresholds: Thresholds | None) -> None:
+        restart = self.daemon.reload(config, thresholds)
+        self.limiter.rate, self.limiter.burst = config.rate_limit_rps, config.rate_limit_burst
+        self.tokens.path = Path(config.token_file) if config.token_file else self.tokens.path
+        self.tokens.reload()
+        if restart:
+            log.warning("config reloaded; %s change(s) need a restart", ", ".join(restart))
+        else:
+            log.warning("config reloaded")
+
+    async def stop(self) -> None:
+        await self.http.stop()
+        self.stop_event.set()
+        self.daemon.wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30)
+        self.daemon.close()
+
+
+def run_agent(
+    config: AgentConfig, thresholds: Thresholds | None, reload: Reload | None = None, **kw: Any
+) -> int:
+    """Serve until SIGTERM/SIGINT; returns the exit code."""
+    if not config.loopback:
+        log.warning("listening beyond loopback on %s (as configured)", config.listen)
+    daemon = AgentDaemon(config, thresholds, **kw)
+    try:
+        service = AgentService(daemon)
+    except BaseException:
+        daemon.close()
+        raise
+    return asyncio.run(_serve(service, reload))
+
+
+async def _serve(service: AgentService, reload: Reload | None) -> int:
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    try:
+        await service.start()
+    except OSError as exc:
+        service.daemon.close()
+        raise ConfigError(f"cannot listen on {service.daemon.config.listen}: {exc.strerror or exc}") from None
+
+    def on_hup() -> None:
+        if reload is None:
+            return
+        try:
+            service.reload(*reload())
+        except ConfigError as exc:  # a broken edit keeps the running config
+            log.error("config reload refused, keeping the running config: %s", exc)
+
+    loop.add_signal_handler(signal.SIGTERM, done.set)
+    loop.add_signal_handler(signal.SIGINT, done.set)
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    await done.wait()
+    log.warning("stopping")
+    await service.stop()
+    return 0

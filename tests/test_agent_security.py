@@ -1,0 +1,187 @@
+"""The agent's refusals, each counted: no token, a wrong one, a token in the URL, oversized
+requests, path traversal, writes, floods; and the token never reaches a log line."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agent_service import TOKEN, Running, sim_config, write_token
+from trainguard.errors import ConfigError
+from trainguard.web.auth import RateLimiter, TokenCheck
+
+
+@pytest.fixture
+def agent(tmp_path: Path):
+    with Running(sim_config(tmp_path)) as running:
+        yield running
+
+
+def refusals(running: Running) -> dict[str, int]:
+    return dict(running.daemon.tally.copy().refusals)
+
+
+def test_every_refusal_is_answered_and_counted(agent: Running) -> None:
+    assert agent.get("/api/v1/node", token=None)[0] == 401
+    assert agent.get("/metrics", token="not-the-token-at-all")[0] == 401
+    assert agent.get(f"/api/v1/node?token={TOKEN}", token=None)[0] == 400
+    assert agent.get(f"/api/v1/node?access_token={TOKEN}")[0] == 400  # refused even with a good header
+    assert agent.get("/static/../../../etc/passwd")[0] == 400
+    assert agent.get("/static/%2e%2e/%2e%2e/etc/passwd")[0] == 400
+    assert agent.get("/static/..%5c..%5cetc%5cpasswd")[0] == 400
+    assert agent.get("/api/v1/node", headers={"X-Big": "x" * 20000})[0] == 431
+    assert agent.get("/api/v1/node", method="POST", body=b"x" * 5000)[0] == 413
+    assert agent.get("/api/v1/node", method="PUT", body=b"{}")[0] == 405
+    assert agent.get("/api/v1/node", method="DELETE")[0] == 405
+    counted = refusals(agent)
+    assert counted == {
+        "unauthenticated": 1,
+        "wrong_token": 1,
+        "token_in_query": 2,
+        "path_traversal": 3,
+        "oversized": 2,
+        "method": 2,
+    }
+
+
+def test_oversized_body_is_refused_before_it_is_read(agent: Running) -> None:
+    with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as s:
+        s.sendall(b"GET /api/v1/node HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n")
+        answer = s.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 413")
+    assert refusals(agent) == {"oversized": 1}
+
+
+def test_the_right_token_opens_everything_but_writes(agent: Running) -> None:
+    assert agent.get("/api/v1/node")[0] == 200
+    basic = base64.b64encode(f"anyone:{TOKEN}".encode()).decode()
+    assert agent.get("/", token=None, headers={"Authorization": f"Basic {basic}"})[0] == 200
+    status, headers, _ = agent.get("/", token=None)
+    assert status == 401 and "Basic" in headers["www-authenticate"]  # the browser asks for it
+    assert agent.get("/healthz", token=None)[0] == 200  # the one open route
+    assert refusals(agent) == {"unauthenticated": 1}
+
+
+def test_a_client_flooding_the_agent_is_rate_limited(tmp_path: Path) -> None:
+    with Running(sim_config(tmp_path, rate_limit_rps=0.001, rate_limit_burst=3)) as agent:
+        codes = [agent.get("/healthz", token=None)[0] for _ in range(5)]
+        assert codes == [200, 200, 200, 429, 429]
+        assert refusals(agent) == {"rate_limited": 2}
+
+
+def test_rate_limiter_refills_and_stays_bounded() -> None:
+    now = [0.0]
+    limiter = RateLimiter(rate=1.0, burst=2, max_clients=10, clock=lambda: now[0])
+    assert [limiter.allow("a") for _ in range(3)] == [True, True, False]
+    now[0] += 1.0
+    assert limiter.allow("a")
+    for i in range(100):
+        limiter.allow(f"10.0.0.{i}")
+    assert len(limiter._buckets) <= 10
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o644])
+def test_agent_refuses_a_token_file_others_can_read(tmp_path: Path, mode: int) -> None:
+    path = write_token(tmp_path / "token", mode=mode)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        TokenCheck(path)
+
+
+def test_token_check_accepts_only_the_token(tmp_path: Path) -> None:
+    check = TokenCheck(write_token(tmp_path / "token"))
+    assert check.verify(f"Bearer {TOKEN}") is True
+    assert check.verify(f"Bearer {TOKEN}x") is False
+    assert check.verify(f"Bearer {TOKEN[:-1]}") is False
+    assert check.verify(f"Token {TOKEN}") is False
+    assert check.verify("Basic !!!notbase64") is False
+    assert check.verify(None) is None
+
+
+def test_token_is_rotated_by_a_reload(tmp_path: Path) -> None:
+    path = write_token(tmp_path / "token")
+    check = TokenCheck(path)
+    write_token(path, "another-token-0123456789")
+    check.reload()
+    assert check.verify(f"Bearer {TOKEN}") is False
+    assert check.verify("Bearer another-token-0123456789") is True
+
+
+def test_no_token_appears_in_any_log_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    with Running(sim_config(tmp_path)) as agent:
+        agent.get("/api/v1/node")
+        agent.get("/api/v1/node", token=TOKEN + "wrong")
+        agent.get(f"/api/v1/node?token={TOKEN}", token=None)
+    assert caplog.records  # the agent did log (start, stop)
+    assert not [r for r in caplog.records if TOKEN in r.getMessage()]
+
+
+def test_agent_creates_a_private_token_when_none_is_configured(tmp_path: Path) -> None:
+    config = sim_config(tmp_path, token_file="")
+    with Running(config) as agent:
+        path = Path(config.state_dir) / "agent.token"
+        assert path.stat().st_mode & 0o077 == 0
+        assert agent.get("/api/v1/node", token=path.read_text().strip())[0] == 200
+
+
+def test_a_slow_client_is_dropped_and_others_are_served(
+    agent: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trainguard.web.http as http
+
+    monkeypatch.setattr(http, "HEADER_TIMEOUT_S", 0.3)
+    with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as s:
+        s.sendall(b"GET /api/v1/node HTTP/1.1\r\n")  # and never the rest
+        assert agent.get("/api/v1/node")[0] == 200  # served meanwhile
+        assert s.recv(100) == b""  # then the slow one is closed
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make a test certificate")
+def test_agent_serves_https_when_given_a_certificate(tmp_path: Path) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    with Running(sim_config(tmp_path, tls_cert=str(cert), tls_key=str(key))) as agent:
+        assert agent.get("/api/v1/node")[0] == 200
+        with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")  # plain HTTP to a TLS port: no answer in clear
+            assert not s.recv(100).startswith(b"HTTP/")
+
+
+def test_connections_beyond_the_limit_are_refused_and_counted(tmp_path: Path) -> None:
+    with Running(sim_config(tmp_path, max_connections=2)) as agent:
+        held = [socket.create_connection(("127.0.0.1", agent.port), timeout=10) for _ in range(2)]
+        try:
+            for s in held:  # make sure both are accepted before the third arrives
+                s.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+                assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as third:
+                assert third.recv(4096).startswith(b"HTTP/1.1 503")
+        finally:
+            for s in held:
+                s.close()
+        assert refusals(agent) == {"too_many_connections": 1}
