@@ -1,4 +1,4 @@
-"""``trainguard logs scan PATH... [--json]`` and ``trainguard logs follow PATH [--json]``.
+"""``trainguard logs scan PATH... [--json]``, ``logs follow PATH [--json]`` (and ``logs explain``).
 
 Classify kernel-log lines (Xid, SXid, fallen off the bus, GPU map) and training-log lines (NCCL,
 CUDA, OOM, torchelastic, crashes). ``--json`` prints one object per finding per line; lines that
@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import TextIO
 
 from trainguard.cli.interrupt import quits_on_ctrl_c
+from trainguard.cli.logs_explain import add_explain
 from trainguard.records import Event
 
 _TABLE = "{loc:<28} {kind:<8} {xid:>5} {pci:<10} {severity:<7} {action:<15} {category:<17} {text}"
@@ -47,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--max-seconds", type=float, default=None, help="stop after this long (default: never)"
     )
     follow.set_defaults(func=run_follow)
+    add_explain(sub)
 
     def usage(_args: argparse.Namespace) -> int:
         parser.print_help()
