@@ -80,8 +80,8 @@ _TABLE: tuple[tuple[tuple[str, ...], str, Category, Severity, Action], ...] = (
      r"|ncclUnhandledCudaError|unhandled cuda error|CUDA error: unknown error|Cuda failure 999",
      C.GPU_HARDWARE, S.ERROR, A.RESTART_APP),
     (("CUDA driver", "CUDA error: ", "CUBLAS_STATUS_", "CUDNN_STATUS_", "NVIDIA driver", "NVRM: No NVIDIA",
-      "nvidia-container-cli", "No devices were found", "Cuda failure", "cuda runtime error"),
-     r"CUDA driver version is insufficient|CUDA driver initialization failed|CUDA error: system not yet initialized"
+      "nvidia-container-cli", "No devices were found", "Cuda failure", "cuda runtime error", "not yet initialized"),
+     r"CUDA driver version is insufficient|CUDA driver initialization failed|system not yet initialized"
      r"|CUDA error: forward compatibility|CUDA error: initialization error|NVIDIA driver on your system is too old"
      r"|NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver|NVRM: No NVIDIA \w+ \w+ probed"
      r"|nvidia-container-cli: initialization error|No devices were found\s*$|NCCL WARN Cuda failure"
@@ -108,7 +108,8 @@ _TABLE: tuple[tuple[tuple[str, ...], str, Category, Severity, Action], ...] = (
     # the adapter itself: a port that lost its cable or link takes the node off the fabric
     (("Cable unplugged", "Link down", "Port module event"), r"mlx5_core.*(?:Cable unplugged|Link down|Port module event.*[Ee]rror)",
      C.NCCL_NETWORK, S.ERROR, A.DRAIN),
-    (("ncclInternalError", "internal error - please report"), r"ncclInternalError|internal error - please report",
+    (("ncclInternalError", "internal error - please report", "internal error, NCCL version"),
+     r"ncclInternalError|internal error - please report|internal error, NCCL version",
      C.DRIVER_SOFTWARE, S.ERROR, A.RESTART_APP),
     (("ncclInvalid", "invalid usage"), r"ncclInvalidUsage|ncclInvalidArgument|invalid usage",
      C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
