@@ -171,3 +171,13 @@ def test_job_findings_fold_each_watchdog_event_into_one(tmp_path):
     paths = _job(tmp_path, "interleaved")
     per_rank = [f.rank for f in job_findings(paths)]
     assert sorted(per_rank) == sorted([0, 1, 3, CAUSAL])
+
+
+def test_a_hang_where_one_rank_is_silent_points_at_that_rank(tmp_path, capsys):
+    for r in range(RANKS):
+        head, tail = _rank_lines(r, None)
+        (tmp_path / f"job-5512-{r}.out").write_text("\n".join(head + ([] if r == CAUSAL else tail)) + "\n")
+    assert main(["logs", "explain", "--json", *map(str, sorted(tmp_path.glob("*.out")))]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["confidence"] == "low" and out["cause"] == "nccl_watchdog_timeout"
+    assert any(line.startswith(f"rank(s) {CAUSAL} logged no failure") for line in out["evidence"])

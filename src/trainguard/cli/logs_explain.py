@@ -92,7 +92,9 @@ def run_explain(args: argparse.Namespace) -> int:
     for path in paths:
         if not path.exists():
             raise InputError(f"{path}: no such file or directory")
-    ex = explain_job(list(job_findings(paths, engine=args.engine)))
+    ranks: set[int] = set()
+    findings = list(job_findings(paths, engine=args.engine, ranks=ranks))
+    ex = explain_job(findings, ranks)
     if args.json:
         print(json.dumps(explanation_json(ex)))
     else:

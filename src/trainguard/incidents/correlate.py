@@ -17,6 +17,7 @@ an operator needs: the ranks that failed as a consequence, the action, a confide
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -52,6 +53,7 @@ _HARDWARE = {
 }
 # A CUDA error that hardware can cause as well as a bug: which one is told by the GPU's own log.
 _AMBIGUOUS_CUDA = ("illegal memory access", "illegal address", "unspecified launch failure")
+_SEQ = re.compile(r"SeqNum=(\d+)")
 
 
 def first_failure_index(items: Sequence[EvidenceLike], burst_s: float = 2.0) -> int | None:
@@ -114,9 +116,16 @@ class Explanation:
 
 
 def explain_job(
-    findings: Sequence[JobFinding], burst_s: float = 2.0, corroborate_s: float = 120.0
+    findings: Sequence[JobFinding],
+    ranks: Iterable[int] = (),
+    burst_s: float = 2.0,
+    corroborate_s: float = 120.0,
 ) -> Explanation:
-    """The root-cause finding of a failed job, the ranks that failed as a consequence, the action."""
+    """The root-cause finding of a failed job, the ranks that failed as a consequence, the action.
+
+    ``ranks``: every rank the job had (those that logged nothing included), so that a hang in
+    which every other rank timed out can point at the silent one.
+    """
     evidence = [_evidence(f) for f in findings]
     index = first_failure_index(evidence, burst_s)
     if index is None:
@@ -150,6 +159,8 @@ def explain_job(
         if not e.symptom and e.cause is not RootCause.UNKNOWN and f.rank not in (None, root.rank)
     }
     confidence = _confidence(_evidence(root), root, causal_ranks, notes)
+    if confidence == "low":
+        notes += _hang_suspects(findings, ranks)
     where = f"{root.event.path}:{root.event.line_no}" if root.event.path else "?"
     lines = [f"first causal failure: rank {_r(root.rank)} at {where}", *notes]
     symptoms = sum(1 for e in evidence if e.symptom)
@@ -184,6 +195,27 @@ def _corroborating(
         if (same_gpu or same_rank) and near and f is not root:
             return f
     return None
+
+
+def _hang_suspects(findings: Sequence[JobFinding], ranks: Iterable[int]) -> list[str]:
+    """When every finding is a symptom: the ranks that logged nothing, and those whose timeout
+    came on an earlier collective (a lower SeqNum: they were behind)."""
+    notes = []
+    silent = sorted(set(ranks) - {f.rank for f in findings})
+    if silent:
+        notes.append(f"rank(s) {', '.join(map(str, silent))} logged no failure while the others timed out: "
+                     "the likely origin of the hang (look at their stacks)")  # fmt: skip
+    seqs: dict[int, int] = {}
+    for f in findings:
+        if f.rank is not None and (m := _SEQ.search(f.event.text)):
+            seqs[f.rank] = min(int(m.group(1)), seqs.get(f.rank, 1 << 62))
+    if len(set(seqs.values())) > 1:
+        low = min(seqs.values())
+        behind = ", ".join(str(r) for r, seq in sorted(seqs.items()) if seq == low)
+        notes.append(
+            f"rank(s) {behind} timed out on an earlier collective (SeqNum {low}) than the others: behind"
+        )
+    return notes
 
 
 def _confidence(root_ev: Evidence, root: JobFinding, causal_ranks: set[int], notes: list[str]) -> str:

@@ -30,7 +30,7 @@ from trainguard.records import EventKind, normalize_pci
 __all__ = ["job_files", "job_findings", "nccl_identities", "rank_of_path"]
 
 _SUFFIXES = {".log", ".out", ".err", ".txt", ".stdout", ".stderr"}
-_HEAD_BYTES = 4 << 20  # NCCL's init lines come first
+_HEAD_BYTES = 1 << 20  # NCCL's init lines come first
 _COMM = re.compile(
     r"^(?:\[rank\d+\]:\s*)?(?P<host>[^\s:\[\]]+):\d+:\d+ \[\d+\] NCCL INFO comm 0x[0-9a-f]+ rank (?P<rank>\d+) "
     r"nranks (?P<nranks>\d+) cudaDev \d+(?: nvmlDev \d+)? busId (?P<bus>[0-9a-fA-F]+)",
@@ -89,14 +89,19 @@ def _head(path: Path) -> str:
         return ""
 
 
-def job_findings(paths: Iterable[Path], engine: str = "auto") -> Iterator[JobFinding]:
+def job_findings(
+    paths: Iterable[Path], engine: str = "auto", ranks: set[int] | None = None
+) -> Iterator[JobFinding]:
     """Every finding (one per failure event) of every file, with rank, host and GPU attached.
 
-    Raises ``InputError`` when a file cannot be read.
+    ``ranks``, when given, receives every rank the logs show (from file names and NCCL's init
+    lines), also those without a finding. Raises ``InputError`` when a file cannot be read.
     """
     files = job_files(paths)
     heads = {path: nccl_identities(_head(path)) for path in files}
     identities = {rank: who for found in heads.values() for rank, who in found.items()}
+    if ranks is not None:
+        ranks.update(identities, (r for p in files if (r := rank_of_path(p)) is not None))
     ranks_of_gpu: dict[str | None, list[int]] = {}
     for owner, (_host, gpu) in identities.items():
         ranks_of_gpu.setdefault(gpu, []).append(owner)
