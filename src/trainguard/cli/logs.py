@@ -29,7 +29,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Find GPU, NCCL, CUDA and host failures in kernel logs and training logs.",
     )
     sub = parser.add_subparsers(dest="logs_command", metavar="ACTION")
-    scan = sub.add_parser("scan", help="classify whole files (dmesg, syslog, journal exports, training logs)")
+    scan = sub.add_parser(
+        "scan",
+        help="classify whole files (dmesg, syslog, journal exports, training logs)",
+        description="Print every failure in the given logs: Xid/SXid and fallen-off-the-bus lines of kernel "
+        "logs; NCCL, CUDA, OOM, host and crash lines of training logs. One finding per failure (torch's "
+        "six-line watchdog timeout is one); exit 0, or 2 when a path cannot be read.",
+    )
     scan.add_argument("paths", nargs="+", metavar="PATH", help="log files to scan ('-' reads stdin)")
     _common(scan)
     scan.add_argument(
@@ -39,7 +45,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="bulk search engine (auto: hyperscan when installed)",
     )
     scan.set_defaults(func=run_scan)
-    follow = sub.add_parser("follow", help="classify lines as they are appended (survives rotation)")
+    follow = sub.add_parser(
+        "follow",
+        help="classify lines as they are appended (survives rotation)",
+        description="Like tail -F, printing the failures among the lines appended to a log file or /dev/kmsg "
+        "(rotation and truncation are followed; a fast-growing file is scanned in bulk).",
+    )
     follow.add_argument("path", metavar="PATH", help="a log file, or /dev/kmsg")
     _common(follow)
     follow.add_argument("--from-start", action="store_true", help="classify what is already there first")
