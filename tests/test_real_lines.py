@@ -102,3 +102,30 @@ def test_nccl_info_lines_are_not_candidates(hits):
                      b"comm 0x55d3 rank 3 nranks 16 cudaDev 3 busId 3b000 - Init COMPLETE", b"NET/IB : No device found.")
     )  # fmt: skip
     assert hits(bytearray(info * 100), len(info) * 100)[0] == []
+
+
+# --- the bulk first pass never misses a line that line-by-line classification flags (hypothesis) --
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_PIECES = [line for _, _, line in _rows()][::3]
+_NOISE = ["\u00a0", "\u3000", " ", "\t", ":", "]", "[rank3]:", "Error", "Exception", "Ä", "\r", "x", "Error:"]
+_mutated = st.builds(
+    lambda line, at, bit: line[:at] + bit + line[at:],
+    st.sampled_from(_PIECES), st.integers(0, 200), st.sampled_from(_NOISE),
+)  # fmt: skip
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(st.lists(st.one_of(_mutated, st.sampled_from(_NOISE)), min_size=1, max_size=30))
+def test_both_engines_find_every_line_that_line_by_line_classification_flags(tmp_path, lines):
+    path = tmp_path / "mutated.log"
+    path.write_bytes(("\n".join(lines) + "\n").encode("utf-8"))
+    expected = [no for no, line in enumerate(lines, 1) if classify_line(line.rstrip("\r")) is not None]
+    for engine in {"stdlib", scan_engine()}:
+        assert [e.line_no for e in scan_file(path, engine=engine)] == expected

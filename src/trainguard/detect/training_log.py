@@ -128,7 +128,8 @@ _TABLE: tuple[tuple[tuple[str, ...], str, Category, Severity, Action], ...] = (
     (("Error", "Exception"), r"(?:^|[\]:]\s)\s*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::\s|\s*$)",
      C.APPLICATION_BUG, S.WARNING, A.RESTART_APP),
 )  # fmt: skip
-_RULES = tuple((needles, re.compile(pattern), c, s, a) for needles, pattern, c, s, a in _TABLE)
+# ASCII classes, as the Hyperscan first pass reads bytes: the two agree on which lines can match
+_RULES = tuple((needles, re.compile(pattern, re.ASCII), c, s, a) for needles, pattern, c, s, a in _TABLE)
 
 # Every needle, deduplicated: the literals the scanner's first pass finds in bulk. A line without
 # one cannot be a training finding: each rule's needles gate its pattern, and the lines judged by
