@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import re
 import time as _time
-from dataclasses import replace
 from datetime import datetime
 
 from trainguard.detect.elastic import ElasticRootCause, parse_elastic_root_cause
@@ -189,30 +188,36 @@ def classify_training_line(line: str, now: float | None = None) -> Event | None:
     """One training-log line -> a TRAINING ``Event``, or None when it is not a failure. Never raises."""
     try:
         text = line.rstrip("\r\n")
-        event = _classify(text)
-        if event is None:
+        verdict = _classify(text)
+        if verdict is None:
             return None
+        category, severity, action, sympathetic = verdict
         stamp = training_time(text, now)
-        return replace(event, text=text, time=stamp if stamp is not None else now)
+        return Event(EventKind.TRAINING, text, stamp if stamp is not None else now, category=category,
+                     severity=severity, action=action, sympathetic=sympathetic)  # fmt: skip
     except Exception:  # a classifier bug must not take the supervisor down
         log.debug("unclassifiable training line %r", line[:200], exc_info=True)
     return None
 
 
-def _classify(text: str, depth: int = 0) -> Event | None:
+_Verdict = tuple[Category, Severity, Action, bool]  # category, severity, action, sympathetic
+_HANG: _Verdict = (C.NCCL_TIMEOUT_HANG, S.ERROR, A.RESTART_APP, False)
+
+
+def _classify(text: str, depth: int = 0) -> _Verdict | None:
     if "NCCL INFO" in text or _BOILERPLATE.match(text):
         return None  # chatter, even when it mentions an error being retried
     if depth < 2:
         for quote, sympathetic in ((_ABORTED, True), (_TERMINATED, False)):
             if m := quote.search(text):
-                quoted = _classify(text[m.end() :], depth + 1) if text[m.end() :].strip() else None
-                if quoted is None:
-                    quoted = Event(EventKind.TRAINING, text, category=C.NCCL_TIMEOUT_HANG, severity=S.ERROR,
-                                   action=A.RESTART_APP)  # fmt: skip
-                return replace(quoted, sympathetic=sympathetic) if sympathetic else quoted
+                reason = text[m.end() :]
+                category, severity, action, _ = (
+                    _classify(reason, depth + 1) if reason.strip() else None
+                ) or _HANG
+                return category, severity, action, sympathetic
     for needles, pattern, category, severity, action in _RULES:
         if any(map(text.__contains__, needles)) and pattern.search(text):
-            return Event(EventKind.TRAINING, text, category=category, severity=severity, action=action)
+            return category, severity, action, False
     return None
 
 
