@@ -212,3 +212,16 @@ def test_one_watchdog_event_is_one_finding(tmp_path):
     assert (
         len(list(merge_events(scan_file(other_rank)))) == 2
     )  # the same words on another rank are its own event
+
+
+def test_without_line_numbers_the_merger_goes_by_time():
+    from dataclasses import replace
+
+    from trainguard.detect.merge import EventMerger
+
+    line = "[rank1]: [Rank 1] Watchdog caught collective operation timeout"
+    event = classify_training_line(line)
+    assert event is not None
+    merger = EventMerger()
+    stream = [replace(event, time=t) for t in (100.0, 101.0, 130.0)] + [replace(event, time=None)] * 2
+    assert [merger.is_new(e) for e in stream] == [True, False, True, True, True]

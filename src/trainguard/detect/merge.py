@@ -65,7 +65,8 @@ class EventMerger:
     A continuation has the category and rank of a finding at most ``window_lines`` lines earlier
     in the same file, and, when both lines carry a time, at most ``window_s`` later. A run of
     identical errors (one device-side assertion per CUDA thread) is one event for the same reason.
-    Kernel-log events always start a new one.
+    Without line numbers (a live stream such as the supervisor's tail of each rank's output) the
+    time alone decides, and an untimed finding starts a new event. Kernel-log events always do.
     """
 
     def __init__(self, window_lines: int = 50, window_s: float = 5.0) -> None:
@@ -82,9 +83,12 @@ class EventMerger:
         if seen is None:
             return True
         no, t = seen
-        near = no is not None and event.line_no is not None and 0 <= event.line_no - no <= self.window_lines
-        if near and t is not None and event.time is not None:
-            near = abs(event.time - t) <= self.window_s
+        timed = t is not None and event.time is not None
+        if no is None or event.line_no is None:  # a stream without line numbers: time alone decides
+            return not (timed and abs((event.time or 0.0) - (t or 0.0)) <= self.window_s)
+        near = 0 <= event.line_no - no <= self.window_lines
+        if near and timed:
+            near = abs((event.time or 0.0) - (t or 0.0)) <= self.window_s
         return not near
 
 
