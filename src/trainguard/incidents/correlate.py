@@ -130,23 +130,19 @@ def explain_job(
     index = first_failure_index(evidence, burst_s)
     if index is None:
         return Explanation(None, RootCause.UNKNOWN, (), Action.NONE, "low", ("no finding in the logs",))
-    root, notes = findings[index], []
-    cause = evidence[index].cause
+    root, cause, notes, unconfirmed = findings[index], evidence[index].cause, [], False
     if any(s in root.event.text for s in _AMBIGUOUS_CUDA):
         hardware = _corroborating(root, findings, evidence, corroborate_s)
-        if hardware is not None:
-            notes.append(
-                f"GPU {root.pci} logged {hardware.event.text.strip()[:160]!r} around it: the GPU's fault"
-            )
-            cause = _evidence(hardware).cause
-            root = replace(
-                hardware,
-                rank=root.rank if hardware.rank is None else hardware.rank,
-                host=hardware.host or root.host,
-            )
+        if hardware is None:
+            unconfirmed = True
+            notes.append(f"no Xid or ECC event on GPU {root.pci or '?'}: a program bug unless it recurs on that "
+                         "GPU (then run diagnostics on it)")  # fmt: skip
         else:
-            notes.append(f"no Xid or ECC event on GPU {root.pci or '?'}: a program bug unless it recurs on that GPU"
-                         " (then run diagnostics on it)")  # fmt: skip
+            notes.append(f"GPU {root.pci or hardware.pci or '?'} logged {hardware.event.text.strip()[:160]!r} "
+                         "around it: the GPU's fault")  # fmt: skip
+            cause = _evidence(hardware).cause
+            rank = root.rank if hardware.rank is None else hardware.rank
+            root = replace(hardware, rank=rank, host=hardware.host or root.host)
     counts = Counter(
         (f.rank, f.event.category.value) for f in findings if f.rank != root.rank or root.rank is None
     )
@@ -158,11 +154,14 @@ def explain_job(
         for f, e in zip(findings, evidence, strict=True)
         if not e.symptom and e.cause is not RootCause.UNKNOWN and f.rank not in (None, root.rank)
     }
-    confidence = _confidence(_evidence(root), root, causal_ranks, notes)
+    confidence = _confidence(_evidence(root), root, causal_ranks, unconfirmed)
     if confidence == "low":
         notes += _hang_suspects(findings, ranks)
     where = f"{root.event.path}:{root.event.line_no}" if root.event.path else "?"
-    lines = [f"first causal failure: rank {_r(root.rank)} at {where}", *notes]
+    first = (
+        "first causal failure" if confidence != "low" else "no causal failure in the logs; earliest symptom"
+    )
+    lines = [f"{first}: rank {_r(root.rank)} at {where}", *notes]
     symptoms = sum(1 for e in evidence if e.symptom)
     if symptoms:
         lines.append(
@@ -218,10 +217,10 @@ def _hang_suspects(findings: Sequence[JobFinding], ranks: Iterable[int]) -> list
     return notes
 
 
-def _confidence(root_ev: Evidence, root: JobFinding, causal_ranks: set[int], notes: list[str]) -> str:
+def _confidence(root_ev: Evidence, root: JobFinding, causal_ranks: set[int], unconfirmed: bool) -> str:
     if root_ev.symptom or root_ev.cause is RootCause.UNKNOWN:
         return "low"  # only symptoms: every rank waited on someone
-    if root.event.time is None or causal_ranks or (notes and notes[0].startswith("no Xid")):
+    if root.event.time is None or causal_ranks or unconfirmed:
         return "medium"
     return "high"
 
