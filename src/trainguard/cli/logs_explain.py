@@ -17,8 +17,6 @@ from typing import Any, TextIO
 
 from trainguard.incidents.correlate import Explanation
 
-_MAX_ROWS = 16
-
 
 def add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     explain = sub.add_parser(
@@ -73,14 +71,27 @@ def render(ex: Explanation, out: TextIO) -> None:
     out.write(f"root cause: {who}{' ' + where if where else ''}, {_when(e.time)}\n")
     out.write(f"  {e.category.value} ({ex.cause.value})  {e.path}:{e.line_no}\n")
     out.write(f"  {e.text.strip()[:300]}\n")
-    ranks = sorted({c.rank for c in ex.consequences}, key=lambda x: -1 if x is None else x)
+    ranks = {c.rank for c in ex.consequences}
     out.write(f"consequences: {len(ranks)} other rank(s)\n")
-    for c in ex.consequences[:_MAX_ROWS]:
-        out.write(f"  rank {'?' if c.rank is None else c.rank:<5} {c.category:<18} x{c.count}\n")
-    if len(ex.consequences) > _MAX_ROWS:
-        out.write(f"  ... {len(ex.consequences) - _MAX_ROWS} more (--json lists them all)\n")
+    by_category: dict[str, list[int | None]] = {}
+    for c in ex.consequences:
+        by_category.setdefault(c.category, []).append(c.rank)
+    for category, members in sorted(by_category.items(), key=lambda kv: -len(kv[1])):
+        out.write(f"  {category:<18} {len(members):>5} rank(s): {_ranges(members)}\n")
     out.write(f"action: {ex.action.value}    confidence: {ex.confidence}\n")
     out.write("evidence:\n" + "".join(f"  - {line}\n" for line in ex.evidence))
+
+
+def _ranges(ranks: list[int | None]) -> str:
+    """[0, 1, 2, 5, None] -> "0-2, 5, ?"."""
+    known = sorted(r for r in ranks if r is not None)
+    spans: list[str] = []
+    for r in known:
+        if spans and r == int(spans[-1].split("-")[-1]) + 1:
+            spans[-1] = f"{spans[-1].split('-')[0]}-{r}"
+        else:
+            spans.append(str(r))
+    return ", ".join(spans + ["?"] * (len(ranks) - len(known)))
 
 
 def run_explain(args: argparse.Namespace) -> int:
