@@ -114,6 +114,7 @@ def test_explain_table_names_rank_gpu_and_action(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"root cause: rank {CAUSAL} on {HOST} GPU 0000:5e:00" in out
     assert "action: reset_gpu" in out and "consequences: 3 other rank(s)" in out
+    assert "nccl_timeout_hang      3 rank(s): 0-1, 3" in out  # every other rank, as ranges
 
 
 def test_illegal_address_without_hardware_evidence_is_the_programs(tmp_path, capsys):
