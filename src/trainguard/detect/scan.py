@@ -1,10 +1,10 @@
 """Fast classification of whole log files: what ``trainguard logs scan`` runs.
 
 Sits beside the line parsers (``kernel_log``, ``training_log``): instead of feeding them every
-line, it reads big binary chunks, finds the few lines that contain an anchor literal (``NVRM``,
-``SXid``, ``NCCL``, ``CUDA``, ``Killed``...) in bulk, counts line numbers with ``bytes.count`` and
-parses only those lines. The bulk search uses Hyperscan when ``trainguard[logscan]`` is installed
-(several GB/s) and the stdlib (``re`` + ``bytes.find``) otherwise; both find the same lines::
+line, it reads 1 MiB chunks into one buffer, finds in bulk the few lines that can be findings
+(``prefilter``: the literals every finding's pattern needs, ``NCCL WARN``, ``CUDA error: ``,
+``NVRM``...), counts line numbers with ``bytes.count`` and parses only those lines. Every line is
+a finding of its own; ``merge_events`` folds the lines of one failure into one::
 
     >>> stats = ScanStats()
     >>> for event in scan_file("/var/log/kern.log", stats=stats):  # doctest: +SKIP
