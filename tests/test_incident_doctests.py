@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["taxonomy", "incident", "goodput", "store"]
+MODULES = ["taxonomy", "correlate", "incident", "goodput", "store"]
 
 
 @pytest.mark.parametrize("name", MODULES)

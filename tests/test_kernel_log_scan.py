@@ -90,7 +90,7 @@ def test_last_line_without_newline_and_crlf_endings_are_handled(tmp_path):
     path = tmp_path / "crlf.log"
     path.write_bytes(b"a\r\nRuntimeError: CUDA error: an illegal memory access was encountered\r\nKilled")
     events = list(scan_file(path))
-    assert [(e.line_no, e.category.value) for e in events] == [(2, "gpu_hardware"), (3, "node_host")]
+    assert [(e.line_no, e.category.value) for e in events] == [(2, "application_bug"), (3, "node_host")]
     assert not events[0].text.endswith("\r")
 
 
@@ -148,3 +148,17 @@ def test_burst_tracker_window_is_configurable(tmp_path):
     )
     assert [e.sympathetic for e in scan_file(path)] == [False, False]
     assert [e.sympathetic for e in scan_file(path, tracker=BurstTracker(window_s=60))] == [False, True]
+
+
+def test_the_scanners_fast_replace_keeps_every_event_field():
+    import dataclasses
+
+    from trainguard.detect.scan import _at
+    from trainguard.records import Action, Category, Event, EventKind, Severity
+
+    values = {"kind": EventKind.XID, "text": "t", "time": 1.0, "xid": 79, "pci": "0000:3b:00", "uuid": "GPU-1",
+              "pid": 7, "process": "python", "category": Category.GPU_HARDWARE, "severity": Severity.FATAL,
+              "action": Action.REBOOT_NODE, "sympathetic": True, "path": "a", "line_no": 1}  # fmt: skip
+    assert set(values) == {f.name for f in dataclasses.fields(Event)}  # a new field needs a value here
+    event = Event(**values)  # type: ignore[arg-type]
+    assert _at(event, "b", 2) == dataclasses.replace(event, path="b", line_no=2)

@@ -106,3 +106,26 @@ def test_follow_of_a_missing_path_is_an_error_naming_it(tmp_path, capsys):
     missing = tmp_path / "nope.log"
     assert main(["logs", "follow", str(missing), "--max-seconds", "0.1"]) == 2
     assert str(missing) in capsys.readouterr().err
+
+
+def test_scan_prints_one_finding_per_failure_unless_every_line_is_asked(tmp_path, capsys):
+    log = tmp_path / "rank2.log"
+    log.write_text(
+        "[rank2]: RuntimeError: CUDA error: uncorrectable ECC error encountered\n"
+        "[rank2]: Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+        "[rank2]:[E1124 10:14:02.5 1 ProcessGroupNCCL.cpp:1895] [PG ID 0 PG GUID 0(default_pg) Rank 2] Process group "
+        "watchdog thread terminated with exception: CUDA error: uncorrectable ECC error encountered\n"
+    )
+    assert main(["logs", "scan", "--json", str(log)]) == 0
+    assert [json.loads(line)["line_no"] for line in capsys.readouterr().out.splitlines()] == [1]
+    assert main(["logs", "scan", "--json", "--every-line", str(log)]) == 0
+    assert [json.loads(line)["line_no"] for line in capsys.readouterr().out.splitlines()] == [1, 3]
+
+
+def test_merge_docstring_example_runs():
+    import doctest
+
+    import trainguard.detect.merge as merge
+
+    result = doctest.testmod(merge)
+    assert result.attempted > 0 and result.failed == 0

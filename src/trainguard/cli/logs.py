@@ -1,4 +1,4 @@
-"""``trainguard logs scan PATH... [--json]`` and ``trainguard logs follow PATH [--json]``.
+"""``trainguard logs scan PATH... [--json]``, ``logs follow PATH [--json]`` (and ``logs explain``).
 
 Classify kernel-log lines (Xid, SXid, fallen off the bus, GPU map) and training-log lines (NCCL,
 CUDA, OOM, torchelastic, crashes). ``--json`` prints one object per finding per line; lines that
@@ -8,7 +8,6 @@ are not findings print nothing. Exit 0, or 2 when a path cannot be read.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -17,6 +16,7 @@ from collections.abc import Iterable
 from typing import TextIO
 
 from trainguard.cli.interrupt import quits_on_ctrl_c
+from trainguard.cli.logs_explain import add_explain
 from trainguard.records import Event
 
 _TABLE = "{loc:<28} {kind:<8} {xid:>5} {pci:<10} {severity:<7} {action:<15} {category:<17} {text}"
@@ -29,7 +29,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Find GPU, NCCL, CUDA and host failures in kernel logs and training logs.",
     )
     sub = parser.add_subparsers(dest="logs_command", metavar="ACTION")
-    scan = sub.add_parser("scan", help="classify whole files (dmesg, syslog, journal exports, training logs)")
+    scan = sub.add_parser(
+        "scan",
+        help="classify whole files (dmesg, syslog, journal exports, training logs)",
+        description="Print every failure in the given logs: Xid/SXid and fallen-off-the-bus lines of kernel "
+        "logs; NCCL, CUDA, OOM, host and crash lines of training logs. One finding per failure (torch's "
+        "six-line watchdog timeout is one); exit 0, or 2 when a path cannot be read.",
+    )
     scan.add_argument("paths", nargs="+", metavar="PATH", help="log files to scan ('-' reads stdin)")
     _common(scan)
     scan.add_argument(
@@ -39,7 +45,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="bulk search engine (auto: hyperscan when installed)",
     )
     scan.set_defaults(func=run_scan)
-    follow = sub.add_parser("follow", help="classify lines as they are appended (survives rotation)")
+    follow = sub.add_parser(
+        "follow",
+        help="classify lines as they are appended (survives rotation)",
+        description="Like tail -F, printing the failures among the lines appended to a log file or /dev/kmsg "
+        "(rotation and truncation are followed; a fast-growing file is scanned in bulk).",
+    )
     follow.add_argument("path", metavar="PATH", help="a log file, or /dev/kmsg")
     _common(follow)
     follow.add_argument("--from-start", action="store_true", help="classify what is already there first")
@@ -48,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--max-seconds", type=float, default=None, help="stop after this long (default: never)"
     )
     follow.set_defaults(func=run_follow)
+    add_explain(sub)
 
     def usage(_args: argparse.Namespace) -> int:
         parser.print_help()
@@ -57,7 +69,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="one JSON object per finding per line")
+    parser.add_argument("--json", action="store_true", help="one JSON object per finding, one per line")
+    parser.add_argument(
+        "--every-line",
+        action="store_true",
+        help="print every line that is a finding, also the follow-up lines of one failure "
+        "(by default one NCCL watchdog timeout printed as six lines is one finding)",
+    )
     parser.add_argument(
         "--burst-window",
         type=float,
@@ -110,7 +128,7 @@ def emit_header(as_json: bool, out: TextIO) -> None:
 
 
 def run_scan(args: argparse.Namespace) -> int:
-    from trainguard.detect.scan import BurstTracker, ScanStats, scan_file
+    from trainguard.detect.scan import BurstTracker, ScanStats, merge_events, scan_file
     from trainguard.errors import InputError
 
     out, status = sys.stdout, 0
@@ -119,7 +137,7 @@ def run_scan(args: argparse.Namespace) -> int:
         stats = ScanStats()
         try:
             events = scan_file(path, stats=stats, engine=args.engine, tracker=BurstTracker(args.burst_window))
-            emit_events(events, args.json, out)
+            found = emit_events(events if args.every_line else merge_events(events), args.json, out)
         except InputError as exc:
             print(f"trainguard logs scan: error: {exc}", file=sys.stderr)
             status = 2
@@ -134,7 +152,7 @@ def run_scan(args: argparse.Namespace) -> int:
             )
         if not args.json:
             print(
-                f"# {path}: {stats.findings} finding(s) in {stats.lines} line(s) [{stats.engine}]",
+                f"# {path}: {found} finding(s) in {stats.lines} line(s) [{stats.engine}]",
                 file=sys.stderr,
             )
     return status
@@ -145,7 +163,7 @@ def run_follow(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from trainguard.detect.follow import KmsgReader, LogFollower
-    from trainguard.detect.scan import BurstTracker, classify_line
+    from trainguard.detect.scan import BurstTracker, EventMerger, ScanStats, scan_bytes
     from trainguard.errors import InputError
 
     if not Path(args.path).exists():  # a typo, most likely; the Python API waits for the file instead
@@ -155,22 +173,21 @@ def run_follow(args: argparse.Namespace) -> int:
         source = KmsgReader(args.path, from_start=args.from_start)
     else:
         source = LogFollower(args.path, from_start=args.from_start, poll_interval=args.interval)
-    tracker = BurstTracker(args.burst_window)
+    tracker, merger, stats = BurstTracker(args.burst_window), EventMerger(), ScanStats()
     deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
-    line_no, out = 0, sys.stdout
+    out = sys.stdout
     emit_header(args.json, out)
     try:
         while deadline is None or time.monotonic() < deadline:
-            lines = source.poll()
-            found = []
-            for text in lines:
-                line_no += 1
-                event = classify_line(text)
-                if event is not None:
-                    found.append(tracker.observe(dataclasses.replace(event, path=args.path, line_no=line_no)))
-            emit_events(found, args.json, out)
+            if isinstance(source, LogFollower):
+                data = source.poll_bytes()
+            else:
+                data = "".join(line + "\n" for line in source.poll()).encode()
+            base = stats.lines
+            events = scan_bytes(data, name=args.path, line_base=base, stats=stats, tracker=tracker)
+            emit_events([e for e in events if args.every_line or merger.is_new(e)], args.json, out)
             out.flush()
-            if not lines:
+            if not data:
                 time.sleep(
                     args.interval
                     if deadline is None
@@ -178,9 +195,7 @@ def run_follow(args: argparse.Namespace) -> int:
                 )
     finally:
         source.close()
-        if source.skipped:
-            print(
-                f"trainguard logs follow: skipped {source.skipped} binary or non-UTF-8 line(s)",
-                file=sys.stderr,
-            )
+        skipped = source.skipped + stats.skipped
+        if skipped:
+            print(f"trainguard logs follow: skipped {skipped} binary or non-UTF-8 line(s)", file=sys.stderr)
     return 0

@@ -10,13 +10,22 @@ from __future__ import annotations
 
 from trainguard.detect.follow import KmsgReader, LogFollower, decode_line, read_journal_kernel, read_kmsg
 from trainguard.detect.kernel_log import line_time, parse_kernel_line
-from trainguard.detect.scan import BurstTracker, ScanStats, classify_line, scan_file
+from trainguard.detect.scan import (
+    BurstTracker,
+    EventMerger,
+    ScanStats,
+    classify_line,
+    merge_events,
+    scan_bytes,
+    scan_file,
+)
 from trainguard.detect.training_log import ElasticRootCause, classify_training_line, parse_elastic_root_cause
 from trainguard.detect.xid import XidClass, XidInfo, xid_catalog, xid_info
 
 __all__ = [
     "BurstTracker",
     "ElasticRootCause",
+    "EventMerger",
     "KmsgReader",
     "LogFollower",
     "ScanStats",
@@ -26,10 +35,12 @@ __all__ = [
     "classify_training_line",
     "decode_line",
     "line_time",
+    "merge_events",
     "parse_elastic_root_cause",
     "parse_kernel_line",
     "read_journal_kernel",
     "read_kmsg",
+    "scan_bytes",
     "scan_file",
     "xid_catalog",
     "xid_info",

@@ -85,44 +85,52 @@ class LogFollower:
         assert self._fh is not None
         return self._fh.read() or b""
 
-    def _split(self, data: bytes, final: bool = False) -> list[str]:
+    def _take(self, data: bytes, final: bool = False) -> bytes:
+        """The complete lines of what was read (the partial last line waits for its newline)."""
         data = self._partial + data
-        *complete, self._partial = data.split(b"\n")
+        cut = data.rfind(b"\n") + 1
+        complete, self._partial = data[:cut], data[cut:]
         if final and self._partial:
-            complete.append(self._partial)
-            self._partial = b""
+            complete, self._partial = complete + self._partial + b"\n", b""
         if len(self._partial) > MAX_PARTIAL:
             self.skipped += 1
             self._partial = b""
+        return complete
+
+    def poll_bytes(self) -> bytes:
+        """Every complete line appended since the last poll, as the raw bytes (each ends in a newline).
+
+        What ``logs follow`` scans in bulk; ``poll`` decodes the same bytes line by line.
+        """
+        if self._fh is None:
+            return self._take(self._read_all()) if self._open() else b""
+        out = self._take(self._read_all())
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return out  # rotated away, new file not created yet: keep the old one
+        if (st.st_dev, st.st_ino) != self._ino:
+            out += self._take(self._read_all(), final=True)  # finish the old file
+            self.close()
+            if self._open():
+                out += self._take(self._read_all())
+        elif self._fh is not None and st.st_size < self._fh.tell():
+            log.info("%s was truncated; reading from its start", self.path)
+            self._fh.seek(0)
+            self._partial = b""
+            out += self._take(self._read_all())
+        return out
+
+    def poll(self) -> list[str]:
+        """Every complete line appended since the last poll (empty when nothing is new)."""
         out = []
-        for raw in complete:
+        for raw in self.poll_bytes().split(b"\n")[:-1]:
             text = decode_line(raw)
             if text is None:
                 self.skipped += 1
             else:
                 out.append(text)
         return out
-
-    def poll(self) -> list[str]:
-        """Every complete line appended since the last poll (empty when nothing is new)."""
-        if self._fh is None:
-            return self._split(self._read_all()) if self._open() else []
-        lines = self._split(self._read_all())
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return lines  # rotated away, new file not created yet: keep the old one
-        if (st.st_dev, st.st_ino) != self._ino:
-            lines += self._split(self._read_all(), final=True)  # finish the old file
-            self.close()
-            if self._open():
-                lines += self._split(self._read_all())
-        elif self._fh is not None and st.st_size < self._fh.tell():
-            log.info("%s was truncated; reading from its start", self.path)
-            self._fh.seek(0)
-            self._partial = b""
-            lines += self._split(self._read_all())
-        return lines
 
     def lines(self, stop: Callable[[], bool] | None = None) -> Iterator[str]:
         """Poll forever (or until ``stop()``), sleeping ``poll_interval`` when nothing is new."""

@@ -1,10 +1,10 @@
 """Fast classification of whole log files: what ``trainguard logs scan`` runs.
 
 Sits beside the line parsers (``kernel_log``, ``training_log``): instead of feeding them every
-line, it reads big binary chunks, finds the few lines that contain an anchor literal (``NVRM``,
-``SXid``, ``NCCL``, ``CUDA``, ``Killed``...) in bulk, counts line numbers with ``bytes.count`` and
-parses only those lines. The bulk search uses Hyperscan when ``trainguard[logscan]`` is installed
-(several GB/s) and the stdlib (``re`` + ``bytes.find``) otherwise; both find the same lines::
+line, it reads 1 MiB chunks into one buffer, finds in bulk the few lines that can be findings
+(``prefilter``: the literals every finding's pattern needs, ``NCCL WARN``, ``CUDA error: ``,
+``NVRM``...), counts line numbers with ``bytes.count`` and parses only those lines. Every line is
+a finding of its own; ``merge_events`` folds the lines of one failure into one::
 
     >>> stats = ScanStats()
     >>> for event in scan_file("/var/log/kern.log", stats=stats):  # doctest: +SKIP
@@ -17,25 +17,34 @@ Lines with NUL bytes or invalid UTF-8 are skipped and counted, never a crash.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-import re
 import sys
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import IO
 
 from trainguard.detect.kernel_log import parse_kernel_line
-from trainguard.detect.training_log import TRAINING_ANCHORS, classify_training_line
+from trainguard.detect.merge import BurstTracker, EventMerger, merge_events
+from trainguard.detect.prefilter import ANCHORS, Hits, hits_hyperscan, hits_stdlib, scan_engine
+from trainguard.detect.training_log import classify_training_line
 from trainguard.errors import InputError
-from trainguard.records import Action, Event, EventKind, Severity
+from trainguard.records import Event
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ANCHORS", "BurstTracker", "ScanStats", "classify_line", "scan_engine", "scan_file"]
+__all__ = [
+    "ANCHORS",
+    "BurstTracker",
+    "EventMerger",
+    "ScanStats",
+    "classify_line",
+    "merge_events",
+    "scan_bytes",
+    "scan_engine",
+    "scan_file",
+]
 
-ANCHORS: tuple[bytes, ...] = tuple(dict.fromkeys([b"NVRM", b"SXid", *(a.encode() for a in TRAINING_ANCHORS)]))
-DEFAULT_CHUNK = 32 << 20
+DEFAULT_CHUNK = 1 << 20  # small enough that the count and the bulk search find it in cache
 MAX_LINE = 1 << 20  # a "line" longer than this is binary garbage: skipped and counted
 
 
@@ -50,120 +59,20 @@ class ScanStats:
     engine: str = ""
 
 
-class BurstTracker:
-    """Marks an Xid 45 sympathetic when another Xid hit the same PCI address just before it.
-
-    "Just before" is ``window_s`` of line time when both lines carry a timestamp, else within the
-    previous ``window_lines`` lines of the same file.
-    """
-
-    def __init__(self, window_s: float = 10.0, window_lines: int = 20) -> None:
-        self.window_s = window_s
-        self.window_lines = window_lines
-        self._last: dict[str | None, tuple[float | None, int | None]] = {}
-
-    def observe(self, event: Event) -> Event:
-        if event.kind is not EventKind.XID:
-            return event
-        if event.xid != 45:
-            self._last[event.pci] = (event.time, event.line_no)
-            return event
-        seen = self._last.get(event.pci)
-        if seen is None:
-            return event
-        t, no = seen
-        if t is not None and event.time is not None:
-            near = 0.0 <= event.time - t <= self.window_s
-        else:
-            near = (
-                no is not None and event.line_no is not None and 0 <= event.line_no - no <= self.window_lines
-            )
-        if not near:
-            return event
-        return dataclasses.replace(event, sympathetic=True, severity=Severity.INFO, action=Action.IGNORE)
-
-
 def classify_line(text: str, now: float | None = None) -> Event | None:
     """Kernel parser first (Xid, SXid, GPU lost/map), then the training-log classifier."""
     return parse_kernel_line(text, now) or classify_training_line(text, now)
 
 
-@functools.cache
-def _hyperscan_db() -> object | None:
-    try:
-        import hyperscan  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    # the anchors, plus one pattern that flags (once per chunk) a NUL or non-ASCII byte, so the
-    # bulk search also tells whether the chunk needs the slower garbage check
-    expressions = [re.escape(a) for a in ANCHORS] + [rb"[\x00\x80-\xff]"]
-    flags = [0] * len(ANCHORS) + [hyperscan.HS_FLAG_SINGLEMATCH]
-    db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-    db.compile(
-        expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
-    )
-    return db
+def _at(e: Event, path: str, line_no: int) -> Event:
+    """``dataclasses.replace(e, path=..., line_no=...)`` without its introspection (it runs per finding;
+    a test checks the two agree, so a new ``Event`` field is not dropped)."""
+    return Event(kind=e.kind, text=e.text, time=e.time, xid=e.xid, pci=e.pci, uuid=e.uuid, pid=e.pid,
+                 process=e.process, category=e.category, severity=e.severity, action=e.action,
+                 sympathetic=e.sympathetic, path=path, line_no=line_no)  # fmt: skip
 
 
-def scan_engine(engine: str = "auto") -> str:
-    """The bulk-search engine that will run: "hyperscan" or "stdlib" (``re`` + ``bytes.find``)."""
-    if engine not in ("auto", "hyperscan", "stdlib"):
-        raise InputError(f"unknown scan engine {engine!r}: use auto, hyperscan or stdlib")
-    if engine == "stdlib" or (engine == "auto" and _hyperscan_db() is None):
-        return "stdlib"
-    if _hyperscan_db() is None:
-        raise InputError("engine 'hyperscan' needs the hyperscan package: pip install 'trainguard[logscan]'")
-    return "hyperscan"
-
-
-def _hits_hyperscan(buf: bytearray, end: int) -> tuple[list[int], bool]:
-    """Offsets inside anchor hits (sorted), and whether ``buf[:end]`` may hold garbage bytes."""
-    found: list[int] = []
-    flagged = len(ANCHORS)
-    binary = False
-
-    def on_match(pattern: int, _start: int, stop: int, _flags: int, _ctx: object) -> None:
-        nonlocal binary
-        if pattern == flagged:
-            binary = True
-        else:
-            found.append(stop - 1)
-
-    _hyperscan_db().scan(memoryview(buf)[:end], match_event_handler=on_match)  # type: ignore[attr-defined]
-    found.sort()
-    return found, binary
-
-
-@functools.cache
-def _stdlib_search() -> tuple[re.Pattern[bytes], tuple[bytes, ...]]:
-    # re's alternation is quick when every branch starts with an upper-case letter (few text
-    # positions can start a match) and slow otherwise, so the lower-case anchors get one
-    # bytes.find pass each instead.
-    upper = tuple(a for a in ANCHORS if a[:1].isupper())
-    return re.compile(b"|".join(map(re.escape, upper))), tuple(a for a in ANCHORS if a not in upper)
-
-
-def _hits_find(buf: bytearray, end: int) -> tuple[list[int], bool]:
-    """The stdlib engine: same contract as ``_hits_hyperscan``."""
-    found: list[int] = []
-    upper, lower = _stdlib_search()
-    find, pos = buf.find, 0
-    while (m := upper.search(buf, pos, end)) is not None:
-        found.append(m.start())
-        nl = find(b"\n", m.end(), end)
-        pos = end if nl < 0 else nl + 1  # one hit per line is enough
-    for anchor in lower:
-        pos = 0
-        while (pos := find(anchor, pos, end)) >= 0:
-            found.append(pos)
-            nl = find(b"\n", pos, end)
-            pos = end if nl < 0 else nl + 1
-    found.sort()
-    # the whole buffer (stale tail included) being ASCII is a cheap sufficient test
-    return found, buf.find(b"\x00", 0, end) >= 0 or not buf.isascii()
-
-
-def _bad_lines(buf: bytearray, end: int) -> set[int]:
+def _bad_lines(buf: bytes | bytearray, end: int) -> set[int]:
     """Indexes (0-based) of the lines in ``buf[:end]`` with NUL bytes or invalid UTF-8."""
     if buf.find(b"\x00", 0, end) < 0:
         try:
@@ -211,17 +120,45 @@ def scan_file(
     fh, name = _open(path)
     stats = stats if stats is not None else ScanStats()
     stats.engine = scan_engine(engine)
-    hits: Callable[[bytearray, int], tuple[list[int], bool]] = (
-        _hits_hyperscan if stats.engine == "hyperscan" else _hits_find
+    hits: Callable[[bytes | bytearray, int], Hits] = (
+        hits_hyperscan if stats.engine == "hyperscan" else hits_stdlib
     )
     return _scan(fh, name, stats, hits, max(chunk_size, 1 << 12), tracker or BurstTracker())
+
+
+def scan_bytes(
+    data: bytes | bytearray,
+    *,
+    name: str,
+    line_base: int = 0,
+    stats: ScanStats | None = None,
+    engine: str = "auto",
+    tracker: BurstTracker | None = None,
+) -> list[Event]:
+    """The findings in ``data`` (whole lines), numbered from ``line_base + 1``.
+
+    What ``logs follow`` runs on each batch of appended lines: the same bulk first pass as
+    ``scan_file``, so a fast-growing file costs Python a call per candidate, not per line.
+    """
+    stats = stats if stats is not None else ScanStats()
+    stats.engine = scan_engine(engine)
+    hits = hits_hyperscan if stats.engine == "hyperscan" else hits_stdlib
+    end = len(data)
+    positions, maybe_binary = hits(data, end)
+    bad = _bad_lines(data, end) if maybe_binary else set()
+    stats.skipped += len(bad)
+    found = _findings(data, end, name, line_base, positions, bad, stats, tracker or BurstTracker())
+    events = list(found)
+    stats.bytes += end
+    stats.lines += data.count(b"\n") + (1 if end and data[end - 1] != 0x0A else 0)
+    return events
 
 
 def _scan(
     fh: IO[bytes],
     name: str,
     stats: ScanStats,
-    hits: Callable[[bytearray, int], tuple[list[int], bool]],
+    hits: Callable[[bytes | bytearray, int], Hits],
     chunk: int,
     tracker: BurstTracker,
 ) -> Iterator[Event]:
@@ -274,7 +211,7 @@ def _scan(
 
 
 def _findings(
-    buf: bytearray,
+    buf: bytes | bytearray,
     end: int,
     name: str,
     line_base: int,
@@ -299,5 +236,5 @@ def _findings(
         event = classify_line(buf[start:stop].decode("utf-8", "replace").rstrip("\r"))
         if event is not None:
             stats.findings += 1
-            yield tracker.observe(dataclasses.replace(event, path=name, line_no=line_base + cursor_line + 1))
+            yield tracker.observe(_at(event, name, line_base + cursor_line + 1))
     return cursor, cursor_line

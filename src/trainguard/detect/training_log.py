@@ -1,84 +1,119 @@
-"""Training-log lines -> ``Event``: NCCL, CUDA, OOM, torchelastic and crash signatures.
+"""Training-log lines -> ``Event``: NCCL, CUDA, OOM, torchelastic, host and crash signatures.
 
-The detect step for what a PyTorch job prints (stdout/stderr of each rank, torchrun's summary).
-Each line is matched against an ordered table of signatures, most specific first, so
-``RuntimeError: CUDA error: an illegal memory access was encountered`` is a CUDA fault, not a
-generic exception::
+The detect step for what a PyTorch job prints (stdout/stderr of each rank, torchrun's summary,
+nvidia-smi's own complaints). Each line is matched against an ordered table of signatures, most
+specific first, so ``CUDA error: uncorrectable ECC error encountered`` is an ECC fault, not a
+generic CUDA error::
 
     >>> e = classify_training_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
     >>> e.category.value, e.severity.value, e.action.value
     ('cuda_oom', 'error', 'restart_app')
 
-``parse_elastic_root_cause`` reads torchelastic's ``Root Cause (first observed failure)`` block
-(rank, exit code, signal) out of a run of lines.
+Lines that only restate another line are judged by what they quote: "NCCL communicator was
+aborted on rank 3. Original reason for failure was: <reason>" is classified by <reason> and
+marked sympathetic (a consequence), and torch's boilerplate hints ("Compile with
+`TORCH_USE_CUDA_DSA`...") are not findings. A glog stamp (``[rank3]:[E1124 10:14:02.123...]``) or
+a wall-clock prefix becomes the event's time.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+import time as _time
+from datetime import datetime
 
+from trainguard.detect.elastic import ElasticRootCause, parse_elastic_root_cause
+from trainguard.detect.kernel_log import line_time
 from trainguard.records import Action, Category, Event, EventKind, Severity
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TRAINING_ANCHORS", "ElasticRootCause", "classify_training_line", "parse_elastic_root_cause"]
+__all__ = [
+    "NEEDLE_CONTEXT",
+    "TRAINING_ANCHORS",
+    "ElasticRootCause",
+    "classify_training_line",
+    "line_rank",
+    "parse_elastic_root_cause",
+    "training_time",
+]
 
 C, S, A = Category, Severity, Action
 
-# The file scanner looks for these literals in bulk and classifies only the lines that have one.
-# Every needle of every rule below contains one of them (a test checks), so the scanner finds
-# exactly what line-by-line classification finds.
-TRAINING_ANCHORS: tuple[str, ...] = (
-    "NCCL", "nccl", "NET/IB", "CUDA", "ECC", "OutOfMemory", "out of memory", "Out of memory",
-    "illegal", "launch failure", "CUBLAS", "CUDNN", "device-side", "Assertion", "Watchdog",
-    "collective operation", "Heartbeat monitor", "Killed", "oom-kill", "oom_reaper", "SIGKILL", "SIGSEGV",
-    "SIGBUS", "SIGABRT", "Segmentation fault", "segfault", "Fatal Python", "Bus error", "bus error",
-    "exitcode", "Error", "Exception",
-)  # fmt: skip
-
-# (needles, pattern, ...): the pattern is tried only on lines containing one of the needles,
-# which keeps a miss at a few substring tests instead of a regex run per rule.
+# (needles, pattern, category, severity, action): the pattern is tried only on lines containing
+# one of the needles, which keeps a miss at a few substring tests instead of a regex run per rule.
+# The needles are also what the stdlib scan engine searches for in bulk, so they are specific
+# ("NCCL WARN", not "NCCL": with NCCL_DEBUG=INFO a third of all lines say "NCCL").
 _TABLE: tuple[tuple[tuple[str, ...], str, Category, Severity, Action], ...] = (
     # GPU memory and GPU faults
-    (("ECC error",), r"uncorrectable ECC error|ECC error(?:s)? (?:detected|encountered)", C.GPU_MEMORY_ECC, S.FATAL, A.RESET_GPU),
-    (("CUDA", "cudaErrorDevicesUnavailable"), r"no CUDA-capable device is detected|CUDA error: GPU is lost"
-     r"|cudaErrorDevicesUnavailable", C.GPU_HARDWARE, S.FATAL, A.REBOOT_NODE),
-    (("CUDA",), r"uncorrectable NVLink error", C.GPU_HARDWARE, S.ERROR, A.RESET_GPU),
+    (("ECC error", "ECC_UNCORRECTABLE", "ECCUncorrectable"), r"uncorrectable ECC error|ECC errors? (?:detected|encountered)"
+     r"|CUDA_ERROR_ECC_UNCORRECTABLE|cudaErrorECCUncorrectable", C.GPU_MEMORY_ECC, S.FATAL, A.RESET_GPU),
+    (("no CUDA-capable device", "GPU is lost", "cudaErrorDevicesUnavailable", "fallen off the bus"),
+     r"no CUDA-capable device is detected|GPU is lost|cudaErrorDevicesUnavailable|GPU has fallen off the bus",
+     C.GPU_HARDWARE, S.FATAL, A.REBOOT_NODE),
+    (("Unable to determine the device handle",), r"Unable to determine the device handle for GPU ?[0-9A-Fa-f:.]+: ",
+     C.GPU_HARDWARE, S.ERROR, A.RESET_GPU),  # nvidia-smi: "Unknown Error" and kin
+    (("NVLink error",), r"uncorrectable NVLink error", C.GPU_HARDWARE, S.ERROR, A.RESET_GPU),
+    # host memory before the GPU's: "DefaultCPUAllocator: can't allocate memory" is the node's RAM
+    (("DefaultCPUAllocator", "DataLoader worker", "Out of memory", "out of memory: Kill", "oom-kill", "oom_reaper",
+      "Killed process"),
+     r"DefaultCPUAllocator: (?:can't allocate|not enough) memory|DataLoader worker \(pid \d+\) is killed by signal: "
+     r"(?:Killed|Bus error)|[Oo]ut of memory: Kill(?:ed)? process|invoked oom-killer|oom-kill:|oom_reaper"
+     r"|Killed process \d+ \(", C.NODE_HOST, S.ERROR, A.RESTART_APP),
     # OOM before generic CUDA errors: "CUDA error: out of memory" is the job's size, not the GPU
-    (("out of memory", "OutOfMemoryError", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC", "CUDNN_STATUS_ALLOC"),
+    (("out of memory", "OutOfMemoryError", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC", "CUDNN_STATUS_ALLOC",
+      "Tried to allocate"),
      r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
-     r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED", C.CUDA_OOM, S.ERROR, A.RESTART_APP),
-    (("illegal memory access", "launch failure", "CUBLAS_STATUS_EXECUTION", "CUDNN_STATUS_EXECUTION",
-      "CUDNN_STATUS_MAPPING", "ncclUnhandledCudaError", "CUDA error: unknown error"),
-     r"illegal memory access|launch failure|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_EXECUTION_FAILED"
-     r"|CUDNN_STATUS_MAPPING_ERROR|ncclUnhandledCudaError|CUDA error: unknown error", C.GPU_HARDWARE, S.ERROR, A.RESTART_APP),
-    (("device-side assert", "Assertion `", "CUDA error: "), r"device-side assert|Assertion `.*` failed"
+     r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|Tried to allocate [\d.]+ [KMG]iB \(GPU \d",
+     C.CUDA_OOM, S.ERROR, A.RESTART_APP),
+    # An illegal address is the program's until hardware evidence on that GPU says otherwise
+    # (incidents.correlate upgrades it when an Xid/ECC event on the same GPU corroborates).
+    (("illegal memory access", "device-side assert", "Assertion `", "CUDA error: "),
+     r"illegal memory access|device-side assert triggered|Assertion `.*` failed"
      r"|CUDA error: (?:misaligned address|an illegal instruction|no kernel image|invalid device function)",
      C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
-    (("CUDA", "CUBLAS_STATUS_", "CUDNN_STATUS_"), r"CUDA driver version is insufficient|CUDA driver initialization failed"
-     r"|CUDA error: system not yet initialized|CUDA error: forward compatibility|CUDA error: initialization error"
+    (("launch failure", "CUBLAS_STATUS_EXECUTION", "CUDNN_STATUS_EXECUTION", "CUDNN_STATUS_MAPPING",
+      "ncclUnhandledCudaError", "unhandled cuda error", "CUDA error: unknown error", "Cuda failure 999"),
+     r"launch failure|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_EXECUTION_FAILED|CUDNN_STATUS_MAPPING_ERROR"
+     r"|ncclUnhandledCudaError|unhandled cuda error|CUDA error: unknown error|Cuda failure 999",
+     C.GPU_HARDWARE, S.ERROR, A.RESTART_APP),
+    (("CUDA driver", "CUDA error: ", "CUBLAS_STATUS_", "CUDNN_STATUS_", "NVIDIA driver", "NVRM: No NVIDIA",
+      "nvidia-container-cli", "No devices were found", "Cuda failure", "cuda runtime error", "not yet initialized"),
+     r"CUDA driver version is insufficient|CUDA driver initialization failed|system not yet initialized"
+     r"|CUDA error: forward compatibility|CUDA error: initialization error|NVIDIA driver on your system is too old"
+     r"|NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver|NVRM: No NVIDIA \w+ \w+ probed"
+     r"|nvidia-container-cli: initialization error|No devices were found\s*$|NCCL WARN Cuda failure"
      r"|CUBLAS_STATUS_(?:INTERNAL_ERROR|NOT_INITIALIZED|ARCH_MISMATCH)"
      r"|CUDNN_STATUS_(?:INTERNAL_ERROR|NOT_INITIALIZED|ARCH_MISMATCH|VERSION_MISMATCH|RUNTIME_\w+)",
      C.DRIVER_SOFTWARE, S.ERROR, A.DRAIN),
     (("CUBLAS_STATUS_", "CUDNN_STATUS_", "CUDA error:"), r"CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|CUDA error:",
      C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
     # NCCL: hangs first (they mention NCCL too), then the network, then the rest
-    (("collective operation timeout", "NCCL", "Heartbeat monitor timed out", "ncclTimeout"),
-     r"collective operation timeout|NCCL communicator was aborted|Some NCCL operations have failed or timed out"
-     r"|Heartbeat monitor timed out|watchdog (?:thread )?got stuck|ncclTimeout|NCCL timeout",
+    (("collective operation timeout", "NCCL operations", "Heartbeat monitor", "watchdog got stuck", "ncclTimeout",
+      "NCCL timeout", "detected by watchdog", "Timeout at NCCL work", "heartbeat of its watchdog",
+      "in call to wait()", "NCCL communicator was aborted", "thread terminated with exception"),
+     r"collective operation timeout|Some NCCL operations have failed or timed out|Heartbeat monitor timed out"
+     r"|watchdog got stuck|ncclTimeout|NCCL timeout|Exception \(either an error or timeout\) detected by watchdog"
+     r"|failure detected by watchdog|Timeout at NCCL work|detected no heartbeat of its watchdog"
+     r"|timed out in call to wait\(\)|NCCL communicator was aborted|watchdog thread terminated with exception",
      C.NCCL_TIMEOUT_HANG, S.ERROR, A.RESTART_APP),
-    (("NET/IB", "nccl", "NCCL"), r"NET/IB\s*:.*(?:completion|[Ee]rror)|ncclSystemError|ncclRemoteError"
-     r"|unhandled system error|remote process exited or there was a network error"
-     r"|NCCL WARN.*(?:[Cc]onnect|[Ss]ocket|NET/|IB|timed out)", C.NCCL_NETWORK, S.ERROR, A.RESTART_APP),
-    (("ncclInternalError", "NCCL"), r"ncclInternalError|internal error - please report", C.DRIVER_SOFTWARE, S.ERROR, A.RESTART_APP),
-    (("ncclInvalid", "NCCL"), r"ncclInvalidUsage|ncclInvalidArgument|invalid usage", C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
-    (("NCCL WARN", "NCCL error"), r"NCCL WARN|NCCL error", C.NCCL_NETWORK, S.WARNING, A.RESTART_APP),
+    (("Got completion", "Got async event", "ncclSystemError", "ncclRemoteError", "unhandled system error", "network error", "NCCL WARN",
+      "Connection reset by peer"),
+     r"NET/IBP?\s*:\s*Got (?:completion|async event)|ncclSystemError|ncclRemoteError|unhandled system error"
+     r"|remote process exited or there was a network error|Connection reset by peer"
+     r"|NCCL WARN.*(?:[Cc]onnect|[Ss]ocket|NET/|IB|timed out|[Bb]roken pipe|[Pp]roxy|ibv_)",
+     C.NCCL_NETWORK, S.ERROR, A.RESTART_APP),
+    # the adapter itself: a port that lost its cable or link takes the node off the fabric
+    (("Cable unplugged", "Link down", "Port module event"), r"mlx5_core.*(?:Cable unplugged|Link down|Port module event.*[Ee]rror)",
+     C.NCCL_NETWORK, S.ERROR, A.DRAIN),
+    (("ncclInternalError", "internal error - please report", "internal error, NCCL version"),
+     r"ncclInternalError|internal error - please report|internal error, NCCL version",
+     C.DRIVER_SOFTWARE, S.ERROR, A.RESTART_APP),
+    (("ncclInvalid", "invalid usage"), r"ncclInvalidUsage|ncclInvalidArgument|invalid usage",
+     C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
+    (("NCCL WARN", "NCCL error", "NCCL Error"), r"NCCL WARN|NCCL [Ee]rror", C.NCCL_NETWORK, S.WARNING, A.RESTART_APP),
     # the host
-    (("Out of memory", "oom-kill", "oom_reaper"), r"Out of memory: Kill(?:ed)? process|invoked oom-killer|oom-kill:"
-     r"|oom_reaper", C.NODE_HOST, S.ERROR, A.RESTART_APP),
     (("Killed", "SIGKILL", "exitcode"), r"^\W*Killed\s*$|\d+\s+Killed\s+\S|\bSIGKILL\b|exitcode\s*:\s*-9\b",
      C.NODE_HOST, S.ERROR, A.RESTART_APP),
     (("Bus error", "bus error", "SIGBUS", "exitcode"), r"\b[Bb]us error\b|\bSIGBUS\b|exitcode\s*:\s*-7\b",
@@ -92,73 +127,100 @@ _TABLE: tuple[tuple[tuple[str, ...], str, Category, Severity, Action], ...] = (
     (("Error", "Exception"), r"(?:^|[\]:]\s)\s*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::\s|\s*$)",
      C.APPLICATION_BUG, S.WARNING, A.RESTART_APP),
 )  # fmt: skip
-_RULES = tuple((needles, re.compile(pattern), c, s, a) for needles, pattern, c, s, a in _TABLE)
+# ASCII classes, as the Hyperscan first pass reads bytes: the two agree on which lines can match
+_RULES = tuple((needles, re.compile(pattern, re.ASCII), c, s, a) for needles, pattern, c, s, a in _TABLE)
+
+# Every needle, deduplicated: the literals the scanner's first pass finds in bulk. A line without
+# one cannot be a training finding: each rule's needles gate its pattern, and the lines judged by
+# what they quote carry a needle of the hang rule.
+TRAINING_ANCHORS: tuple[str, ...] = tuple(dict.fromkeys(n for needles, *_ in _TABLE for n in needles))
+
+# Needles too common to search for alone, with the regex a line holding them must match to be a
+# candidate (Hyperscan runs it; "ACPI Error: ..." has the needle but is no Python traceback).
+NEEDLE_CONTEXT: dict[str, str] = dict.fromkeys(("Error", "Exception"), r"\S(?:Error|Exception)(?::\s|\s*$)")
+
+# Lines that restate another line: judged by the failure they quote.
+_ABORTED = re.compile(
+    r"NCCL communicator was aborted(?: on rank \d+)?\.?\s*(?:Original reason for failure was:\s*)?"
+)
+_TERMINATED = re.compile(r"watchdog thread terminated with exception:\s*")
+# torch's hints after a CUDA error: they repeat the error's context, they are not one.
+_BOILERPLATE = re.compile(
+    r"^\W*(?:rank\d+\]:\s*)?(?:Compile with `TORCH_USE_CUDA_DSA`|CUDA kernel errors might be asynchronously"
+    r"|For debugging consider passing CUDA_LAUNCH_BLOCKING)"
+)
+_RANK_TAG = re.compile(r"\[rank(\d+)\]:")
+_RANK_TEXT = re.compile(r"\[(?:PG (?:ID )?\d+ (?:PG GUID \d+(?:\([^)]*\))? )?)?Rank (\d+)\]")
+# glog, as torch's C++ logs print it: "[E1124 10:14:02.123456789 1234 ProcessGroupNCCL.cpp:616]"
+_GLOG = re.compile(r"\[[EWIF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?[\s\]]")
+
+
+def line_rank(text: str) -> int | None:
+    """The rank a line speaks for: its ``[rankN]:`` tag, else a ``[Rank N]``/``[PG ... Rank N]`` tag."""
+    m = _RANK_TAG.search(text, 0, 200) or _RANK_TEXT.search(text)
+    return int(m.group(1)) if m else None
+
+
+def training_time(text: str, now: float | None = None) -> float | None:
+    """The wall-clock stamp a training line carries (glog, ISO, syslog), else None.
+
+    glog prints no year and local time: the year is that of ``now`` (or today), and a stamp more
+    than a day ahead of ``now`` belongs to the previous year. Seconds-since-boot stamps are left
+    out: they cannot be ordered against the other ranks' wall clocks.
+    """
+    if m := _GLOG.search(text, 0, 120):
+        month, day, hh, mm, ss, frac = m.groups()
+        try:
+            year = datetime.fromtimestamp(now if now is not None else _time.time()).year
+            stamp = datetime(year, int(month), int(day), int(hh), int(mm), int(ss)).timestamp()
+            if now is not None and stamp > now + 86400:
+                stamp = datetime(year - 1, int(month), int(day), int(hh), int(mm), int(ss)).timestamp()
+        except (ValueError, OverflowError, OSError):
+            return None
+        return stamp + (int(frac) / 10 ** len(frac) if frac else 0.0)
+    if text[:1].isdigit() or text[:1] in "[<":
+        wall = line_time(text[:64].lstrip("[<"), now)
+        return wall if wall is not None and wall > 1e9 else None
+    return None
 
 
 def classify_training_line(line: str, now: float | None = None) -> Event | None:
     """One training-log line -> a TRAINING ``Event``, or None when it is not a failure. Never raises."""
     try:
         text = line.rstrip("\r\n")
-        if "NCCL INFO" in text:
-            return None  # chatter, even when it mentions an error being retried
-        for needles, pattern, category, severity, action in _RULES:
-            if any(map(text.__contains__, needles)) and pattern.search(text):
-                return Event(
-                    EventKind.TRAINING, text, now, category=category, severity=severity, action=action
-                )
+        verdict = _classify(text)
+        if verdict is None:
+            return None
+        category, severity, action, sympathetic = verdict
+        stamp = training_time(text, now)
+        return Event(EventKind.TRAINING, text, stamp if stamp is not None else now, category=category,
+                     severity=severity, action=action, sympathetic=sympathetic)  # fmt: skip
     except Exception:  # a classifier bug must not take the supervisor down
         log.debug("unclassifiable training line %r", line[:200], exc_info=True)
     return None
 
 
+_Verdict = tuple[Category, Severity, Action, bool]  # category, severity, action, sympathetic
+_HANG: _Verdict = (C.NCCL_TIMEOUT_HANG, S.ERROR, A.RESTART_APP, False)
+
+
+def _classify(text: str, depth: int = 0) -> _Verdict | None:
+    if "NCCL INFO" in text or _BOILERPLATE.match(text):
+        return None  # chatter, even when it mentions an error being retried
+    if depth < 2:
+        for quote, sympathetic in ((_ABORTED, True), (_TERMINATED, False)):
+            if m := quote.search(text):
+                reason = text[m.end() :]
+                category, severity, action, _ = (
+                    _classify(reason, depth + 1) if reason.strip() else None
+                ) or _HANG
+                return category, severity, action, sympathetic
+    for needles, pattern, category, severity, action in _RULES:
+        if any(map(text.__contains__, needles)) and pattern.search(text):
+            return category, severity, action, False
+    return None
+
+
 def rule_needles() -> tuple[str, ...]:
     """Every needle of the rule table (for the check that the scanner's anchors cover them)."""
-    return tuple(dict.fromkeys(n for needles, *_ in _TABLE for n in needles))
-
-
-@dataclass(frozen=True, slots=True)
-class ElasticRootCause:
-    """torchelastic's "Root Cause (first observed failure)": the rank that failed first and how."""
-
-    rank: int | None = None
-    local_rank: int | None = None
-    exitcode: int | None = None
-    signal: str | None = None  # e.g. "SIGKILL", from "Signal 9 (SIGKILL) received by PID ..."
-    host: str | None = None
-    pid: int | None = None
-
-
-_FIELD = re.compile(r"^\s*(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s*(?P<value>.*)$")
-_INT = re.compile(r"-?\d+")
-
-
-def parse_elastic_root_cause(lines: Iterable[str]) -> ElasticRootCause | None:
-    """The first ``Root Cause`` block in ``lines`` (a torchrun summary), or None."""
-    fields: dict[str, str] = {}
-    inside = False
-    for raw in lines:
-        line = raw.rstrip("\r\n")
-        if not inside:
-            inside = "Root Cause (first observed failure)" in line
-            continue
-        if line.startswith("=====") or (
-            fields and line.lstrip().startswith("[") and line.strip().endswith("]:")
-        ):
-            break
-        if m := _FIELD.match(line):
-            fields.setdefault(m["key"], m["value"].strip())
-    if not fields:
-        return None
-    rank = _INT.search(fields.get("rank", ""))
-    local = re.search(r"local_rank:\s*(-?\d+)", fields.get("rank", ""))
-    code = _INT.search(fields.get("exitcode", ""))
-    pid = re.search(r"pid:\s*(\d+)", fields.get("exitcode", ""))
-    sig = re.search(r"\((SIG[A-Z]+)\)", fields.get("traceback", ""))
-    return ElasticRootCause(
-        rank=int(rank.group()) if rank else None,
-        local_rank=int(local.group(1)) if local else None,
-        exitcode=int(code.group()) if code else None,
-        signal=sig.group(1) if sig else None,
-        host=fields.get("host") or None,
-        pid=int(pid.group(1)) if pid else None,
-    )
+    return TRAINING_ANCHORS

@@ -3,7 +3,8 @@
     telemetry -> detect -> diagnose -> [incidents] -> recover
 
 - `RootCause` and `root_cause_for(evidence)`: the interruption taxonomy and the pure rule
-  "the earliest causal failure is the root cause, not the loudest".
+  "the earliest causal failure is the root cause, not the loudest" (`incidents.correlate`, which
+  also explains a failed job's logs rank by rank: `explain_job`).
 - `Incident` and `IncidentStore(path)`: a SQLite (WAL) store that the supervisor and the node
   agent write at once, and that `trainguard incidents` / `trainguard report` read.
 - `Interval`, `goodput()`: the per-job goodput ledger and ETTR (productive time / wall time).
@@ -13,6 +14,15 @@ Stdlib only; the report's plot imports matplotlib inside `trainguard.incidents.p
 
 from __future__ import annotations
 
+from trainguard.incidents.correlate import (
+    Consequence,
+    Explanation,
+    JobFinding,
+    explain_job,
+    first_failure,
+    first_failure_index,
+    root_cause_for,
+)
 from trainguard.incidents.goodput import (
     PRECEDENCE,
     GoodputSummary,
@@ -29,28 +39,31 @@ from trainguard.incidents.taxonomy import (
     Evidence,
     RootCause,
     as_evidence,
-    first_failure,
     numerics_root_cause,
-    root_cause_for,
     xid_root_cause,
 )
 
 __all__ = [
     "DB_ENV",
     "PRECEDENCE",
+    "Consequence",
     "Evidence",
+    "Explanation",
     "GoodputSummary",
     "Incident",
     "IncidentStats",
     "IncidentStore",
     "Interval",
     "IntervalKind",
+    "JobFinding",
     "JobInfo",
     "ProgressPoint",
     "RootCause",
     "as_evidence",
     "default_db_path",
+    "explain_job",
     "first_failure",
+    "first_failure_index",
     "goodput",
     "incident_stats",
     "numerics_root_cause",

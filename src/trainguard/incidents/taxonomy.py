@@ -5,23 +5,21 @@ Sits between detect and the store: the supervisor and the agent hand over what t
 back the root cause to record. The taxonomy is the one Meta published for the unexpected
 interruptions of its Llama 3 405B pre-training run (faulty GPU 30%, HBM 17%, software 13%...).
 
-The root cause is the EARLIEST causal failure, not the loudest: a GPU that falls off the bus at
-t=10 makes every other rank time out in NCCL at t=600, and those hundreds of timeouts are
-symptoms. Symptoms (sympathetic Xid 45 / 154, NCCL watchdog timeouts, "connection reset by
-peer" on the survivors) only decide the cause when nothing causal was seen::
+Each observation is reduced to ``Evidence``: the cause it points to, and whether it is a
+symptom (sympathetic Xid 45 / 154, NCCL watchdog timeouts, "connection reset by peer" on the
+survivors) rather than a cause. ``incidents.correlate`` picks the root cause among them::
 
     >>> from trainguard.records import Event, EventKind, Category
-    >>> xid = Event(EventKind.XID, "NVRM: Xid (PCI:0000:3b:00): 79, ...", time=10.0, xid=79)
     >>> hang = Event(EventKind.TRAINING, "Watchdog caught collective operation timeout",
     ...              time=600.0, category=Category.NCCL_TIMEOUT_HANG)
-    >>> root_cause_for([hang, hang, hang, xid]).value
-    'faulty_gpu'
+    >>> e = as_evidence(hang)
+    >>> e.cause.value, e.symptom
+    ('nccl_watchdog_timeout', True)
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -97,24 +95,6 @@ _DEPENDENCY_TEXT = re.compile(
 _HOST_TEXT = re.compile(r"out of memory: kill|oom-kill|MemoryError|machine check|segmentation fault", re.I)
 _CUDA_OOM_TEXT = re.compile(r"CUDA out of memory|OutOfMemoryError", re.I)
 
-# Among failures in the same burst (see `burst_s`), the more specific cause wins:
-# Xid 172 refines the Xid 48 printed with it to SRAM; hardware beats the software crash it caused.
-_SPECIFICITY = [
-    RootCause.GPU_SRAM,
-    RootCause.GPU_HBM_MEMORY,
-    RootCause.GPU_SYSTEM_PROCESSOR,
-    RootCause.FAULTY_GPU,
-    RootCause.GPU_THERMAL,
-    RootCause.NIC,
-    RootCause.NETWORK_SWITCH_CABLE,
-    RootCause.HOST,
-    RootCause.SILENT_DATA_CORRUPTION,
-    RootCause.DEPENDENCY,
-    RootCause.SOFTWARE_BUG,
-    RootCause.NCCL_WATCHDOG_TIMEOUT,
-    RootCause.UNKNOWN,
-]
-
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
@@ -161,28 +141,6 @@ def as_evidence(item: EvidenceLike) -> Evidence | None:
     if isinstance(item, ErrorRecord):
         return _from_error(item)
     return None
-
-
-def first_failure(items: Iterable[EvidenceLike], burst_s: float = 2.0) -> Evidence | None:
-    """The evidence that names the root cause: the earliest causal failure (within `burst_s` of
-    it, the most specific), else the earliest symptom, else None. Untimed evidence counts last."""
-    found = [e for e in map(as_evidence, items) if e is not None]
-    causal = [e for e in found if not e.symptom and e.cause is not RootCause.UNKNOWN]
-    pool = causal or [e for e in found if e.cause is not RootCause.UNKNOWN] or found
-    if not pool:
-        return None
-    timed = sorted((e for e in pool if e.time is not None), key=lambda e: e.time or 0.0)
-    if not timed:
-        return min(pool, key=lambda e: _SPECIFICITY.index(e.cause))
-    first_time = timed[0].time or 0.0
-    burst = [e for e in timed if (e.time or 0.0) - first_time <= burst_s]
-    return min(burst, key=lambda e: (_SPECIFICITY.index(e.cause), e.time or 0.0))
-
-
-def root_cause_for(items: Iterable[EvidenceLike], burst_s: float = 2.0) -> RootCause:
-    """The root cause of an interruption given everything seen around it (UNKNOWN if nothing)."""
-    first = first_failure(items, burst_s)
-    return first.cause if first is not None else RootCause.UNKNOWN
 
 
 def _from_event(ev: Event) -> Evidence | None:

@@ -1,0 +1,113 @@
+"""``trainguard logs explain DIR|FILES... [--json]``: which rank's error brought a job down.
+
+Reads every rank's log (torchrun ``--log-dir``, Slurm per-task files, one interleaved file with
+``[rankN]:`` prefixes, plus any kernel log given alongside), orders the findings by time across
+files and prints the root-cause finding, the ranks that failed as a consequence and how, the
+action, a confidence and the evidence. Exit 0, or 2 when a path cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from trainguard.incidents.correlate import Explanation
+
+
+def add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    explain = sub.add_parser(
+        "explain",
+        help="name the rank whose failure brought a multi-rank job down",
+        description="Read every rank's log of a failed job and tell the root-cause finding (rank, host, "
+        "GPU, time, line) from its consequences (other ranks' watchdog timeouts and aborted "
+        "communicators), with the action to take.",
+    )
+    explain.add_argument(
+        "paths", nargs="+", metavar="DIR|FILE", help="a torchrun --log-dir, Slurm per-task files, or one file"
+    )
+    explain.add_argument("--json", action="store_true", help="print one JSON object")
+    explain.add_argument(
+        "--engine", choices=["auto", "hyperscan", "stdlib"], default="auto", help=argparse.SUPPRESS
+    )
+    explain.set_defaults(func=run_explain)
+
+
+def explanation_json(ex: Explanation) -> dict[str, Any]:
+    root = None
+    if ex.root is not None:
+        e = ex.root.event
+        root = {"rank": ex.root.rank, "host": ex.root.host, "pci": ex.root.pci, "path": e.path,
+                "line_no": e.line_no, "time": e.time, "category": e.category.value, "text": e.text}  # fmt: skip
+    return {
+        "root_cause": root,
+        "cause": ex.cause.value,
+        "consequences": [{"rank": c.rank, "category": c.category, "count": c.count} for c in ex.consequences],
+        "action": ex.action.value,
+        "confidence": ex.confidence,
+        "evidence": list(ex.evidence),
+    }
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return "time unknown"
+    try:
+        return datetime.fromtimestamp(t).isoformat(sep=" ", timespec="milliseconds")
+    except (ValueError, OverflowError, OSError):
+        return str(t)
+
+
+def render(ex: Explanation, out: TextIO) -> None:
+    if ex.root is None:
+        out.write("no failure found in these logs\n")
+        return
+    r, e = ex.root, ex.root.event
+    who = f"rank {r.rank}" if r.rank is not None else "no rank (kernel or launcher log)"
+    where = " ".join(x for x in (f"on {r.host}" if r.host else "", f"GPU {r.pci}" if r.pci else "") if x)
+    out.write(f"root cause: {who}{' ' + where if where else ''}, {_when(e.time)}\n")
+    out.write(f"  {e.category.value} ({ex.cause.value})  {e.path}:{e.line_no}\n")
+    out.write(f"  {e.text.strip()[:300]}\n")
+    ranks = {c.rank for c in ex.consequences}
+    out.write(f"consequences: {len(ranks)} other rank(s)\n")
+    by_category: dict[str, list[int | None]] = {}
+    for c in ex.consequences:
+        by_category.setdefault(c.category, []).append(c.rank)
+    for category, members in sorted(by_category.items(), key=lambda kv: -len(kv[1])):
+        out.write(f"  {category:<18} {len(members):>5} rank(s): {_ranges(members)}\n")
+    out.write(f"action: {ex.action.value}    confidence: {ex.confidence}\n")
+    out.write("evidence:\n" + "".join(f"  - {line}\n" for line in ex.evidence))
+
+
+def _ranges(ranks: list[int | None]) -> str:
+    """[0, 1, 2, 5, None] -> "0-2, 5, ?"."""
+    known = sorted(r for r in ranks if r is not None)
+    spans: list[str] = []
+    for r in known:
+        if spans and r == int(spans[-1].split("-")[-1]) + 1:
+            spans[-1] = f"{spans[-1].split('-')[0]}-{r}"
+        else:
+            spans.append(str(r))
+    return ", ".join(spans + ["?"] * (len(ranks) - len(known)))
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from trainguard.errors import InputError
+    from trainguard.incidents.correlate import explain_job
+    from trainguard.incidents.joblogs import job_findings
+
+    paths = [Path(p) for p in args.paths]
+    for path in paths:
+        if not path.exists():
+            raise InputError(f"{path}: no such file or directory")
+    ranks: set[int] = set()
+    findings = list(job_findings(paths, engine=args.engine, ranks=ranks))
+    ex = explain_job(findings, ranks)
+    if args.json:
+        print(json.dumps(explanation_json(ex)))
+    else:
+        render(ex, sys.stdout)
+    return 0
