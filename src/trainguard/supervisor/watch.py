@@ -4,7 +4,9 @@ training got, when it last progressed, whether it hangs, and what the numbers lo
 A hang is "no rank advanced its step within the timeout", where the timeout is learned from this
 run's own step times: ``max(floor, factor x slowest recent step)``. That is seconds for a job with
 sub-second steps, where NCCL's default watchdog waits ten minutes. Before the first step of an
-attempt (start, rendezvous, checkpoint load) the longer ``startup_timeout`` applies.
+attempt (start, rendezvous, checkpoint load) the longer ``startup_timeout`` applies, once this
+run has shown heartbeats at all: a script without the Guard never writes one, and its hangs are
+judged from process state (`supervisor.idle`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainguard.rundir import Heartbeat, heartbeat_path
+
+if TYPE_CHECKING:
+    from trainguard.supervisor.config import SupervisorConfig
 
 
 @dataclass(slots=True)
@@ -68,6 +74,7 @@ class ProgressWatch:
         self.baseline_step_time: float | None = None  # median of the run's first steps
         self.history: list[Heartbeat] = []  # every train heartbeat seen (for the goodput ledger)
         self.furthest_step: int | None = None  # furthest step any rank reported (train/exit beats)
+        self.heartbeats_seen = False  # a rank of this run wrote one: its steps can be watched
 
     def begin_attempt(self, attempt: int, ranks: list[int], started: float) -> None:
         self._attempt, self._started = attempt, started
@@ -79,6 +86,7 @@ class ProgressWatch:
         nan_ranks: list[int] = []
         for rank, prog in self._ranks.items():
             for beat in self._read_new(rank):
+                self.heartbeats_seen = True
                 if beat.attempt != self._attempt:
                     continue
                 if beat.phase in ("train", "exit"):
@@ -135,7 +143,9 @@ class ProgressWatch:
             last_progress=last_progress,
             first_step_time=min(firsts) if firsts else None,
             timeout=timeout,
-            hung=now - last_progress > timeout,
+            # No heartbeat yet in this run: the script may never write one (no Guard), so the
+            # lack of one is no evidence of a hang (`supervisor.idle` watches those jobs).
+            hung=self.heartbeats_seen and now - last_progress > timeout,
             nan_ranks=nan_ranks,
             step_time=statistics.median(recent) if len(recent) >= 8 else None,  # not warm-up noise
             loss=low_beat.loss if low_beat is not None else None,
@@ -170,6 +180,24 @@ class ProgressWatch:
             if beat is not None:
                 beats.append(beat)
         return beats
+
+
+def watchers(config: SupervisorConfig, heartbeats: bool) -> str:
+    """What the supervisor watches in this job, said once at start and when heartbeats appear."""
+    seen = "exit codes, error files, worker logs"
+    if config.backend != "none":
+        seen += f", node health ({config.backend})"
+    if heartbeats:
+        hangs = (
+            f"hangs from heartbeats (no step for max({config.hang_timeout_floor:g}s, "
+            f"{config.hang_step_factor:g} x slowest step); first step within {config.startup_timeout:g}s)"
+        )
+    else:
+        hangs = (
+            "no heartbeats yet (the Guard writes them): hangs from process state only (every rank "
+            f"without CPU time or output for {config.idle_timeout:g}s)"
+        )
+    return f"watching {seen}; {hangs}"
 
 
 def _parse_beat(line: bytes) -> Heartbeat | None:
