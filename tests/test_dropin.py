@@ -94,6 +94,15 @@ def test_a_hung_plain_script_is_caught_from_process_state_not_heartbeats(tmp_pat
     assert result["attempts"] == 2
 
 
+def test_step_faults_are_refused_and_said_for_a_script_without_heartbeats(tmp_path):
+    plan = '[[fault]]\nkind = "kill"\nrank = 1\nstep = 5\n'
+    code, result, err = run_plain(tmp_path, epochs=60, plan=plan)
+    assert code == 0, err[-3000:]
+    assert result["incidents"] == [] and result["injected"] == []
+    assert "refusing fault(s) #1 (kill rank 1, step = 5)" in err and "at_s" in err
+    assert "chaos fault(s) never fired: #1 (kill rank 1)" in err
+
+
 def test_30_runs_of_the_plain_script_under_warm_standby_all_exit_cleanly(tmp_path):
     outcomes = []
     for i in range(30):

@@ -66,3 +66,55 @@ def test_watchers_say_how_hangs_are_detected_with_and_without_heartbeats():
     assert "no heartbeats yet" in watchers(cfg, heartbeats=False)
     assert "process state only" in watchers(cfg, heartbeats=False) and "600s" in watchers(cfg, False)
     assert "hangs from heartbeats" in watchers(cfg, heartbeats=True) and "15s" in watchers(cfg, True)
+
+
+def _beats(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def test_warm_up_after_a_restart_and_checkpoint_steps_are_no_straggler(tmp_path):
+    from trainguard.supervisor.watch import straggler
+
+    watch = ProgressWatch(tmp_path)
+    hb = tmp_path / "heartbeat"
+    t = 0.0
+    for attempt, steps in ((0, range(0, 30)), (1, range(25, 45))):
+        watch.begin_attempt(attempt, [0, 1], started=t)
+        for step in steps:
+            warm = step - steps.start < 4  # a restart's first steps are slow
+            ckpt = step % 10 == 0  # a checkpoint every 10 steps; the steps after it pay the copy
+            dt = 0.5 if warm else 0.02
+            for rank in (0, 1):
+                rows = []
+                if ckpt:
+                    rows.append(
+                        {"rank": rank, "step": step, "time": t, "attempt": attempt, "phase": "checkpoint"}
+                    )
+                # rank 0 loads and saves for everyone: rank 1 waits for it then
+                step_time = 0.6 if step % 10 <= 3 else dt
+                rows.append(
+                    {"rank": rank, "step": step, "time": t + dt, "attempt": attempt, "phase": "train",
+                     "step_time": step_time, "wait": rank * (step_time - 0.02)}
+                )  # fmt: skip
+                _beats(hb / f"rank{rank}.jsonl", rows)
+            t += dt
+            view = watch.poll(t)
+            assert straggler(watch.steady_step_times(), watch.baseline_step_time, view.waits) is None
+    assert watch.baseline_step_time == 0.02
+
+
+def test_a_sustained_slowdown_that_one_rank_causes_is_a_straggler():
+    from trainguard.supervisor.watch import straggler
+
+    slow = {0: [0.02] * 5 + [0.55] * 3, 1: [0.02] * 5 + [0.55] * 3}
+    found = straggler(slow, 0.02, waits={0: 0.5, 1: 0.001})
+    assert found is not None and found.rank == 1 and found.step_time == 0.55
+    assert straggler(slow, 0.02, waits={0: 0.001, 1: 0.001}) is None  # everyone slow: no one rank
+    assert straggler(slow, 0.02, waits={}, degraded_rank=1).rank == 1  # telemetry names it
+    blip = {0: [0.02, 0.02, 0.55], 1: [0.02, 0.02, 0.55]}  # one slow step is not sustained
+    assert straggler(blip, 0.02, waits={0: 0.5, 1: 0.0}) is None
+    tiny = {0: [0.01] * 3, 1: [0.01] * 3}  # 0.01s vs 0.002s: 5x, but 8 ms is noise
+    assert straggler(tiny, 0.002, waits={0: 0.008, 1: 0.0}) is None

@@ -153,12 +153,24 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from trainguard.chaos import load_plan
+    from trainguard.chaos.plan import step_triggered
     from trainguard.supervisor import Supervisor
 
     config = config_from_args(args)
-    if config.chaos is not None:
-        load_plan(config.chaos)  # a bad plan is a usage error before anything starts
+    plan = load_plan(config.chaos) if config.chaos is not None else None  # bad plan: usage error now
+    if plan is not None and (steps := step_triggered(plan)):
+        print(
+            f"trainguard run: chaos fault(s) {', '.join(f'#{i + 1}' for i in steps)} fire at a training "
+            "step, which only trainguard's Guard reports; if no rank has reported one after "
+            f"--startup-timeout ({config.startup_timeout:g}s), they are refused",
+            file=sys.stderr,
+        )
     result = Supervisor(config, on_event=_say).run()
+    if plan is not None:
+        fired = {inj.index for inj in result.injected}
+        unfired = [f"#{i + 1} ({f.label})" for i, f in enumerate(plan.faults) if i not in fired]
+        if unfired:
+            print(f"trainguard run: chaos fault(s) never fired: {', '.join(unfired)}", file=sys.stderr)
     ettr = result.goodput.get("ettr")
     print(
         f"trainguard run: {result.exit_code.name.lower()} (exit {int(result.exit_code)}): {result.reason}; "

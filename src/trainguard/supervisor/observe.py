@@ -34,7 +34,7 @@ from trainguard.supervisor.health import GpuMap, NodeHealth
 from trainguard.supervisor.idle import IdleWatch
 from trainguard.supervisor.logs import LogTail, default_classifier
 from trainguard.supervisor.record import JobRecorder
-from trainguard.supervisor.watch import ProgressWatch
+from trainguard.supervisor.watch import ProgressWatch, straggler
 
 log = logging.getLogger(__name__)
 
@@ -128,22 +128,19 @@ class Observer:
                 r,
             ), False
         base = self.watch.baseline_step_time
-        slow = base and prog.step_time and prog.step_time > 3.0 * base
+        slow = straggler(
+            self.watch.steady_step_times(), base, prog.waits, self._rank_of_gpu(self._degraded_gpu())
+        )
         if slow and not self._straggler_seen and not self._degraded_reported:
             self._straggler_seen = True
-            suspect = self._degraded_gpu()
-            rank = self._rank_of_gpu(suspect)
-            if rank is None and len(prog.waits) >= 2:  # all share step_time; the straggler waits least
-                rank = min(prog.waits, key=lambda r: prog.waits[r])
-                suspect = self._gpu_of_rank(rank)
             return Trouble(
-                Failure(FailureKind.STRAGGLER, gpu=suspect, fatal=False),
+                Failure(FailureKind.STRAGGLER, gpu=self._gpu_of_rank(slow.rank), fatal=False),
                 "heartbeat",
                 now,
                 now,
-                f"steps take {prog.step_time:.2f}s vs {base:.2f}s baseline",
+                f"steps take {slow.step_time:.2f}s vs {slow.baseline:.2f}s baseline",
                 RootCause.UNKNOWN,
-                rank,
+                slow.rank,
             ), False
         return None, False
 
