@@ -463,13 +463,15 @@ class Supervisor(Observer):
         if self.watch.heartbeats_seen and not self._heartbeats_announced:
             self._heartbeats_announced = True
             self._emit("watchers", watchers=watchers(self.config, heartbeats=True))
-        elif self.chaos is not None and not self.watch.heartbeats_seen and not self.chaos.refused:
-            if now - self.started > self.config.startup_timeout and (
-                steps := step_triggered(self.chaos.plan)
-            ):
-                self.chaos.refused.update(steps)  # no heartbeats by now: no step will ever be seen
-                log.warning("%s", refusal(self.chaos.plan, steps))
-                self._emit("chaos_refused", message=refusal(self.chaos.plan, steps))
+        elif (
+            self.chaos is not None
+            and not self.watch.heartbeats_seen
+            and not self.chaos.refused
+            and now - self.started > self.config.startup_timeout
+            and (steps := step_triggered(self.chaos.plan))
+        ):
+            self.chaos.refused.update(steps)  # no heartbeats by now: no step will ever be seen
+            log.warning("%s", refusal(self.chaos.plan, steps))
         if prog.first_step_time is not None and not self._first_step_seen:
             self._first_step_seen = True
             self.recorder.interval(
