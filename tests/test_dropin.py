@@ -103,6 +103,7 @@ def test_step_faults_are_refused_and_said_for_a_script_without_heartbeats(tmp_pa
     assert "chaos fault(s) never fired: #1 (kill rank 1)" in err
 
 
+@pytest.mark.timeout(1800)
 def test_30_runs_of_the_plain_script_under_warm_standby_all_exit_cleanly(tmp_path):
     outcomes = []
     for i in range(30):

@@ -40,6 +40,7 @@ from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.health import Diagnose, GpuMap, NodeHealth
 from trainguard.supervisor.idle import IdleWatch
 from trainguard.supervisor.logs import LogTail, default_classifier
+from trainguard.supervisor.lost import LostRun, find_lost_run
 from trainguard.supervisor.observe import Observer
 from trainguard.supervisor.record import JobRecorder, node_name
 from trainguard.supervisor.resume import resume_point
@@ -102,6 +103,7 @@ class Supervisor(Observer):
         self.world_sizes: list[int] = []
         self._numerics_steps: dict[int, Incident] = {}
         self._heartbeats_announced = False
+        self._lost: LostRun | None = None
 
     # -- public --------------------------------------------------------------------------------
 
@@ -113,7 +115,11 @@ class Supervisor(Observer):
         self.started = time.time()
         self.ckpt_dir = cfg.resolved_checkpoint_dir()
         self.recorder = JobRecorder(self.job_id, self.run_dir, cfg.resolved_db())
-        self.recorder.start_job(self.started, shlex.join(cfg.cmd), cfg.nproc_per_node)
+        self._lost = find_lost_run(self.recorder.job_info(), self.run_dir)  # this job, killed before
+        if self._lost is not None:
+            self.attempt = self._lost.next_attempt
+        started = self._lost.started if self._lost is not None else self.started
+        self.recorder.start_job(started, shlex.join(cfg.cmd), cfg.nproc_per_node)
         self.health = NodeHealth(
             cfg.backend, cfg.nproc_per_node, self.run_dir, cfg.kernel_log, cfg.health_interval, cfg.thresholds
         )
@@ -267,6 +273,9 @@ class Supervisor(Observer):
         self._pending: list[tuple[Incident, float, int | None]] = []  # incident, failure time, step before
         self.recoveries: list[dict[str, Any]] = []
         self._start_attempt(first=True)
+        if self._lost is not None:
+            lost = self.recorder.lost_run(self._lost, self._attempt_started, self.resume_step)
+            self._pending.append((lost, self._lost.last_seen, self._lost.furthest_step))
         next_membership = 0.0
         while True:
             time.sleep(self.config.monitor_interval)
@@ -548,7 +557,7 @@ class Supervisor(Observer):
             self.recorder.interval(
                 IntervalKind.UNMEASURED, self._attempt_started, stop, self.attempt, outcome
             )
-        if outcome == "succeeded" and self._pending and not self.watch.heartbeats_seen:
+        if outcome == "succeeded" and self._pending:  # finished before reporting a step
             self._resolve_pending(None)
         if trouble is not None and trouble.time > trouble.started:
             self.recorder.interval(IntervalKind.DETECTION, trouble.started, trouble.time, self.attempt)
