@@ -29,7 +29,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Find GPU, NCCL, CUDA and host failures in kernel logs and training logs.",
     )
     sub = parser.add_subparsers(dest="logs_command", metavar="ACTION")
-    scan = sub.add_parser("scan", help="classify whole files (dmesg, syslog, journal exports, training logs)")
+    scan = sub.add_parser(
+        "scan",
+        help="classify whole files (dmesg, syslog, journal exports, training logs)",
+        description="Classify every line of kernel logs (Xid, SXid, fallen off the bus) and training "
+        "logs (NCCL, CUDA, OOM, torchelastic): one row per matching line with its severity, the action "
+        "it calls for and its category. "
+        "Exit 0, or 2 when a path cannot be read.",
+    )
     scan.add_argument("paths", nargs="+", metavar="PATH", help="log files to scan ('-' reads stdin)")
     _common(scan)
     scan.add_argument(
