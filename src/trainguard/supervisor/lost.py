@@ -43,7 +43,6 @@ def find_lost_run(info: JobInfo | None, run_dir: Path, host: str | None = None) 
     host = host or socket.gethostname()
     logs = run_dir / "logs"
     nodes = [d for d in _dirs(logs) if d.name.rsplit("-", 1)[0] == host]
-    attempts = [int(a.name[7:]) for d in _dirs(logs) for a in _dirs(d) if a.name[7:].isdigit()]
     mine = [d for d in nodes if _pid(d.name) is not None]
     if not mine or any(_alive(_pid(d.name)) for d in mine):
         return None
@@ -56,10 +55,18 @@ def find_lost_run(info: JobInfo | None, run_dir: Path, host: str | None = None) 
         node=f"{host}:{_pid(newest.name)}",
         started=info.started,
         last_seen=last_seen,
-        next_attempt=max(attempts, default=-1) + 1,
+        next_attempt=next_attempt(run_dir),
         first_step_time=first,
         furthest_step=furthest,
     )
+
+
+def next_attempt(run_dir: Path) -> int:
+    """The attempt number after every attempt any supervisor of this job started here: a
+    re-run continues the numbering, so its heartbeats are never taken for an older attempt's."""
+    logs = run_dir / "logs"
+    attempts = [int(a.name[7:]) for d in _dirs(logs) for a in _dirs(d) if a.name[7:].isdigit()]
+    return max(attempts, default=-1) + 1
 
 
 def lost_run_record(

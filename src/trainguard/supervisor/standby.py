@@ -12,7 +12,10 @@ The script ends as under ``python script.py``: its exit code, its traceback (wit
 module's and runpy's frames), then Python's own shutdown steps: non-daemon threads are joined,
 atexit handlers run, files still open for writing are flushed. What is left after that,
 finalising the modules this standby preloaded (torch's C++ objects among them), is skipped:
-nothing of the script's is left to lose there, and a finished rank should not linger in it.
+nothing of the script's is left to lose there, and it is where torch can hang a finished
+process (C++ threads of gloo and the autograd engine releasing Python objects while the
+interpreter is torn down: pytorch/pytorch#190489). torch sized its thread pool at import, before
+the rank's environment arrived; the rank's OMP_NUM_THREADS is applied when the job arrives.
 
 A standby dies with the supervisor that started it (parent-death signal, and a parent poll for
 the case where the parent died before the signal was armed), also once it has become a rank.

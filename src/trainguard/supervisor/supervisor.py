@@ -40,7 +40,7 @@ from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.health import Diagnose, GpuMap, NodeHealth
 from trainguard.supervisor.idle import IdleWatch
 from trainguard.supervisor.logs import LogTail, default_classifier
-from trainguard.supervisor.lost import LostRun, find_lost_run
+from trainguard.supervisor.lost import LostRun, find_lost_run, next_attempt
 from trainguard.supervisor.observe import Observer
 from trainguard.supervisor.record import JobRecorder, node_name
 from trainguard.supervisor.resume import resume_point
@@ -116,8 +116,7 @@ class Supervisor(Observer):
         self.ckpt_dir = cfg.resolved_checkpoint_dir()
         self.recorder = JobRecorder(self.job_id, self.run_dir, cfg.resolved_db())
         self._lost = find_lost_run(self.recorder.job_info(), self.run_dir)  # this job, killed before
-        if self._lost is not None:
-            self.attempt = self._lost.next_attempt
+        self.attempt = next_attempt(self.run_dir)  # a re-run of a job id continues its attempts
         started = self._lost.started if self._lost is not None else self.started
         self.recorder.start_job(started, shlex.join(cfg.cmd), cfg.nproc_per_node)
         self.health = NodeHealth(
