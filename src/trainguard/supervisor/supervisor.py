@@ -54,7 +54,8 @@ RUNNING_S = 10.0  # no heartbeats: restarted workers running this long count as 
 @dataclass(frozen=True, slots=True)
 class RunEvent:
     """One thing that happened, for live displays: kind is job_started | attempt_started |
-    progress | chaos | incident | diagnosis | recovered | finished."""
+    progress | chaos | incident | diagnosis | recovered | finished | watchers (what is watched,
+    at start in ``job_started`` and again when heartbeats appear)."""
 
     kind: str
     time: float
@@ -530,7 +531,7 @@ class Supervisor(Observer):
     def _resolve_unmeasured(self, incident: Incident, failed_at: float) -> None:
         """Recovered, for a script without heartbeats: its restarted workers run. The restart
         time is known; the first step after it and the work redone are not."""
-        resolution = f"workers restarted (attempt {self.attempt}); steps not reported (no heartbeats)"
+        resolution = f"workers restarted (attempt {self.attempt}); no step reported since (no heartbeats)"
         self.recorder.update(incident, resolved=True, resolution=resolution)
         rec = {
             "incident": incident.id,
