@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from trainguard.supervisor.config import SupervisorConfig
 from trainguard.supervisor.idle import IdleWatch, Sample, active, idle_since
 from trainguard.supervisor.watch import ProgressWatch, watchers
@@ -118,3 +120,14 @@ def test_a_sustained_slowdown_that_one_rank_causes_is_a_straggler():
     assert straggler(blip, 0.02, waits={0: 0.5, 1: 0.0}) is None
     tiny = {0: [0.01] * 3, 1: [0.01] * 3}  # 0.01s vs 0.002s: 5x, but 8 ms is noise
     assert straggler(tiny, 0.002, waits={0: 0.008, 1: 0.0}) is None
+
+
+@pytest.mark.parametrize(
+    "name", ["trainguard.supervisor.idle", "trainguard.supervisor.watch", "trainguard.cli.checkpoints"]
+)
+def test_docstring_examples_run(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
