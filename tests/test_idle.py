@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -68,6 +70,9 @@ def test_watchers_say_how_hangs_are_detected_with_and_without_heartbeats():
     assert "no heartbeats yet" in watchers(cfg, heartbeats=False)
     assert "process state only" in watchers(cfg, heartbeats=False) and "600s" in watchers(cfg, False)
     assert "hangs from heartbeats" in watchers(cfg, heartbeats=True) and "15s" in watchers(cfg, True)
+    off = SupervisorConfig(cmd=("python", "x.py"), idle_timeout=0)
+    assert "no hang detection" in watchers(off, heartbeats=False)
+    assert IdleWatch(timeout=0).poll(1e9, {0: os.getpid()}, Path("/nonexistent")) is None
 
 
 def _beats(path, rows):

@@ -79,7 +79,7 @@ def register(subparsers: Any) -> None:
         default=600.0,
         metavar="S",
         help="a job that writes no heartbeats (no Guard) is hung when every rank used no CPU and "
-        "wrote no output for this long (default 600)",
+        "wrote no output for this long (default 600; 0: never)",
     )
     g.add_argument("--backend", default="none", choices=["none", "nvml", "sim"], help="node-health telemetry")
     g.add_argument("--kernel-log", type=Path, default=None, help="kernel log the health agent follows")

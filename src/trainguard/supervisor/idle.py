@@ -67,7 +67,9 @@ class IdleWatch:
 
     def poll(self, now: float, pids: dict[int, int], log_dir: Path) -> float | None:
         """Sample the live ranks (``rank -> pid``; their logs are ``log_dir/rank<R>.std*``) at
-        most once a second; the time the job went idle, if it is hung."""
+        most once a second; the time the job went idle, if it is hung. A timeout <= 0: never."""
+        if self.timeout <= 0:
+            return None
         if now >= self._next:
             self._next = now + SAMPLE_EVERY_S
             for rank, pid in pids.items():

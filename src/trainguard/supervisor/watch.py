@@ -259,11 +259,14 @@ def watchers(config: SupervisorConfig, heartbeats: bool) -> str:
             f"hangs from heartbeats (no step for max({config.hang_timeout_floor:g}s, "
             f"{config.hang_step_factor:g} x slowest step); first step within {config.startup_timeout:g}s)"
         )
-    else:
+    elif config.idle_timeout > 0:
         hangs = (
             "no heartbeats yet (the Guard writes them): hangs from process state only (every rank "
             f"without CPU time or output for {config.idle_timeout:g}s)"
         )
+    else:
+        hangs = "no heartbeats yet (the Guard writes them), and --idle-timeout 0: no hang detection"
+
     return f"watching {seen}; {hangs}"
 
 
