@@ -102,3 +102,18 @@ def test_corrupting_the_newest_checkpoint_makes_it_fail_verification(tmp_path):
     detail = corrupt_newest_checkpoint(tmp_path)
     assert "flipped" in detail
     assert newest_valid(tmp_path).step == 5
+
+
+def test_step_triggered_faults_are_named_with_what_to_do_instead():
+    from trainguard.chaos.plan import refusal, step_triggered
+
+    plan = parse_plan(
+        '[[fault]]\nkind = "kill"\nrank = 1\nat_s = 5\n'
+        '[[fault]]\nkind = "kill"\nrank = 0\nstep = 40\n'
+        '[[fault]]\nkind = "nan"\nrank = 0\nstep = 7\n',
+        source="p.toml",
+    )
+    assert step_triggered(plan) == (1, 2)
+    text = refusal(plan, (1, 2))
+    assert "#2 (kill rank 0, step = 40)" in text and "#3 (nan rank 0, step = 7)" in text
+    assert "#1" not in text and "at_s" in text and "Guard" in text

@@ -40,3 +40,15 @@ def test_verify_fails_a_flipped_newest_checkpoint_and_names_the_fallback(tmp_pat
 def test_a_missing_directory_is_a_clear_error(tmp_path, capsys):
     assert main(["checkpoints", "list", str(tmp_path / "nope")]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_checkpoint_sizes_are_shown_in_a_unit_that_reads(capsys):
+    from trainguard.cli.checkpoints import human_size
+
+    assert [human_size(n) for n in (0, 812, 4 * 1024, 3 * 2**20 + 2**19, 7 * 2**30)] == [
+        "0B",
+        "812B",
+        "4.0K",
+        "3.5M",
+        "7.0G",
+    ]

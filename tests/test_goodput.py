@@ -87,12 +87,27 @@ def test_charged_time_never_exceeds_the_wall_and_ettr_is_a_ratio(raw, lo, length
     ledger = [iv(kind, start, start + dur, attempt) for kind, start, dur, attempt in raw]
     s = goodput(ledger, lo, lo + length)
     charged = [s.productive_s, s.checkpoint_s, s.init_s, s.restart_s, s.lost_s, s.detection_s, s.downtime_s]
+    charged.append(s.unmeasured_s)
     assert all(c >= 0 for c in charged)
     assert sum(charged) + s.unaccounted_s == pytest.approx(s.wall_s, abs=1e-4)
-    assert 0.0 <= s.ettr <= 1.0 + 1e-9
+    assert s.ettr is None if s.unmeasured_s > 0 else 0.0 <= s.ettr <= 1.0 + 1e-9
     productive_total = sum(
         max(0.0, min(i.end, lo + length) - max(i.start, lo))
         for i in ledger
         if i.kind is IntervalKind.PRODUCTIVE
     )
     assert s.productive_s <= productive_total + 1e-4
+
+
+def test_a_run_without_heartbeats_has_no_ettr_rather_than_zero():
+    # Two attempts of a script that reports no steps: the time is accounted, the ETTR unknown.
+    ledger = [
+        iv(K.UNMEASURED, 0, 40),
+        iv(K.DETECTION, 40, 41),
+        iv(K.RESTART, 41, 42, attempt=1),
+        iv(K.UNMEASURED, 42, 100, attempt=1),
+    ]
+    s = goodput(ledger, 0, 100)
+    assert s.ettr is None
+    assert s.unmeasured_s == pytest.approx(98) and s.unaccounted_s == pytest.approx(0)
+    assert s.attempts == 2 and s.interruptions == 1

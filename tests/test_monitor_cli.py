@@ -207,3 +207,52 @@ def test_demo_command_accepts_node_flag():
 
     args = build_parser().parse_args(["demo", "--node", "--speed", "3"])
     assert args.node and args.speed == 3.0 and callable(args.func)
+
+
+def test_outside_a_terminal_monitor_prints_one_plain_line_per_gpu_per_interval(tmp_path):
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:  # stdout is a file, as in `trainguard monitor > f`
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainguard.cli", "monitor", "--backend", "sim", "--gpus", "2",
+             "--interval", "0.2"],
+            stdout=f, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and out.read_text().count("\n") < 6:
+                time.sleep(0.1)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(10)
+    lines = out.read_text().splitlines()
+    assert len(lines) >= 6 and "\x1b[" not in out.read_text()
+    assert [line.split()[1] for line in lines[:4]] == ["gpu=0", "gpu=1", "gpu=0", "gpu=1"]
+    assert all("health=ok" in line and "action=none" in line for line in lines)
+
+
+def test_monitor_json_writes_one_object_per_gpu(capsys):
+    import json
+
+    assert main(["monitor", "--backend", "sim", "--gpus", "3", "--once", "--json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["gpu"] for r in records] == [0, 1, 2]
+    assert {"health", "action", "temperature_c", "reasons", "node", "node_action"} <= set(records[0])
+
+
+def test_a_node_whose_gpus_are_all_ok_has_no_action():
+    from trainguard.cli.monitor import effective_action, node_action
+    from trainguard.records import Action, Finding, Gpu, GpuVerdict, Health, NodeVerdict
+
+    hint = Finding(rule="xid.13", health=Health.OK, action=Action.RESTART_APP, reason="Xid 13: app error")
+    gpus = tuple(
+        GpuVerdict(Gpu(i), Health.OK, Action.RESTART_APP if i == 0 else Action.NONE) for i in range(2)
+    )
+    verdict = NodeVerdict(Health.OK, Action.RESTART_APP, gpus, (hint,))
+    assert node_action(verdict) is Action.NONE
+    assert effective_action(Health.OK, Action.RESTART_APP) is Action.NONE
+    sick = NodeVerdict(
+        Health.DEGRADED,
+        Action.RUN_DIAGNOSTICS,
+        (GpuVerdict(Gpu(0), Health.DEGRADED, Action.RUN_DIAGNOSTICS),),
+    )
+    assert node_action(sick) is Action.RUN_DIAGNOSTICS

@@ -163,3 +163,16 @@ def test_report_text_of_a_job_without_incidents_says_none(tmp_path):
         store.end_job("quiet", ended=100.0, status="succeeded")
         text = render_report(job_report(store, "quiet"))
     assert "ETTR           100.0%" in text and "incidents (0)" in text
+
+
+def test_report_of_a_job_without_heartbeats_says_ettr_na_and_how_to_get_it(tmp_path):
+    with IncidentStore(tmp_path / "tg.db") as store:
+        store.start_job("plain", started=0.0)
+        store.add_interval(Interval("plain", K.UNMEASURED, 0.0, 50.0))
+        store.end_job("plain", ended=50.0, status="succeeded")
+        report = job_report(store, "plain")
+    text = render_report(report)
+    assert report["goodput"]["ettr"] is None
+    assert "ETTR           n/a (no heartbeats" in text and "Guard" in text
+    assert "attempts       1" in text
+    assert "running, no steps reported" in text and "unaccounted" not in text

@@ -72,6 +72,7 @@ class ChaosExecutor:
         self.fired: dict[int, Injected] = {}
         self._entries: list[dict[str, Any]] = []
         self._guard_ids: dict[int, str] = {}  # plan index -> the Guard's fault id
+        self.refused: set[int] = set()  # faults that cannot fire in this job (see plan.refusal)
 
     def prepare(self) -> None:
         """Write every in-process fault to chaos.json before the workers start (the Guard reads
@@ -99,7 +100,7 @@ class ChaosExecutor:
         the Guard's own time and step: that is the ground truth a drill report matches against."""
         out: list[Injected] = []
         for i, fault in enumerate(self.plan.faults):
-            if i in self.fired:
+            if i in self.fired or i in self.refused:
                 continue
             guard_id = self._guard_ids.get(i)
             if guard_id is not None:

@@ -114,6 +114,23 @@ class ChaosPlan:
     source: str = "<plan>"
 
 
+def step_triggered(plan: ChaosPlan) -> tuple[int, ...]:
+    """Plan positions of the faults that fire at a training step: they need a script that
+    reports its steps (the Guard's heartbeats), which a plain torchrun script does not."""
+    return tuple(i for i, f in enumerate(plan.faults) if f.step is not None)
+
+
+def refusal(plan: ChaosPlan, indices: tuple[int, ...]) -> str:
+    """Why step-triggered faults are refused in a job without heartbeats, and what to do."""
+    named = ", ".join(f"#{i + 1} ({plan.faults[i].label}, step = {plan.faults[i].step})" for i in indices)
+    return (
+        f"chaos plan {plan.source}: refusing fault(s) {named}: they fire at a training step, and this "
+        "job reports none (no heartbeats: the script does not run trainguard's Guard), so they would "
+        "never fire. Give external faults (kill, stop, corrupt_checkpoint) a time, at_s = SECONDS; "
+        "in-process faults (hang, nan, slow, raise, exit, xid) need the Guard in the script."
+    )
+
+
 def load_plan(path: Path | str) -> ChaosPlan:
     path = Path(path)
     try:

@@ -81,7 +81,7 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     print(f"{'STEP':>10}  {'SIZE':>9}  {'AGE':>8}  {'WORLD':>5}  {'KIND':<10}  STATUS")
     for r in rows:
-        size = f"{r['bytes'] / 2**20:.1f}M" if r["bytes"] is not None else "-"
+        size = human_size(r["bytes"]) if r["bytes"] is not None else "-"
         age = _age(time.time() - r["time"]) if r["time"] else "-"
         status = "ok" if r["valid"] else f"INVALID: {r['reason']}"
         mark = "  <- latest pointer" if r["latest"] else ""
@@ -132,6 +132,20 @@ def _verify(args: argparse.Namespace) -> int:
                 else "no valid checkpoint left: a resume starts at 0"
             )
     return 0 if result.ok else 1
+
+
+def human_size(n: int) -> str:
+    """Bytes in the unit that reads best: ``812B``, ``4.0K``, ``12.5M``, ``1.2G``, ``3.4T``.
+
+    >>> human_size(812), human_size(4096), human_size(13107200), human_size(5 * 2**40)
+    ('812B', '4.0K', '12.5M', '5.0T')
+    """
+    value = float(n)
+    for unit in ("B", "K", "M", "G"):
+        if value < 1024:
+            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}T"
 
 
 def _age(seconds: float) -> str:

@@ -38,7 +38,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "or a duration ago such as 90m, 6h, 2d",
     )
     ls.add_argument("--limit", type=int, default=50, help="show the N most recent (default 50; 0 = all)")
-    show = sub.add_parser("show", help="one incident with its evidence")
+    show = sub.add_parser(
+        "show",
+        help="one incident with its evidence",
+        description="One incident: when it started and was detected, its root cause and evidence, "
+        "the rank, GPU and node it names, the action taken, whether it was resolved and the time it "
+        "cost. IDs come from `trainguard incidents list` or `trainguard report JOB`.",
+    )
     show.add_argument("id", type=int, metavar="ID")
     stats = sub.add_parser("stats", help="counts by root cause, category and action; MTBF; time lost")
     stats.add_argument("--job", help="only this job")

@@ -4,15 +4,19 @@
     trainguard monitor --backend sim --scenario tour     # a simulated node through scripted faults
     trainguard monitor --backend sim --scenario thermal --speed 10
     trainguard monitor --once                            # print one table and exit
+    trainguard monitor --json > gpus.jsonl               # one JSON object per GPU per interval
 
-Ctrl-C quits (exit 0) and leaves the terminal as it was.
+Outside a terminal (a pipe, a file, a log collector) it prints one plain line per GPU per
+interval instead of the live table. Ctrl-C quits (exit 0) and leaves the terminal as it was.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +24,7 @@ from trainguard.cli.interrupt import CtrlC
 from trainguard.cli.options import add_config_args, thresholds
 from trainguard.detect.thresholds import Thresholds
 from trainguard.errors import BackendUnavailable, TrainguardError
+from trainguard.records import Action, Health, NodeVerdict, Sample, strongest_action
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -40,6 +45,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--interval", type=float, default=None, metavar="S", help="refresh every S seconds")
     p.add_argument("--kernel-log", type=Path, metavar="PATH", help="kernel log to follow for Xid lines")
     p.add_argument("--once", action="store_true", help="print one table and exit")
+    p.add_argument("--json", action="store_true", help="one JSON object per GPU per interval (JSON lines)")
     p.add_argument("--speed", type=float, default=1.0, metavar="X", help="simulated time runs X times faster")
     p.add_argument("--gpus", type=int, default=8, metavar="N", help="GPUs of the simulated node (default 8)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the simulated node")
@@ -48,17 +54,19 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from rich.console import Console
-    except ImportError:
-        print("trainguard monitor needs rich: pip install 'trainguard[cli]'", file=sys.stderr)
-        return 3
     backend = args.backend or ("sim" if args.scenario else "nvml")
     interval = args.interval if args.interval is not None else (1.0 if backend == "sim" else 2.0)
     if interval <= 0 or args.speed <= 0:
         print("trainguard monitor: --interval and --speed must be positive", file=sys.stderr)
         return 2
-    console = Console()
+    console: Any = None
+    if not (args.json or (not args.once and not sys.stdout.isatty())):  # the table needs rich
+        try:
+            from rich.console import Console
+        except ImportError:
+            print("trainguard monitor needs rich: pip install 'trainguard[cli]'", file=sys.stderr)
+            return 3
+        console = Console()
     # From here on Ctrl-C quits with exit 0, also when the shell that started us ignored SIGINT.
     with CtrlC() as ctrl_c:
         try:
@@ -87,10 +95,91 @@ def _open_and_watch(
             return 0
         if args.once:
             session.settle(interval, cancelled=lambda: ctrl_c.pressed, sleep=ctrl_c.sleep)
-            if not ctrl_c.pressed:
+            if ctrl_c.pressed:
+                return 0
+            if console is None:
+                print_lines(session, args.json)
+            else:
                 console.print(session.frame(console.width, live=False))
             return 0
+        if console is None:
+            return watch_plain(session, interval, ctrl_c, args.json)
         return watch(session, interval, console, ctrl_c)
+
+
+def watch_plain(session: Session, interval: float, ctrl_c: CtrlC, as_json: bool) -> int:
+    """Outside a terminal: every interval, one line (or JSON object) per GPU, flushed at once."""
+    try:
+        while not ctrl_c.pressed:
+            print_lines(session, as_json)
+            if ctrl_c.sleep(interval):
+                break
+            session.step(cancelled=lambda: ctrl_c.pressed)
+    except BrokenPipeError:  # `| head`: the reader left; so do we, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def print_lines(session: Session, as_json: bool) -> None:
+    import json
+
+    for record in gpu_records(session.agent.samples, session.agent.verdict, session.elapsed):
+        print(json.dumps(record) if as_json else plain_line(record), flush=True)
+
+
+def gpu_records(samples: list[Sample], verdict: NodeVerdict | None, elapsed: float) -> list[dict[str, Any]]:
+    """One record per GPU: its readings, verdict, action and reasons, and the node's (pure)."""
+    by_gpu = {s.gpu.index: s for s in samples}
+    gpus = verdict.gpus if verdict is not None else ()
+    node = verdict.health.value if verdict is not None else "unknown"
+    out = []
+    for g in gpus:
+        s = by_gpu.get(g.gpu.index)
+        record: dict[str, Any] = {"t": round(elapsed, 1), "gpu": g.gpu.index, "health": g.health.value}
+        record["action"] = effective_action(g.health, g.action).value
+        for key in _READINGS:
+            record[key] = getattr(s, key, None) if s is not None and not s.lost else None
+        record["lost"] = bool(s is not None and s.lost)
+        record["reasons"] = g.reasons
+        record["node"] = node
+        record["node_action"] = node_action(verdict).value if verdict is not None else "none"
+        out.append(record)
+    return out
+
+
+_READINGS = ("temperature_c", "power_w", "sm_clock_mhz", "util_gpu_pct", "mem_used_mib", "ecc_dbe_volatile")
+
+
+def plain_line(r: dict[str, Any]) -> str:
+    """``t=12.0 gpu=3 health=degraded action=run_diagnostics temp=91C ... reasons=...``"""
+
+    def num(value: Any, unit: str = "") -> str:
+        return "?" if value is None else f"{value:.0f}{unit}"
+
+    line = f"t={r['t']} gpu={r['gpu']} health={r['health']} action={r['action']}"
+    if r["lost"]:
+        line += " lost=yes"
+    else:
+        line += (
+            f" temp={num(r['temperature_c'], 'C')} power={num(r['power_w'], 'W')}"
+            f" sm={num(r['sm_clock_mhz'], 'MHz')} util={num(r['util_gpu_pct'], '%')}"
+            f" dbe={num(r['ecc_dbe_volatile'])}"
+        )
+    line += f" node={r['node']}/{r['node_action']}"
+    return line + (f" reasons={'; '.join(r['reasons'])}" if r["reasons"] else "")
+
+
+def effective_action(health: Health, action: Action) -> Action:
+    """An action follows the verdict: a healthy GPU or node needs none, whatever a finding
+    that did not change its health suggested."""
+    return Action.NONE if health is Health.OK else action
+
+
+def node_action(verdict: NodeVerdict) -> Action:
+    """The node's action, from the GPUs and node findings that are not OK."""
+    actions = [effective_action(g.health, g.action) for g in verdict.gpus]
+    actions += [effective_action(f.health, f.action) for f in verdict.findings]
+    return effective_action(verdict.health, strongest_action(actions))
 
 
 def watch(session: Session, interval: float, console: Any, ctrl_c: CtrlC) -> int:
@@ -213,11 +302,15 @@ class Session:
 
         from trainguard.cli.render import THROTTLE_LEGEND, gpu_table, node_line
 
-        table = gpu_table(self.agent.samples, self.agent.verdict, title=self.title, width=width)
+        verdict = self.agent.verdict
+        if verdict is not None:  # actions follow verdicts (see effective_action)
+            gpus = tuple(replace(g, action=effective_action(g.health, g.action)) for g in verdict.gpus)
+            verdict = replace(verdict, action=node_action(verdict), gpus=gpus)
+        table = gpu_table(self.agent.samples, verdict, title=self.title, width=width)
         if not live:
-            return Group(table, node_line(self.agent.verdict))
+            return Group(table, node_line(verdict))
         footer = Text(f"t={self.elapsed:.0f}s  Ctrl-C to quit   {THROTTLE_LEGEND}", style="dim")
-        return Group(table, node_line(self.agent.verdict), footer)
+        return Group(table, node_line(verdict), footer)
 
     def close(self) -> None:
         self.agent.close()

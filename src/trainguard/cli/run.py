@@ -73,6 +73,14 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="first step of an attempt must come within this (default 300)",
     )
+    g.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="a job that writes no heartbeats (no Guard) is hung when every rank used no CPU and "
+        "wrote no output for this long (default 600; 0: never)",
+    )
     g.add_argument("--backend", default="none", choices=["none", "nvml", "sim"], help="node-health telemetry")
     g.add_argument("--kernel-log", type=Path, default=None, help="kernel log the health agent follows")
     add_config_args(g)
@@ -130,6 +138,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         hang_timeout_floor=args.hang_timeout_floor,
         hang_step_factor=args.hang_step_factor,
         startup_timeout=args.startup_timeout,
+        idle_timeout=args.idle_timeout,
         backend=args.backend,
         kernel_log=args.kernel_log,
         chaos=args.chaos,
@@ -144,21 +153,41 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from trainguard.chaos import load_plan
+    from trainguard.chaos.plan import step_triggered
     from trainguard.supervisor import Supervisor
 
     config = config_from_args(args)
-    if config.chaos is not None:
-        load_plan(config.chaos)  # a bad plan is a usage error before anything starts
-    result = Supervisor(config).run()
+    plan = load_plan(config.chaos) if config.chaos is not None else None  # bad plan: usage error now
+    if plan is not None and (steps := step_triggered(plan)):
+        print(
+            f"trainguard run: chaos fault(s) {', '.join(f'#{i + 1}' for i in steps)} fire at a training "
+            "step, which only trainguard's Guard reports; if no rank has reported one after "
+            f"--startup-timeout ({config.startup_timeout:g}s), they are refused",
+            file=sys.stderr,
+        )
+    result = Supervisor(config, on_event=_say).run()
+    if plan is not None:
+        fired = {inj.index for inj in result.injected}
+        unfired = [f"#{i + 1} ({f.label})" for i, f in enumerate(plan.faults) if i not in fired]
+        if unfired:
+            print(f"trainguard run: chaos fault(s) never fired: {', '.join(unfired)}", file=sys.stderr)
+    ettr = result.goodput.get("ettr")
     print(
         f"trainguard run: {result.exit_code.name.lower()} (exit {int(result.exit_code)}): {result.reason}; "
         f"{len(result.incidents)} incident(s), {result.attempts} attempt(s), "
-        f"ETTR {result.goodput.get('ettr', 0.0):.2f}; run dir {result.run_dir}",
+        f"ETTR {'n/a (no heartbeats: the Guard reports steps)' if ettr is None else f'{ettr:.2f}'}; "
+        f"run dir {result.run_dir}",
         file=sys.stderr,
     )
     if args.json is not None:
         args.json.write_text(json.dumps(result_to_dict(result), indent=1, default=str))
     return int(result.exit_code)
+
+
+def _say(event: Any) -> None:
+    """The few events a user of the plain CLI needs to read: what is watched."""
+    if "watchers" in event.data:
+        print(f"trainguard run: {event.data['watchers']}", file=sys.stderr, flush=True)
 
 
 def result_to_dict(result: Any) -> dict[str, Any]:

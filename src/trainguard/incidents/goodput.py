@@ -3,7 +3,9 @@
 The supervisor records timed intervals per job (`Interval`: productive steps, checkpoint
 stalls, restarts, initialisation, lost work, detection delay, downtime); `goodput()` folds them
 into a `GoodputSummary`. ETTR (effective training time ratio, as Meta defines it for its research
-clusters) is productive time / wall time.
+clusters) is productive time / wall time. A run whose workers reported no steps (a script
+without the Guard's heartbeats) has `unmeasured` time, and then no ETTR (None, shown "n/a"):
+zero would be a lie, and so would any other number.
 
 Intervals may overlap; each instant is charged to ONE kind, the first of `PRECEDENCE` that covers
 it. So a supervisor can record a whole attempt as productive and then lay a checkpoint stall, or
@@ -32,6 +34,7 @@ class IntervalKind(str, Enum):
     LOST = "lost"  # work thrown away: steps since the last checkpoint, recomputed later
     DETECTION = "detection"  # from the failure to its detection (e.g. a hang until the timeout)
     DOWNTIME = "downtime"  # waiting: backoff, diagnostics, a spare node
+    UNMEASURED = "unmeasured"  # workers ran, but reported no steps (no heartbeats): not known
 
 
 # Highest first: an instant covered by several intervals is charged to the first listed.
@@ -43,6 +46,7 @@ PRECEDENCE: tuple[IntervalKind, ...] = (
     IntervalKind.INIT,
     IntervalKind.CHECKPOINT,
     IntervalKind.PRODUCTIVE,
+    IntervalKind.UNMEASURED,
 )
 
 
@@ -94,9 +98,10 @@ class GoodputSummary:
     detection_s: float
     downtime_s: float
     unaccounted_s: float  # wall time no interval covers
-    ettr: float  # productive_s / wall_s (0.0 for an empty window)
+    ettr: float | None  # productive_s / wall_s (0.0 for an empty window); None: not measured
     interruptions: int
     attempts: int
+    unmeasured_s: float = 0.0  # workers ran without reporting steps: productive or not, unknown
 
     @property
     def badput_s(self) -> float:
@@ -121,7 +126,9 @@ def goodput(intervals: Iterable[Interval], wall_start: float, wall_end: float) -
     attempts = sorted({iv.attempt for iv in ivs})
     failed = {iv.attempt for iv in ivs if iv.kind in (IntervalKind.DETECTION, IntervalKind.LOST)}
     failed |= set(attempts[:-1])
-    ettr = min(1.0, raw[IntervalKind.PRODUCTIVE] / wall) if wall > 0 else 0.0
+    ettr: float | None = min(1.0, raw[IntervalKind.PRODUCTIVE] / wall) if wall > 0 else 0.0
+    if charged[IntervalKind.UNMEASURED] > 0:
+        ettr = None  # part of the run reported no steps: its productive share cannot be known
     return GoodputSummary(
         wall_s=round(wall, 6),
         productive_s=charged[IntervalKind.PRODUCTIVE],
@@ -135,6 +142,7 @@ def goodput(intervals: Iterable[Interval], wall_start: float, wall_end: float) -
         ettr=ettr,
         interruptions=len(failed),
         attempts=len(attempts),
+        unmeasured_s=charged[IntervalKind.UNMEASURED],
     )
 
 

@@ -22,6 +22,7 @@ KIND_STYLE: dict[str, tuple[str, str]] = {
     "downtime": ("#bdbdbd", "downtime"),
     "detection": ("#ffa726", "detection delay"),
     "lost": ("#e53935", "lost work"),
+    "unmeasured": ("#fff59d", "running, no steps reported"),
 }
 # Shaded on the step axes; checkpoint stalls are many and thin, so they only show in the strip.
 SHADED = ("init", "restart", "downtime", "detection", "lost")
@@ -90,7 +91,8 @@ def timeline(report: dict[str, Any]) -> Timeline:
     )
     kinds = tuple(k for k in KIND_STYLE if any(s.kind == k for s in spans))
     n_int, n_inc = g["interruptions"], len(report["incidents"])
-    title = f"{report['job']}: ETTR {g['ettr']:.1%}, {n_int} interruption{'s' if n_int != 1 else ''}"
+    ettr = "n/a (no heartbeats)" if g["ettr"] is None else f"{g['ettr']:.1%}"
+    title = f"{report['job']}: ETTR {ettr}, {n_int} interruption{'s' if n_int != 1 else ''}"
     if n_inc != n_int:
         title += f", {n_inc} incident{'s' if n_inc != 1 else ''}"
     # The wall window comes from the ledger; never cut off progress or a failure recorded past it.

@@ -23,7 +23,12 @@ BREAKDOWN: tuple[tuple[str, str], ...] = (
     ("lost_s", "lost work (recomputed)"),
     ("detection_s", "detection delay"),
     ("downtime_s", "downtime"),
+    ("unmeasured_s", "running, no steps reported"),
     ("unaccounted_s", "unaccounted"),
+)
+NO_ETTR = (
+    "n/a (no heartbeats: the workers reported no steps, so productive time is unknown; "
+    "the Guard reports them, see README 'In your training script')"
 )
 
 
@@ -77,13 +82,13 @@ def render_report(report: dict[str, Any]) -> str:
         ("last step", report.get("last_step") if report.get("last_step") is not None else "-"),
         ("attempts", g["attempts"]),
         ("interruptions", g["interruptions"]),
-        ("ETTR", f"{g['ettr']:.1%}  (productive time / wall time)"),
+        ("ETTR", NO_ETTR if g["ettr"] is None else f"{g['ettr']:.1%}  (productive time / wall time)"),
     ]
     lines += [f"  {k:<14} {v}" for k, v in facts]
     lines += ["", "where the time went"]
     for key, label in BREAKDOWN:
-        seconds = g[key]
-        if key == "unaccounted_s" and seconds < 0.005:
+        seconds = g.get(key, 0.0)
+        if key in ("unaccounted_s", "unmeasured_s") and seconds < 0.005:
             continue
         share = seconds / wall if wall > 0 else 0.0
         lines.append(f"  {label:<28} {_dur(seconds):>10}  {share:6.1%}  {_bar(share)}".rstrip())

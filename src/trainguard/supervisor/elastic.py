@@ -29,6 +29,8 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import start_processes
 from torch.distributed.elastic.utils import macros
 
+from trainguard.supervisor.ports import private_port
+
 log = logging.getLogger(__name__)
 
 REAP_TIMEOUT_S = 30.0  # after torch's SIGKILL: how long a stopped worker may take to be reaped
@@ -71,6 +73,9 @@ class GuardedAgent(LocalElasticAgent):
         if worker_group.store is None:
             raise AssertionError("rendezvous did not produce a store")
         restart_count = spec.max_restarts - self._remaining_restarts
+        master_port = worker_group.master_port
+        if worker_group.group_world_size == 1 and os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
+            master_port = private_port()  # one node: only its own workers use their store
         args: dict[int, tuple[Any, ...]] = {}
         envs: dict[int, dict[str, str]] = {}
         for worker in worker_group.workers:
@@ -86,7 +91,7 @@ class GuardedAgent(LocalElasticAgent):
                 "GROUP_WORLD_SIZE": str(worker_group.group_world_size),
                 "ROLE_WORLD_SIZE": str(worker.role_world_size),
                 "MASTER_ADDR": worker_group.master_addr,
-                "MASTER_PORT": str(worker_group.master_port),
+                "MASTER_PORT": str(master_port),
                 "TORCHELASTIC_RESTART_COUNT": str(restart_count),
                 "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
                 "TORCHELASTIC_RUN_ID": spec.rdzv_handler.get_run_id(),

@@ -31,9 +31,10 @@ from trainguard.supervisor.assess import (
     gpu_trouble,
 )
 from trainguard.supervisor.health import GpuMap, NodeHealth
+from trainguard.supervisor.idle import IdleWatch
 from trainguard.supervisor.logs import LogTail, default_classifier
 from trainguard.supervisor.record import JobRecorder
-from trainguard.supervisor.watch import ProgressWatch
+from trainguard.supervisor.watch import ProgressWatch, straggler
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class Observer:
     run_dir: Path
     attempt: int
     watch: ProgressWatch
+    idle: IdleWatch
     health: NodeHealth
     logtail: LogTail
     recorder: JobRecorder
@@ -93,6 +95,7 @@ class Observer:
             return None, True
         if self._stuck_in_teardown(now, codes):
             return None, True
+        ranks_alive = {self._rank_of[lr]: pid for lr, pid in agent.pids().items() if codes.get(lr) is None}
         failed = [
             Exited(self._rank_of[lr], lr, c, self._exit_seen[lr])
             for lr, c in codes.items()
@@ -105,7 +108,11 @@ class Observer:
             if trouble is not None:
                 return trouble, False
         if prog.hung:
-            return self._hang_trouble(now, prog), False
+            return self._hang_trouble(now, prog.last_progress, prog.timeout), False
+        if not self.watch.heartbeats_seen:
+            since = self.idle.poll(now, ranks_alive, self._attempt_dir())
+            if since is not None:
+                return self._hang_trouble(now, since, self.idle.timeout, idle=True), False
         numerics = self._numerics_trouble(now)
         if numerics is not None:
             return numerics, False
@@ -121,22 +128,19 @@ class Observer:
                 r,
             ), False
         base = self.watch.baseline_step_time
-        slow = base and prog.step_time and prog.step_time > 3.0 * base
+        slow = straggler(
+            self.watch.steady_step_times(), base, prog.waits, self._rank_of_gpu(self._degraded_gpu())
+        )
         if slow and not self._straggler_seen and not self._degraded_reported:
             self._straggler_seen = True
-            suspect = self._degraded_gpu()
-            rank = self._rank_of_gpu(suspect)
-            if rank is None and len(prog.waits) >= 2:  # all share step_time; the straggler waits least
-                rank = min(prog.waits, key=lambda r: prog.waits[r])
-                suspect = self._gpu_of_rank(rank)
             return Trouble(
-                Failure(FailureKind.STRAGGLER, gpu=suspect, fatal=False),
+                Failure(FailureKind.STRAGGLER, gpu=self._gpu_of_rank(slow.rank), fatal=False),
                 "heartbeat",
                 now,
                 now,
-                f"steps take {prog.step_time:.2f}s vs {base:.2f}s baseline",
+                f"steps take {slow.step_time:.2f}s vs {slow.baseline:.2f}s baseline",
                 RootCause.UNKNOWN,
-                rank,
+                slow.rank,
             ), False
         return None, False
 
@@ -255,7 +259,7 @@ class Observer:
             return trouble
         return None
 
-    def _hang_trouble(self, now: float, prog: Any) -> Trouble:
+    def _hang_trouble(self, now: float, since: float, timeout: float, idle: bool = False) -> Trouble:
         from trainguard.supervisor.hang import collect
 
         procs = {self._rank_of[lr]: proc for lr, proc in self._agent.procs().items()}
@@ -270,11 +274,12 @@ class Observer:
             Failure(
                 FailureKind.HANG, gpu=gpu, gpu_health=self.health.gpu_health(gpu) if gpu is not None else None
             ),
-            "heartbeat",
+            "process_state" if idle else "heartbeat",
             now,
-            prog.last_progress,
-            f"no progress for {now - prog.last_progress:.1f}s (timeout {prog.timeout:.1f}s); laggard: {named}",
-            RootCause.NCCL_WATCHDOG_TIMEOUT,
+            since,
+            f"{'every rank idle (no CPU, no output)' if idle else 'no progress'} for {now - since:.1f}s "
+            f"(timeout {timeout:.1f}s); laggard: {named}",
+            RootCause.UNKNOWN if idle else RootCause.NCCL_WATCHDOG_TIMEOUT,
             suspects[0] if len(suspects) == 1 else None,
             [f"method: {report.method}", *report.dumps],
             {"laggards": list(suspects), "method": report.method},

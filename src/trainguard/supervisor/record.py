@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.incidents import Incident, IncidentStore, Interval, IntervalKind, goodput
-from trainguard.incidents.goodput import GoodputSummary
+from trainguard.incidents.goodput import GoodputSummary, JobInfo
+from trainguard.supervisor.lost import LostRun, lost_run_record, step_reached_at
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +36,19 @@ class JobRecorder:
         self.incidents: list[Incident] = []
         self.intervals: list[Interval] = []
         self.store: IncidentStore | None = None
+        self.job_started: float | None = None  # the job's start (a lost run's, when continuing it)
         if db is not None:
             try:
                 self.store = IncidentStore(db)
             except Exception as exc:
                 log.warning("incident store %s unavailable, recording into %s only: %s", db, run_dir, exc)
 
+    def job_info(self) -> JobInfo | None:
+        info: JobInfo | None = self._safe(lambda s: s.get_job(self.job))
+        return info
+
     def start_job(self, started: float, command: str, world_size: int) -> None:
+        self.job_started = started
         self._safe(lambda s: s.start_job(self.job, started=started, command=command, world_size=world_size))
 
     def add(self, incident: Incident) -> Incident:
@@ -69,7 +76,15 @@ class JobRecorder:
     def progress(self, time: float, step: int, loss: float | None, attempt: int) -> None:
         self._safe(lambda s: s.add_progress(self.job, time, step, loss, attempt))
 
+    def lost_run(self, lost: LostRun, now: float, resume_step: int | None) -> Incident:
+        """Record the interruption a lost previous supervisor left (see `supervisor.lost`)."""
+        resume_at = step_reached_at(self.run_dir, resume_step)
+        incident, intervals = lost_run_record(lost, self.job, now, resume_at)
+        self.intervals += intervals
+        return self.add(incident)
+
     def finish(self, started: float, ended: float, status: str) -> GoodputSummary:
+        started = self.job_started if self.job_started is not None else started
         self._safe(lambda s: s.add_intervals(self.intervals))
         self._safe(lambda s: s.end_job(self.job, ended=ended, status=status))
         summary = goodput(self.intervals, started, ended)

@@ -7,6 +7,18 @@ Imports the named modules, then reads ONE JSON job from stdin (``argv``, ``env``
 environment and runs the training script as ``__main__`` — what ``python script.py`` would do,
 minus the seconds of interpreter start and ``import torch``. An empty stdin means "not needed":
 it exits quietly.
+
+The script ends as under ``python script.py``: its exit code, its traceback (without this
+module's and runpy's frames), then Python's own shutdown steps: non-daemon threads are joined,
+atexit handlers run, files still open for writing are flushed. What is left after that,
+finalising the modules this standby preloaded (torch's C++ objects among them), is skipped:
+nothing of the script's is left to lose there, and it is where torch can hang a finished
+process (C++ threads of gloo and the autograd engine releasing Python objects while the
+interpreter is torn down: pytorch/pytorch#190489). torch sized its thread pool at import, before
+the rank's environment arrived; the rank's OMP_NUM_THREADS is applied when the job arrives.
+
+A standby dies with the supervisor that started it (parent-death signal, and a parent poll for
+the case where the parent died before the signal was armed), also once it has become a rank.
 """
 
 from __future__ import annotations
@@ -16,13 +28,17 @@ import importlib
 import json
 import os
 import runpy
+import signal
 import sys
 import threading
+from types import TracebackType
+from typing import NoReturn
+
+PR_SET_PDEATHSIG = 1
 
 
 def main(modules: list[str]) -> int:
-    assigned = threading.Event()
-    threading.Thread(target=_exit_if_orphaned, args=(os.getppid(), assigned), daemon=True).start()
+    _die_with_parent(os.getppid())
     for name in modules:
         with contextlib.suppress(ImportError):  # a missing preload only costs the time it saves
             importlib.import_module(name)
@@ -30,33 +46,121 @@ def main(modules: list[str]) -> int:
     if not line.strip():
         return 0
     job = json.loads(line)
-    assigned.set()
     _redirect(1, job["stdout"])
     _redirect(2, job["stderr"])
     os.environ.clear()
     os.environ.update(job["env"])
     os.chdir(job.get("cwd") or os.getcwd())
+    _apply_thread_env()
     if os.environ.get("PYTHONFAULTHANDLER"):
         import faulthandler
 
         faulthandler.enable(all_threads=True)
-    argv: list[str] = job["argv"]
-    if argv[0] == "-m":
-        sys.argv = argv[1:]
-        sys.path.insert(0, os.getcwd())
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = argv
-        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-        runpy.run_path(argv[0], run_name="__main__")
+    _exit(_run(job["argv"]))
+
+
+def _run(argv: list[str]) -> int:
+    """Run the script as ``__main__``; its exit code as ``python`` would give it."""
+    try:
+        if argv[0] == "-m":
+            sys.argv = argv[1:]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = argv
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as exc:
+        return _exit_status(exc.code)
+    except KeyboardInterrupt as exc:
+        _report(exc)
+        return -int(signal.SIGINT)
+    except BaseException as exc:  # an uncaught error of the script: its traceback, exit 1
+        _report(exc)
+        return 1
     return 0
 
 
-def _exit_if_orphaned(parent: int, assigned: threading.Event) -> None:
-    """A standby whose supervisor died (killed, not closed) must not linger."""
-    while not assigned.wait(1.0):
-        if os.getppid() != parent:
-            os._exit(0)
+def _exit_status(code: object) -> int:
+    """``sys.exit(code)`` as the interpreter maps it: None -> 0, int -> itself, else print -> 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _report(exc: BaseException) -> None:
+    """Print the traceback through ``sys.excepthook`` (the script may have set its own),
+    starting at the script's frame, as ``python script.py`` shows it."""
+    tb = _user_frames(exc.__traceback__)
+    sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # the default hook prints exc's own
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback without its leading frames in this module and in runpy."""
+    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+    while tb is not None and (
+        os.path.abspath(tb.tb_frame.f_code.co_filename) in ours
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+    ):
+        tb = tb.tb_next
+    return tb
+
+
+def _exit(code: int) -> NoReturn:
+    """Python's own exit steps for a finished script, then leave (see the module docstring)."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()  # joins non-daemon threads, as the interpreter does at exit
+    import atexit
+
+    atexit._run_exitfuncs()
+    _flush_files()
+    if code < 0:  # died of a signal (Ctrl-C): die of it again, as python does
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
+
+
+def _flush_files() -> None:
+    """Flush every file still open for writing, as finalising them would (a script that never
+    closed its log file still finds all of it on disk)."""
+    import gc
+    import io
+
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase):
+            with contextlib.suppress(Exception):
+                if not obj.closed and obj.writable():
+                    obj.flush()
+
+
+def _apply_thread_env() -> None:
+    """torch sized its thread pool at import, before the rank's environment arrived: apply the
+    rank's OMP_NUM_THREADS now (torchrun sets 1 per process by default)."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    torch = sys.modules.get("torch")
+    if value.isdigit() and int(value) > 0 and torch is not None:
+        torch.set_num_threads(int(value))
+
+
+def _die_with_parent(parent: int) -> None:
+    """The kernel kills this process when its parent *thread* exits (so the pool spawns from a
+    long-lived thread); the poll covers a parent that died before prctl, and non-Linux hosts."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    threading.Thread(target=_kill_if_orphaned, args=(parent,), daemon=True, name="standby-parent").start()
+
+
+def _kill_if_orphaned(parent: int) -> None:
+    event = threading.Event()
+    while os.getppid() == parent:
+        event.wait(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _redirect(fd: int, path: str) -> None:

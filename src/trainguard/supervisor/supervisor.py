@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainguard.chaos import ChaosExecutor, Injected, load_plan
+from trainguard.chaos.plan import refusal, step_triggered
 from trainguard.incidents import Incident, IntervalKind, RootCause
 from trainguard.records import Health
 from trainguard.recover.policy import Failure, FailureKind, PolicyState, Verb, decide, with_diagnosis
@@ -37,19 +38,24 @@ from trainguard.rundir import ATTEMPT_ENV, RUN_DIR_ENV
 from trainguard.supervisor.assess import Trouble
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.health import Diagnose, GpuMap, NodeHealth
+from trainguard.supervisor.idle import IdleWatch
 from trainguard.supervisor.logs import LogTail, default_classifier
+from trainguard.supervisor.lost import LostRun, find_lost_run, next_attempt
 from trainguard.supervisor.observe import Observer
 from trainguard.supervisor.record import JobRecorder, node_name
 from trainguard.supervisor.resume import resume_point
-from trainguard.supervisor.watch import ProgressWatch
+from trainguard.supervisor.watch import ProgressWatch, watchers
 
 log = logging.getLogger(__name__)
+
+RUNNING_S = 10.0  # no heartbeats: restarted workers running this long count as recovered
 
 
 @dataclass(frozen=True, slots=True)
 class RunEvent:
     """One thing that happened, for live displays: kind is job_started | attempt_started |
-    progress | chaos | incident | diagnosis | recovered | finished."""
+    progress | chaos | incident | diagnosis | recovered | finished | watchers (what is watched,
+    at start in ``job_started`` and again when heartbeats appear)."""
 
     kind: str
     time: float
@@ -97,6 +103,8 @@ class Supervisor(Observer):
         self._findings_seen: set[tuple[Any, ...]] = set()
         self.world_sizes: list[int] = []
         self._numerics_steps: dict[int, Incident] = {}
+        self._heartbeats_announced = False
+        self._lost: LostRun | None = None
 
     # -- public --------------------------------------------------------------------------------
 
@@ -108,13 +116,17 @@ class Supervisor(Observer):
         self.started = time.time()
         self.ckpt_dir = cfg.resolved_checkpoint_dir()
         self.recorder = JobRecorder(self.job_id, self.run_dir, cfg.resolved_db())
-        self.recorder.start_job(self.started, shlex.join(cfg.cmd), cfg.nproc_per_node)
+        self._lost = find_lost_run(self.recorder.job_info(), self.run_dir)  # this job, killed before
+        self.attempt = next_attempt(self.run_dir)  # a re-run of a job id continues its attempts
+        started = self._lost.started if self._lost is not None else self.started
+        self.recorder.start_job(started, shlex.join(cfg.cmd), cfg.nproc_per_node)
         self.health = NodeHealth(
             cfg.backend, cfg.nproc_per_node, self.run_dir, cfg.kernel_log, cfg.health_interval, cfg.thresholds
         )
         self.watch = ProgressWatch(
             self.run_dir, cfg.hang_timeout_floor, cfg.hang_step_factor, cfg.startup_timeout
         )
+        self.idle = IdleWatch(cfg.idle_timeout)
         self.logtail = LogTail(default_classifier(), self._console, cfg.tee)
         self.chaos = None
         if cfg.chaos is not None:
@@ -122,7 +134,13 @@ class Supervisor(Observer):
                 load_plan(cfg.chaos), self.run_dir, self.started, self.health.fleet, self.ckpt_dir
             )
             self.chaos.prepare()
-        self._emit("job_started", job=self.job_id, run_dir=str(self.run_dir), gpus=list(self.gpu_map.gpus))
+        self._emit(
+            "job_started",
+            job=self.job_id,
+            run_dir=str(self.run_dir),
+            gpus=list(self.gpu_map.gpus),
+            watchers=watchers(cfg, heartbeats=False),
+        )
         agent, spec = self._build_agent()
         self._agent = agent
         code, reason = ExitCode.FAILED, "launcher error"
@@ -255,6 +273,9 @@ class Supervisor(Observer):
         self._pending: list[tuple[Incident, float, int | None]] = []  # incident, failure time, step before
         self.recoveries: list[dict[str, Any]] = []
         self._start_attempt(first=True)
+        if self._lost is not None:
+            lost = self.recorder.lost_run(self._lost, self._attempt_started, self.resume_step)
+            self._pending.append((lost, self._lost.last_seen, self._lost.furthest_step))
         next_membership = 0.0
         while True:
             time.sleep(self.config.monitor_interval)
@@ -404,6 +425,7 @@ class Supervisor(Observer):
         for step, reason in point.skipped:
             self._record_skipped_checkpoint(step, reason)
         self.watch.begin_attempt(self.attempt, sorted(self._rank_of.values()), self._attempt_started)
+        self.idle.begin_attempt(self._attempt_started)
         files = {}
         for rank in self._rank_of.values():
             for stream in ("stdout", "stderr"):
@@ -447,12 +469,26 @@ class Supervisor(Observer):
     def _progress(self, prog: Any, now: float) -> None:
         if self._failures_in_a_row and prog.first_step_time is not None and now - prog.first_step_time > 10:
             self._failures_in_a_row = 0  # healthy progress since the last failure: backoff starts over
+        if self.watch.heartbeats_seen and not self._heartbeats_announced:
+            self._heartbeats_announced = True
+            self._emit("watchers", watchers=watchers(self.config, heartbeats=True))
+        elif (
+            self.chaos is not None
+            and not self.watch.heartbeats_seen
+            and not self.chaos.refused
+            and now - self.started > self.config.startup_timeout
+            and (steps := step_triggered(self.chaos.plan))
+        ):
+            self.chaos.refused.update(steps)  # no heartbeats by now: no step will ever be seen
+            log.warning("%s", refusal(self.chaos.plan, steps))
         if prog.first_step_time is not None and not self._first_step_seen:
             self._first_step_seen = True
             self.recorder.interval(
                 IntervalKind.INIT, self._attempt_started, prog.first_step_time, self.attempt
             )
             self._resolve_pending(prog.first_step_time)
+        elif self._pending and not self.watch.heartbeats_seen and now - self._attempt_started > RUNNING_S:
+            self._resolve_pending(None)  # no heartbeats: the restarted workers run, steps unknown
         if prog.max_step is not None and prog.max_step != self._last_step_emitted:
             self._last_step_emitted = prog.max_step
             self._emit(
@@ -461,9 +497,12 @@ class Supervisor(Observer):
             if prog.max_step % 10 == 0:
                 self.recorder.progress(now, prog.max_step, prog.loss, self.attempt)
 
-    def _resolve_pending(self, first_step_time: float) -> None:
+    def _resolve_pending(self, first_step_time: float | None) -> None:
         step_time = self.watch.baseline_step_time or 0.0
         for incident, failed_at, step_before in self._pending:
+            if first_step_time is None:
+                self._resolve_unmeasured(incident, failed_at)
+                continue
             known = step_before is not None and self.resume_step is not None  # else: not measured
             redone = max(0, (step_before or 0) - (self.resume_step or 0)) if known else 0
             lost = (first_step_time - failed_at) + redone * step_time
@@ -489,14 +528,37 @@ class Supervisor(Observer):
             self._emit("recovered", **rec)
         self._pending = []
 
+    def _resolve_unmeasured(self, incident: Incident, failed_at: float) -> None:
+        """Recovered, for a script without heartbeats: its restarted workers run. The restart
+        time is known; the first step after it and the work redone are not."""
+        resolution = f"workers restarted (attempt {self.attempt}); no step reported since (no heartbeats)"
+        self.recorder.update(incident, resolved=True, resolution=resolution)
+        rec = {
+            "incident": incident.id,
+            "failed_at": failed_at,
+            "first_step_at": None,
+            "mttr_s": None,
+            "restart_s": self._attempt_started - failed_at,
+            "resume_step": None,
+            "steps_redone": None,
+        }
+        self.recoveries.append(rec)
+        self._emit("recovered", **rec)
+
     def _close_attempt(self, end: float, outcome: str, trouble: Trouble | None = None) -> None:
         if self._attempt_closed:
             return
         self._attempt_closed = True
         prog_start = self.watch.poll(end).first_step_time
+        stop = trouble.started if trouble is not None else end
         if prog_start is not None:
-            stop = trouble.started if trouble is not None else end
             self.recorder.interval(IntervalKind.PRODUCTIVE, prog_start, stop, self.attempt, outcome)
+        elif not self.watch.heartbeats_seen:  # it ran; how productively, nothing says
+            self.recorder.interval(
+                IntervalKind.UNMEASURED, self._attempt_started, stop, self.attempt, outcome
+            )
+        if outcome == "succeeded" and self._pending:  # finished before reporting a step
+            self._resolve_pending(None)
         if trouble is not None and trouble.time > trouble.started:
             self.recorder.interval(IntervalKind.DETECTION, trouble.started, trouble.time, self.attempt)
         for start, stop_ in self.watch.checkpoint_stalls:  # saves the heartbeats made visible

@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -67,6 +68,10 @@ class WarmContext:
 
 
 class WarmPool:
+    """Idle standbys, one per local rank. Every standby is started by one long-lived thread of
+    the pool: the kernel's parent-death signal a standby arms fires when the *thread* that
+    forked it exits, so a short-lived refill timer would kill the standbys it made."""
+
     def __init__(
         self, preload: tuple[str, ...] = ("torch", "torch.distributed"), refill_delay_s: float = 2.0
     ):
@@ -74,15 +79,15 @@ class WarmPool:
         self.refill_delay_s = refill_delay_s
         self._idle: list[subprocess.Popen[bytes]] = []
         self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
+        self._requests: queue.Queue[tuple[str, int] | None] = queue.Queue()
+        self._spawned: queue.Queue[subprocess.Popen[bytes]] = queue.Queue()
         self._closed = False
+        self._spawner = threading.Thread(target=self._serve, name="trainguard-standby-spawner", daemon=True)
+        self._spawner.start()
 
     def fill(self, n: int) -> None:
         """Start standbys until ``n`` are idle (they import in the background)."""
-        with self._lock:
-            self._idle = [p for p in self._idle if p.poll() is None]
-            while len(self._idle) < n and not self._closed:
-                self._idle.append(self._spawn())
+        self._requests.put(("fill", n))
 
     def can_run(self, entrypoint: Any, args: tuple[Any, ...]) -> bool:
         return isinstance(entrypoint, str) and _is_python(entrypoint) and _script_argv(args) is not None
@@ -116,20 +121,16 @@ class WarmPool:
         return WarmContext(handlers)
 
     def close(self) -> None:
+        """Kill the idle standbys: they hold nothing but imported modules."""
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
+        self._requests.put(None)
+        self._spawner.join(10)
         with self._lock:
             for p in self._idle:
-                try:
-                    if p.stdin is not None:
-                        p.stdin.close()  # "not needed": the standby exits
-                except OSError:
-                    pass
-                try:
-                    p.wait(2)
-                except subprocess.TimeoutExpired:
+                with contextlib.suppress(OSError):
                     p.kill()
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    p.wait(5)
             self._idle = []
 
     def _take(self) -> subprocess.Popen[bytes]:
@@ -138,15 +139,35 @@ class WarmPool:
                 p = self._idle.pop(0)
                 if p.poll() is None:
                     return p
-            return self._spawn()
+        self._requests.put(("one", 1))  # none idle: a standby for the caller, cold
+        return self._spawned.get()
 
     def _schedule_refill(self, n: int) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
         # Later, not now: two fresh interpreters importing torch would slow the restarted ranks.
-        self._timer = threading.Timer(self.refill_delay_s, self.fill, args=(n,))
-        self._timer.daemon = True
-        self._timer.start()
+        self._requests.put(("later", n))
+
+    def _serve(self) -> None:
+        """The spawner thread; lives as long as the pool."""
+        refill_at: float | None = None
+        refill_n = 0
+        while True:
+            timeout = None if refill_at is None else max(0.0, refill_at - time.monotonic())
+            try:
+                request = self._requests.get(timeout=timeout)
+            except queue.Empty:
+                request, refill_at = ("fill", refill_n), None
+            if request is None:
+                return
+            what, n = request
+            if what == "later":  # the newest refill replaces a pending one
+                refill_at, refill_n = time.monotonic() + self.refill_delay_s, n
+            elif what == "one":
+                self._spawned.put(self._spawn())
+            else:
+                with self._lock:
+                    self._idle = [p for p in self._idle if p.poll() is None]
+                    while len(self._idle) < n and not self._closed:
+                        self._idle.append(self._spawn())
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "trainguard.supervisor.standby", *self.preload]

@@ -4,7 +4,9 @@ training got, when it last progressed, whether it hangs, and what the numbers lo
 A hang is "no rank advanced its step within the timeout", where the timeout is learned from this
 run's own step times: ``max(floor, factor x slowest recent step)``. That is seconds for a job with
 sub-second steps, where NCCL's default watchdog waits ten minutes. Before the first step of an
-attempt (start, rendezvous, checkpoint load) the longer ``startup_timeout`` applies.
+attempt (start, rendezvous, checkpoint load) the longer ``startup_timeout`` applies, once this
+run has shown heartbeats at all: a script without the Guard never writes one, and its hangs are
+judged from process state (`supervisor.idle`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainguard.rundir import Heartbeat, heartbeat_path
+
+if TYPE_CHECKING:
+    from trainguard.supervisor.config import SupervisorConfig
 
 
 @dataclass(slots=True)
@@ -24,7 +30,9 @@ class RankProgress:
     last: Heartbeat | None = None
     step_since: float | None = None  # when this rank first reported its current step
     first_train_time: float | None = None  # first train heartbeat of this attempt
-    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=20))
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=20))  # steady steps only
+    first_step: int | None = None  # first step this rank reported in this attempt
+    ckpt_step: int | None = None  # step of this rank's last checkpoint in this attempt
     ckpt_since: float | None = None  # when this rank reported a checkpoint in progress
     nan_reported: bool = False
 
@@ -62,12 +70,14 @@ class ProgressWatch:
         self._attempt = 0
         self._started = 0.0
         self._recent: deque[float] = deque(maxlen=50)  # step times across attempts (learning)
+        self._steady: list[float] = []  # the run's first steady step times (the baseline)
         self._ckpt_times: deque[float] = deque(maxlen=10)  # checkpoint stalls seen (learning)
         self.checkpoint_timeout = 60.0  # allowance for a checkpoint before one was measured
         self.checkpoint_stalls: list[tuple[float, float]] = []  # (start, end) of visible saves
         self.baseline_step_time: float | None = None  # median of the run's first steps
         self.history: list[Heartbeat] = []  # every train heartbeat seen (for the goodput ledger)
         self.furthest_step: int | None = None  # furthest step any rank reported (train/exit beats)
+        self.heartbeats_seen = False  # a rank of this run wrote one: its steps can be watched
 
     def begin_attempt(self, attempt: int, ranks: list[int], started: float) -> None:
         self._attempt, self._started = attempt, started
@@ -79,12 +89,14 @@ class ProgressWatch:
         nan_ranks: list[int] = []
         for rank, prog in self._ranks.items():
             for beat in self._read_new(rank):
+                self.heartbeats_seen = True
                 if beat.attempt != self._attempt:
                     continue
                 if beat.phase in ("train", "exit"):
                     self.furthest_step = max(beat.step, self.furthest_step or 0)
                 if beat.phase == "checkpoint" and prog.ckpt_since is None:
                     prog.ckpt_since = beat.time
+                    prog.ckpt_step = beat.step
                 if beat.phase == "train":
                     self.history.append(beat)
                     if prog.ckpt_since is not None:
@@ -94,13 +106,15 @@ class ProgressWatch:
                         prog.ckpt_since = None
                     first = prog.first_train_time is None
                     if first:
-                        prog.first_train_time = beat.time
+                        prog.first_train_time, prog.first_step = beat.time, beat.step
                     # The first step of an attempt carries warm-up (DDP buckets, caches): not
                     # a step time to learn the hang timeout from.
                     if not first and beat.step_time is not None and beat.step_time > 0:
-                        prog.step_times.append(beat.step_time)
                         self._recent.append(beat.step_time)
-                        self._learn_baseline()
+                        if steady(beat.step, prog.first_step, prog.ckpt_step):
+                            prog.step_times.append(beat.step_time)
+                            self._steady.append(beat.step_time)
+                            self._learn_baseline()
                     if not prog.nan_reported and _non_finite(beat.loss):
                         prog.nan_reported = True
                         nan_ranks.append(rank)
@@ -135,7 +149,9 @@ class ProgressWatch:
             last_progress=last_progress,
             first_step_time=min(firsts) if firsts else None,
             timeout=timeout,
-            hung=now - last_progress > timeout,
+            # No heartbeat yet in this run: the script may never write one (no Guard), so the
+            # lack of one is no evidence of a hang (`supervisor.idle` watches those jobs).
+            hung=self.heartbeats_seen and now - last_progress > timeout,
             nan_ranks=nan_ranks,
             step_time=statistics.median(recent) if len(recent) >= 8 else None,  # not warm-up noise
             loss=low_beat.loss if low_beat is not None else None,
@@ -151,8 +167,12 @@ class ProgressWatch:
         return max(self.floor, self.factor * slowest)
 
     def _learn_baseline(self) -> None:
-        if self.baseline_step_time is None and len(self._recent) >= 5:
-            self.baseline_step_time = statistics.median(self._recent)
+        if self.baseline_step_time is None and len(self._steady) >= 5:
+            self.baseline_step_time = statistics.median(self._steady)
+
+    def steady_step_times(self) -> dict[int, list[float]]:
+        """Per rank, this attempt's step times outside warm-up and checkpoints, oldest first."""
+        return {r: list(p.step_times) for r, p in self._ranks.items()}
 
     def _read_new(self, rank: int) -> list[Heartbeat]:
         path = heartbeat_path(self.run_dir, rank)
@@ -170,6 +190,84 @@ class ProgressWatch:
             if beat is not None:
                 beats.append(beat)
         return beats
+
+
+WARMUP_STEPS = 5  # after a (re)start: caches, allocator, DDP buckets; not a step to judge
+CKPT_STEPS = 2  # steps after a checkpoint carry its copy or write (async saves overlap them)
+STRAGGLER_FACTOR = 3.0  # slower than this many times the baseline ...
+STRAGGLER_MIN_EXTRA_S = 0.1  # ... and by at least this much (a GC pause is not a straggler)
+SUSTAINED_STEPS = 3  # ... over every one of a rank's last this many steady steps
+
+
+def steady(step: int, first_step: int | None, ckpt_step: int | None) -> bool:
+    """Is this step's time the job's normal pace (not warm-up, not a checkpoint's)?"""
+    if first_step is not None and step < first_step + WARMUP_STEPS:
+        return False
+    return ckpt_step is None or not ckpt_step <= step <= ckpt_step + CKPT_STEPS
+
+
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    rank: int | None  # the rank the others wait for (None: only the node's telemetry points)
+    step_time: float  # the sustained step time
+    baseline: float
+
+
+def straggler(
+    step_times: dict[int, list[float]],
+    baseline: float | None,
+    waits: dict[int, float],
+    degraded_rank: int | None = None,
+) -> Straggler | None:
+    """A sustained slowdown of a minimum size that one rank causes (pure).
+
+    Ranks of a synchronous job share their step time; the one that makes the others wait waits
+    least in the step agreement (``waits``). A slowdown every rank shares alike (a loaded host, a
+    slow filesystem) is no straggler unless node telemetry names a degraded GPU (``degraded_rank``).
+
+        >>> straggler({0: [0.6] * 3, 1: [0.6] * 3}, 0.1, {0: 0.5, 1: 0.0}).rank
+        1
+        >>> straggler({0: [0.6] * 3, 1: [0.6] * 3}, 0.1, {0: 0.0, 1: 0.0}) is None
+        True
+    """
+    if baseline is None:
+        return None
+    floor = max(STRAGGLER_FACTOR * baseline, baseline + STRAGGLER_MIN_EXTRA_S)
+    windows = [ts[-SUSTAINED_STEPS:] for ts in step_times.values() if len(ts) >= SUSTAINED_STEPS]
+    slow = [w for w in windows if min(w) > floor]
+    if not slow:
+        return None
+    step_time = statistics.median([t for w in slow for t in w])
+    if degraded_rank is not None:
+        return Straggler(degraded_rank, step_time, baseline)
+    if len(waits) < 2:
+        return None
+    rank = min(waits, key=lambda r: waits[r])
+    gap = min(w for r, w in waits.items() if r != rank) - waits[rank]
+    if gap < 0.5 * (step_time - baseline):  # the others do not wait for it: nobody stands out
+        return None
+    return Straggler(rank, step_time, baseline)
+
+
+def watchers(config: SupervisorConfig, heartbeats: bool) -> str:
+    """What the supervisor watches in this job, said once at start and when heartbeats appear."""
+    seen = "exit codes, error files, worker logs"
+    if config.backend != "none":
+        seen += f", node health ({config.backend})"
+    if heartbeats:
+        hangs = (
+            f"hangs from heartbeats (no step for max({config.hang_timeout_floor:g}s, "
+            f"{config.hang_step_factor:g} x slowest step); first step within {config.startup_timeout:g}s)"
+        )
+    elif config.idle_timeout > 0:
+        hangs = (
+            "no heartbeats yet (the Guard writes them): hangs from process state only (every rank "
+            f"without CPU time or output for {config.idle_timeout:g}s)"
+        )
+    else:
+        hangs = "no heartbeats yet (the Guard writes them), and --idle-timeout 0: no hang detection"
+
+    return f"watching {seen}; {hangs}"
 
 
 def _parse_beat(line: bytes) -> Heartbeat | None:

@@ -1,0 +1,164 @@
+"""`trainguard run` as a torchrun drop-in for a script that never imports trainguard
+(tests/workers/plain_ddp.py: epoch loop, DistributedSampler, its own torch.save snapshot).
+
+Timeouts are shortened so that every run lasts longer than every timeout in force."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainguard.incidents import IncidentStore
+from trainguard.incidents.report import job_report, render_report
+
+PLAIN = Path(__file__).parent / "workers" / "plain_ddp.py"
+SHORT = ("--startup-timeout", "4", "--hang-timeout-floor", "3", "--idle-timeout", "4")
+pytestmark = pytest.mark.slow
+
+
+def run_plain(
+    tmp_path: Path,
+    *flags: str,
+    epochs: int = 60,
+    plan: str | None = None,
+    job: str = "plain",
+    save_every: int = 5,
+) -> tuple[int, dict, str]:
+    args = [sys.executable, "-m", "trainguard.cli", "run", "--standalone", "--nproc-per-node", "2"]
+    args += ["--db", str(tmp_path / "tg.db"), "--runs-dir", str(tmp_path / "runs"), "--no-tee"]
+    args += ["--json", str(tmp_path / "result.json"), "--job-id", job, *SHORT, *flags]
+    if plan is not None:
+        (tmp_path / "plan.toml").write_text(plan)
+        args += ["--chaos", str(tmp_path / "plan.toml")]
+    args += ["--", sys.executable, str(PLAIN), "--epochs", str(epochs), "--save-every", str(save_every)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    result_file = tmp_path / "result.json"
+    assert result_file.exists(), proc.stderr[-3000:]
+    return proc.returncode, json.loads(result_file.read_text()), proc.stderr
+
+
+def test_the_plain_script_never_imports_trainguard():
+    code = [line.strip() for line in PLAIN.read_text().splitlines()]
+    assert not [line for line in code if line.startswith(("import trainguard", "from trainguard"))]
+
+
+def test_a_plain_ddp_script_outlives_every_timeout_with_zero_incidents(tmp_path):
+    started = time.monotonic()
+    code, result, err = run_plain(tmp_path, epochs=60)
+    assert time.monotonic() - started > 4 * 2  # twice the longest timeout in force
+    assert code == 0, err[-3000:]
+    assert result["incidents"] == [] and result["attempts"] == 1
+    assert "no heartbeats yet" in err and "process state only" in err  # said once, at start
+    assert err.count("watching ") == 1
+    assert result["goodput"]["ettr"] is None and "ETTR n/a" in err
+    assert (tmp_path / "snapshot.pt").exists()
+
+
+def test_a_chaos_kill_of_a_plain_script_is_recovered_and_reported_truthfully(tmp_path):
+    plan = '[[fault]]\nkind = "kill"\nrank = 1\nat_s = 12\n'
+    code, result, err = run_plain(tmp_path, epochs=90, plan=plan, save_every=1)
+    assert code == 0, err[-3000:]
+    assert result["attempts"] == 2
+    [incident] = result["incidents"]
+    assert incident["rank"] == 1 and incident["action"] == "restart" and "SIGKILL" in incident["summary"]
+    [recovery] = result["recoveries"]
+    assert recovery["restart_s"] > 0 and recovery["mttr_s"] is None  # first step: not reported
+    logs = tmp_path / "runs" / "plain" / "logs"
+    [resumed] = list(logs.glob("*/attempt1/rank0.stdout"))
+    assert "resuming from snapshot at epoch" in resumed.read_text()  # its own snapshot
+    with IncidentStore(tmp_path / "tg.db") as store:
+        report = job_report(store, "plain")
+        [stored] = store.list(job="plain")
+    assert stored.resolved and "restarted" in (stored.resolution or "")
+    g = report["goodput"]
+    assert g["attempts"] == 2 and g["interruptions"] == 1 and g["ettr"] is None
+    assert g["unaccounted_s"] < 0.05 * g["wall_s"]
+    assert "n/a (no heartbeats" in render_report(report)
+
+
+def test_a_hung_plain_script_is_caught_from_process_state_not_heartbeats(tmp_path):
+    plan = '[[fault]]\nkind = "stop"\nrank = 0\nat_s = 8\n'  # SIGSTOP: rank 1 then waits in gloo
+    code, result, err = run_plain(tmp_path, epochs=70, plan=plan)
+    assert code == 0, err[-3000:]
+    [incident] = result["incidents"]
+    assert incident["detected_by"] == "process_state"
+    assert incident["root_cause"] == "unknown"  # not a NCCL timeout: this is gloo, nothing says why
+    assert "every rank idle" in incident["summary"]
+    assert result["attempts"] == 2
+
+
+def test_step_faults_are_refused_and_said_for_a_script_without_heartbeats(tmp_path):
+    plan = '[[fault]]\nkind = "kill"\nrank = 1\nstep = 5\n'
+    code, result, err = run_plain(tmp_path, epochs=60, plan=plan)
+    assert code == 0, err[-3000:]
+    assert result["incidents"] == [] and result["injected"] == []
+    assert "refusing fault(s) #1 (kill rank 1, step = 5)" in err and "at_s" in err
+    assert "chaos fault(s) never fired: #1 (kill rank 1)" in err
+
+
+@pytest.mark.timeout(1800)
+def test_30_runs_of_the_plain_script_under_warm_standby_all_exit_cleanly(tmp_path):
+    outcomes = []
+    for i in range(30):
+        work = tmp_path / f"run{i}"
+        work.mkdir()
+        code, result, _ = run_plain(work, "--warm-standby", epochs=3, job=f"r{i}")
+        outcomes.append((code, result["attempts"], len(result["incidents"])))
+    assert outcomes == [(0, 1, 0)] * 30
+
+
+def test_kill_9_of_trainguard_run_leaves_no_warm_standby_alive(tmp_path):
+    args = [sys.executable, "-m", "trainguard.cli", "run", "--standalone", "--nproc-per-node", "2"]
+    args += ["--db", str(tmp_path / "tg.db"), "--runs-dir", str(tmp_path / "runs"), "--no-tee"]
+    args += ["--job-id", "k9", "--warm-standby", "--"]
+    args += [sys.executable, str(PLAIN), "--epochs", "500"]
+    sup = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        rank_log = tmp_path / "runs" / "k9" / "logs"
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not any(
+            "epoch" in p.read_text() for p in rank_log.glob("*/*/*.stdout")
+        ):
+            time.sleep(0.2)
+        time.sleep(3)  # the pool has refilled: ranks and idle standbys are all alive
+        family = _descendants(sup.pid)
+        assert len(family) >= 4, family  # 2 ranks (former standbys) + 2 idle standbys
+    finally:
+        sup.send_signal(signal.SIGKILL)
+        sup.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(p) for p in family):
+        time.sleep(0.1)
+    left = [p for p in family if _alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert left == []
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -1,0 +1,142 @@
+"""A warm standby runs a script as `python script.py` would: exit codes, tracebacks, threads,
+atexit, files; and it dies with its supervisor. No torch here: the standby preloads nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+
+def run_in_standby(tmp_path: Path, script: str, *args: str) -> tuple[int, str]:
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(script))
+    job = {
+        "argv": [str(path), *args],
+        "env": {**os.environ},
+        "cwd": str(tmp_path),
+        "stdout": str(tmp_path / "out.txt"),
+        "stderr": str(tmp_path / "err.txt"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainguard.supervisor.standby"],
+        input=json.dumps(job) + "\n",
+        text=True,
+        timeout=60,
+    )
+    return proc.returncode, (tmp_path / "err.txt").read_text()
+
+
+def test_a_finished_script_exits_0_after_its_threads_and_atexit_handlers(tmp_path):
+    code, _ = run_in_standby(
+        tmp_path,
+        """
+        import atexit, threading, time
+        log = open("log.txt", "w")          # never closed: still on disk afterwards
+        log.write("unflushed line")
+        atexit.register(lambda: open("atexit.txt", "w").write("ran"))
+        def late():
+            time.sleep(0.3)
+            open("thread.txt", "w").write("joined")
+        threading.Thread(target=late).start()
+        """,
+    )
+    assert code == 0
+    assert (tmp_path / "thread.txt").read_text() == "joined"
+    assert (tmp_path / "atexit.txt").read_text() == "ran"
+    assert (tmp_path / "log.txt").read_text() == "unflushed line"
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"), [("sys.exit(3)", 3), ("sys.exit()", 0), ("sys.exit('bye')", 1)]
+)
+def test_sys_exit_gives_the_exit_code_python_gives(tmp_path, call, expected):
+    code, err = run_in_standby(tmp_path, f"import sys\n{call}\n")
+    assert code == expected
+    assert ("bye" in err) == (call == "sys.exit('bye')")
+
+
+def test_a_user_traceback_starts_at_the_script_without_standby_or_runpy_frames(tmp_path):
+    code, err = run_in_standby(
+        tmp_path,
+        """
+        def train():
+            raise ValueError("bad batch")
+        train()
+        """,
+    )
+    assert code == 1
+    assert err.startswith("Traceback (most recent call last):\n")
+    frames = [line for line in err.splitlines() if line.lstrip().startswith("File ")]
+    assert len(frames) == 2 and all("script.py" in f for f in frames), err
+    assert "runpy" not in err and "standby" not in err
+    assert err.rstrip().endswith("ValueError: bad batch")
+
+
+def test_the_script_sees_its_own_argv_and_main_name(tmp_path):
+    code, _ = run_in_standby(
+        tmp_path,
+        """
+        import sys
+        assert __name__ == "__main__"
+        open("argv.txt", "w").write(" ".join(sys.argv[1:]))
+        """,
+        "--epochs",
+        "3",
+    )
+    assert code == 0
+    assert (tmp_path / "argv.txt").read_text() == "--epochs 3"
+
+
+def test_a_standby_dies_when_its_parent_is_killed(tmp_path):
+    # The parent starts a standby (idle) and a second one that became a rank, then is killed -9.
+    (tmp_path / "rank.py").write_text("import time\ntime.sleep(120)\n")
+    job = {
+        "argv": [str(tmp_path / "rank.py")],
+        "env": dict(os.environ),
+        "cwd": str(tmp_path),
+        "stdout": str(tmp_path / "o"),
+        "stderr": str(tmp_path / "e"),
+    }
+    parent = textwrap.dedent(
+        f"""
+        import json, subprocess, sys, time
+        from trainguard.supervisor.warm import WarmPool
+        pool = WarmPool(preload=(), refill_delay_s=0.0)
+        pool.fill(1)
+        rank = pool._take()
+        rank.stdin.write((json.dumps({job!r}) + "\\n").encode()); rank.stdin.close()
+        pool.fill(1)
+        time.sleep(1.0)
+        print(rank.pid, *[p.pid for p in pool._idle], flush=True)
+        time.sleep(120)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    left = [p for p in pids if _alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert left == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
