@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from trainguard.incidents import Incident
-from trainguard.incidents.taxonomy import root_cause_for
+from trainguard.incidents.correlate import root_cause_for
 from trainguard.records import Finding, Health, NodeVerdict
 
 FindingKey = tuple[str, int | None, str, str, str]
