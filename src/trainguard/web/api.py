@@ -53,6 +53,7 @@ class Api:
     ) -> None:
         self.daemon, self.metrics, self.tokens, self.limiter = daemon, metrics, tokens, limiter
         self.static = load_static()
+        self._cache: dict[str, tuple[int, bytes]] = {}  # path -> (snapshot seq, body)
         self.routes: dict[str, Any] = {
             "/api/v1/node": views.node,
             "/api/v1/gpus": views.gpus,
@@ -80,7 +81,9 @@ class Api:
             return Response(200, spec_bytes(), JSON)
         try:
             if path in self.routes:
-                return self._json(self.routes[path](self.daemon, req.query))
+                if req.query:
+                    return self._json(self.routes[path](self.daemon, req.query))
+                return Response(200, self._per_tick(path), JSON)
             if path.startswith("/api/v1/gpus/"):
                 return self._json(views.gpu(self.daemon, path.rsplit("/", 1)[1]))
             if path in ("/api/v1/incidents", "/api/v1/jobs"):
@@ -132,6 +135,16 @@ class Api:
             return Response(503, json.dumps(body).encode(), JSON)
         body = {"status": snap.health.value if snap.seq else "starting", "problems": list(snap.problems)}
         return Response(200, json.dumps(body).encode(), JSON)
+
+    def _per_tick(self, path: str) -> bytes:
+        """The body of a query-less snapshot route, computed once per tick."""
+        seq = self.daemon.snapshot.seq
+        cached = self._cache.get(path)
+        if cached is None or cached[0] != seq:
+            # read seq first: a tick landing meanwhile leaves a body one tick old tagged as such
+            cached = (seq, json.dumps(self.routes[path](self.daemon, {}), separators=(",", ":")).encode())
+            self._cache[path] = cached
+        return cached[1]
 
     def _json(self, value: Any) -> Response:
         return Response(200, json.dumps(value, separators=(",", ":")).encode(), JSON)
