@@ -120,6 +120,15 @@ def test_a_small_simulated_store_says_no_accuracy_is_claimed_and_how_many_failur
     assert "no telemetry series" in result["telemetry"]
 
 
+def test_a_store_with_enough_failures_still_claims_nothing_it_cannot_know():
+    from trainguard.reliability.store_predict import claims
+
+    small = claims({"failures_train": 219, "failures_needed": 220, "model_terms": 22})
+    assert small.startswith("plumbing only") and "219 GPU failures" in small and "about 220" in small
+    large = claims({"failures_train": 220, "failures_needed": 220, "model_terms": 22})
+    assert large.startswith("plumbing only") and "cannot tell a simulated store from a real one" in large
+
+
 def test_job_time_leaves_out_the_idle_hours_between_jobs():
     from trainguard.incidents.goodput import JobInfo
     from trainguard.reliability.store_predict import job_hours, job_spans
@@ -138,7 +147,7 @@ def test_a_store_with_too_little_history_is_refused_with_a_reason(tmp_path):
 
     simulated_store(tmp_path / "calm.db", lemons=set(), jobs=1, hours=5.0)  # software crashes only
     with IncidentStore(tmp_path / "calm.db") as store:
-        with pytest.raises(InputError, match="no gpu-attributed incidents"):
+        with pytest.raises(InputError, match="no incidents that name a gpu"):
             predict_store(store)
         store.add(_incident("job0", 3 * HOUR, "n0", 1, faults.FallOffBus))  # one failure: one side has none
         with pytest.raises(InputError, match="too little history"):

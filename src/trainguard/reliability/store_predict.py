@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainguard.errors import InputError
+from trainguard.errors import ConfigError, InputError
 from trainguard.incidents.goodput import JobInfo
 from trainguard.incidents.incident import Incident
 from trainguard.incidents.taxonomy import RootCause as RC
@@ -133,7 +133,8 @@ def unit_records(
         units = nodes
     if total <= 0 or not units:
         raise InputError(
-            f"the store has no {kind}-attributed incidents within a job's span: nothing to predict"
+            f"the store has no incidents that name a {kind} within a job's span: nothing to predict "
+            "(the supervisor names the GPU and node when it attributes a failure to one)"
         )
     categories = sorted({i.category for i in incidents if i.category})
     rows, now = [], []
@@ -238,18 +239,29 @@ def _varying_columns(train: Any, design: Design) -> list[str]:
     return [c for c in x.columns if x[c].std() > 0]
 
 
+def claims(gpus: dict[str, Any]) -> str:
+    """What the result may be taken to show: never accuracy, unless real data and enough of it."""
+    if gpus["failures_train"] < gpus["failures_needed"]:
+        return (
+            f"{CLAIMS}; this store has {gpus['failures_train']} GPU failures in training where a model on "
+            f"{gpus['model_terms']} terms needs about {gpus['failures_needed']} ({EVENTS_PER_VARIABLE} per term)"
+        )
+    return f"{CLAIMS}; trainguard cannot tell a simulated store from a real one: only you can"
+
+
 def predict_store(store: Any, seed: int = 0, windows: int = 4) -> dict[str, Any]:
+    if windows < 2:
+        raise ConfigError(f"--windows {windows}: at least 2 (the first part is history only)")
     incidents, jobs = store.list(), store.list_jobs()
     gpus = predict_units(incidents, jobs, "gpu", seed, windows)
     try:
         nodes: dict[str, Any] = predict_units(incidents, jobs, "node", seed, windows)
     except InputError as exc:
         nodes = {"unit": "node", "note": str(exc)}
-    small = not gpus["enough_failures"]
-    claims = CLAIMS + (
-        f"; this store has {gpus['failures_train']} GPU failures in training where a model on "
-        f"{gpus['model_terms']} terms needs about {gpus['failures_needed']} ({EVENTS_PER_VARIABLE} per term)"
-        if small
-        else "; trainguard cannot tell a simulated store from a real one"
-    )
-    return {"source": f"store:{store.path}", **gpus, "nodes": nodes, "telemetry": TELEMETRY, "claims": claims}
+    return {
+        "source": f"store:{store.path}",
+        **gpus,
+        "nodes": nodes,
+        "telemetry": TELEMETRY,
+        "claims": claims(gpus),
+    }
