@@ -107,8 +107,9 @@ def _features(
         "failures_before": sum(not i.resolved and i.root_cause in failures for i in own),
         "near_misses_before": sum(i.resolved for i in own),
         "telemetry_findings_before": sum(i.detected_by == "telemetry" for i in own),
-        "node_incidents_before": sum(_node(i) == node and key(i) != unit for _, i in hist),
     }
+    if key is _gpu:
+        f["node_incidents_before"] = sum(_node(i) == node and key(i) != unit for _, i in hist)
     for c in categories:
         f[f"category_{c}"] = sum(i.category == c for i in own)
     return f
