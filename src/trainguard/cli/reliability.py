@@ -1,12 +1,13 @@
 """`trainguard reliability fit|predict`: survival models fitted to real GPU lifetimes.
 
     trainguard reliability fit (--titan DIR | --store PATH) [--json] [--plot PATH.png]
-    trainguard reliability predict --titan DIR [--seed S] [--json]
+    trainguard reliability predict (--titan DIR | --store PATH) [--seed S] [--json]
 
 ``fit`` reports Kaplan-Meier survival, Weibull and exponential fits, MTTF, the competing causes
 and the effect of a covariate (Titan: per batch, DBE vs OTB, by cage; a store: hours between a
 job's interruptions, by root cause, by job). ``predict`` scores a Cox model and gradient
-boosting on held-out Titan GPUs. Needs ``pip install 'trainguard[analytics]'``. Exit codes: 0
+boosting on held-out Titan GPUs, or on a store's own incident history (plumbing: accuracy is
+claimed only on real fleet data). Needs ``pip install 'trainguard[analytics]'``. Exit codes: 0
 shown, 2 bad usage or unreadable data.
 """
 
@@ -31,7 +32,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     src.add_argument("--store", metavar="PATH", help="a trainguard incident store (SQLite)")
     fit.add_argument("--plot", metavar="PATH.png", help="draw the survival curves to this PNG file")
     pred = sub.add_parser("predict", help="Cox PH and gradient boosting, concordance on held-out GPUs")
-    pred.add_argument("--titan", metavar="DIR", required=True, help="folder with gc_summary_loc.csv")
+    psrc = pred.add_mutually_exclusive_group(required=True)
+    psrc.add_argument("--titan", metavar="DIR", help="folder with gc_summary_loc.csv")
+    psrc.add_argument("--store", metavar="PATH", help="a trainguard incident store (SQLite)")
+    pred.add_argument(
+        "--windows", type=int, default=4, help="--store: parts of the job time to cut records at (default 4)"
+    )
     pred.add_argument("--seed", type=int, default=0, help="seed of the 70/30 split (default 0)")
     for q in (fit, pred):
         q.add_argument("--json", action="store_true", help="print one JSON object")
@@ -140,6 +146,14 @@ def _p(p: float) -> str:
 
 
 def run_predict(args: argparse.Namespace) -> int:
+    if args.store:
+        from trainguard.cli.incidents import open_store
+        from trainguard.reliability.store_predict import predict_store
+
+        with open_store(args.store) as store:
+            result = predict_store(store, seed=args.seed, windows=args.windows)
+        print(json.dumps(result, indent=1, allow_nan=False) if args.json else render_store_predict(result))
+        return 0
     from trainguard.reliability.predict import predict_titan
     from trainguard.reliability.titan import load_titan
 
@@ -184,6 +198,38 @@ def run_predict(args: argparse.Namespace) -> int:
     ]
     print("\n".join(lines))
     return 0
+
+
+def render_store_predict(r: dict[str, Any]) -> str:
+    from trainguard.incidents.report import format_table
+
+    lines = [f"{r['source']}: {r['claims']}", f"telemetry: {r['telemetry']}"]
+    for part in (r, r["nodes"]):
+        kind = part["unit"]
+        if "note" in part:
+            lines += ["", f"{kind}s: {part['note']}"]
+            continue
+        lines += [
+            "",
+            f"{kind}s: {part['n_units']} ({part['n_train_units']} to train, {part['n_test_units']} held out, seed "
+            f"{part['seed']}); {part['windows']} windows of {part['window_hours']:.1f} job hours; failures "
+            f"{part['failures_train']} in training, {part['failures_test']} held out (about "
+            f"{part['failures_needed']} needed for {part['model_terms']} model terms)",
+            *format_table(
+                [["model", "concordance (held out)"], ["no covariates (baseline)", "0.500"]]
+                + [[m, f"{c:.4f}"] for m, c in part["models"].items()]
+            ),
+            f"highest predicted risk ({part['ranked_by']} on all {kind}s, relative to the median {kind}):",
+            *format_table(
+                [[kind, "risk", "failures", "near misses"]]
+                + [
+                    [u["unit"], f"{u['risk']:.3g}x", str(u["failures"]), str(u["near_misses"])]
+                    for u in part["highest_risk"]
+                ]
+            ),
+        ]
+        lines += [f"fit warning: {w}" for w in part["fit_warnings"]]
+    return "\n".join(lines)
 
 
 def run_fleet(args: argparse.Namespace) -> int:

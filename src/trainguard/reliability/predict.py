@@ -16,12 +16,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from trainguard.reliability import need
 from trainguard.reliability.titan import LOCATION_FIELDS, TitanGpu
 
 PERIOD_YEARS = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Design:
+    """Which columns of a frame the models see: categorical codes (one-hot for Cox, categories
+    for boosting), numeric covariates, the duration column and the boosting's period length."""
+
+    categorical: tuple[str, ...]
+    numeric: tuple[str, ...] = ()
+    duration: str = "years"
+    period: float = PERIOD_YEARS
+
+
+TITAN = Design(LOCATION_FIELDS)
 
 
 def split(n: int, seed: int, train_share: float = 0.7) -> tuple[Any, Any]:
@@ -42,51 +57,56 @@ def _frame(gpus: Sequence[TitanGpu]) -> Any:
     )
 
 
-def _dummies(df: Any) -> Any:
+def design_matrix(df: Any, design: Design = TITAN) -> Any:
     pd = need("pandas")
-    return pd.get_dummies(df[list(LOCATION_FIELDS)].astype(str), drop_first=True, dtype=float)
+    x = pd.get_dummies(df[list(design.categorical)].astype(str), drop_first=True, dtype=float)
+    return x.join(df[list(design.numeric)].astype(float))
 
 
-def fit_cox(train: Any, penalizer: float = 0.01) -> Any:
+def fit_cox(train: Any, penalizer: float = 0.01, design: Design = TITAN) -> Any:
     lifelines = need("lifelines")
-    data = _dummies(train).assign(years=train["years"].to_numpy(), dead=train["dead"].to_numpy())
-    return lifelines.CoxPHFitter(penalizer=penalizer).fit(data, duration_col="years", event_col="dead")
+    x = design_matrix(train, design)
+    x = x.loc[:, x.std() > 0]  # a column constant in training carries no information
+    data = x.assign(_t=train[design.duration].to_numpy(), _dead=train["dead"].to_numpy())
+    return lifelines.CoxPHFitter(penalizer=penalizer).fit(data, duration_col="_t", event_col="_dead")
 
 
-def cox_risk(model: Any, df: Any) -> Any:
-    x = _dummies(df).reindex(columns=model.params_.index, fill_value=0.0)
+def cox_risk(model: Any, df: Any, design: Design = TITAN) -> Any:
+    x = design_matrix(df, design).reindex(columns=model.params_.index, fill_value=0.0)
     return model.predict_partial_hazard(x).to_numpy()
 
 
-def _person_periods(df: Any, periods: int) -> tuple[Any, Any]:
+def _person_periods(df: Any, periods: int, design: Design = TITAN) -> tuple[Any, Any]:
     np = need("numpy")
-    loc = df[list(LOCATION_FIELDS)].to_numpy()
-    years, dead = df["years"].to_numpy(), df["dead"].to_numpy()
-    at_risk = np.ceil(np.maximum(years, 1e-9) / PERIOD_YEARS).astype(int).clip(1, periods)
+    loc = df[[*design.categorical, *design.numeric]].to_numpy(dtype=float)
+    years, dead = df[design.duration].to_numpy(), df["dead"].to_numpy()
+    at_risk = np.ceil(np.maximum(years, 1e-9) / design.period).astype(int).clip(1, periods)
     rows = np.repeat(np.arange(len(df)), at_risk)
     k = np.concatenate([np.arange(n) for n in at_risk])
     y = ((k == at_risk[rows] - 1) & (dead[rows] == 1)).astype(int)
     return np.column_stack([loc[rows], k]), y
 
 
-def fit_boosting(train: Any, periods: int, seed: int) -> Any:
+def fit_boosting(train: Any, periods: int, seed: int, design: Design = TITAN) -> Any:
     ensemble = need("sklearn.ensemble")
-    x, y = _person_periods(train, periods)
-    # Location columns and the period are categorical codes, not magnitudes.
+    x, y = _person_periods(train, periods, design)
+    # Location columns and the period are categorical codes, not magnitudes; counts are numbers.
+    n_cat = len(design.categorical)
+    categorical = [i < n_cat or i == x.shape[1] - 1 for i in range(x.shape[1])]
     model = ensemble.HistGradientBoostingClassifier(
         max_iter=200,
         learning_rate=0.05,
         max_leaf_nodes=15,
-        categorical_features=list(range(x.shape[1])),
+        categorical_features=categorical,
         random_state=seed,
     )
     return model.fit(x, y)
 
 
-def boosting_risk(model: Any, df: Any, periods: int) -> Any:
+def boosting_risk(model: Any, df: Any, periods: int, design: Design = TITAN) -> Any:
     """Cumulative hazard over all periods: -sum log(1 - h_k)."""
     np = need("numpy")
-    loc = df[list(LOCATION_FIELDS)].to_numpy()
+    loc = df[[*design.categorical, *design.numeric]].to_numpy(dtype=float)
     total = np.zeros(len(df))
     for k in range(periods):
         h = model.predict_proba(np.column_stack([loc, np.full(len(df), k)]))[:, 1]
@@ -94,9 +114,9 @@ def boosting_risk(model: Any, df: Any, periods: int) -> Any:
     return total
 
 
-def concordance(df: Any, risk: Any) -> float:
+def concordance(df: Any, risk: Any, duration: str = "years") -> float:
     utils = need("lifelines.utils")
-    return float(utils.concordance_index(df["years"], -risk, df["dead"]))
+    return float(utils.concordance_index(df[duration], -risk, df["dead"]))
 
 
 def predict_titan(gpus: Sequence[TitanGpu], seed: int = 0, top: int = 10) -> dict[str, Any]:
