@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainguard.diagnose.device import budget_for
+from trainguard.diagnose.device import Budget, budget_for
 from trainguard.diagnose.result import Report
 from trainguard.diagnose.runner import LEVEL2_TESTS, TESTS, run_diagnostics
 from trainguard.diagnose.target import open_target
@@ -59,6 +59,7 @@ def after_incident(
     backend: str = "auto",
     fleet: Any = None,
     tests: Sequence[str] = LEVEL2_TESTS,
+    budget: Budget | None = None,
 ) -> Report:
     """Level 2 after an ambiguous incident on ``gpu``. ``gpus`` (the job's, training stopped) are
     its peers: a GPU is judged slow against them. Decide on ``report.gpu_health(gpu)``."""
@@ -66,7 +67,7 @@ def after_incident(
     target = open_target(backend, chosen, fleet=fleet)
     try:
         extra = {"purpose": "after_incident", "suspect_gpu": gpu}
-        return run_diagnostics(target, 2, tests=(*PREFLIGHT_TESTS[:-1], *tests), extra=extra)
+        return run_diagnostics(target, 2, tests=(*PREFLIGHT_TESTS[:-1], *tests), budget=budget, extra=extra)
     finally:
         target.close()
 
@@ -76,13 +77,15 @@ def health_hook(
     backend: str = "auto",
     fleet: Any = None,
     peers: Sequence[int] | None = None,
+    tests: Sequence[str] = LEVEL2_TESTS,
+    budget: Budget | None = None,
     on_report: Callable[[int, Report], object] | None = None,
 ) -> Callable[[int], Health]:
     """An adapter to the supervisor's ``Diagnose = Callable[[int], Health]`` hook: level 2 on the
     GPU (with ``peers``), its health returned and the full report handed to ``on_report``."""
 
     def diagnose(gpu: int) -> Health:
-        report = after_incident(gpu, gpus=peers, backend=backend, fleet=fleet)
+        report = after_incident(gpu, gpus=peers, backend=backend, fleet=fleet, tests=tests, budget=budget)
         if on_report is not None:
             on_report(gpu, report)
         return report.gpu_health(gpu)

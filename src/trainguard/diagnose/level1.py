@@ -97,6 +97,8 @@ def _cuda_compat(runtime: str | None, driver_cuda: str | None, kind: str) -> Tes
 
 
 def _gpu_count(sw: Software, found: int, expect: int | None) -> TestResult:
+    if sw.kind == "cpu" and not expect:
+        return TestResult.skip("gpu_count", "no GPU here: the tests run on the CPU device")
     if expect is not None and found < expect:
         return TestResult.fail(
             "gpu_count", f"{found} GPU(s) present, {expect} expected", found, expect, "GPUs"

@@ -27,13 +27,17 @@ def compute(run: _Run) -> None:
 
     b = run.budget
     window = b.compute_s / ROUNDS
-    rounds, decided = run.per_device(
-        "compute", lambda d: {dt: measure.matmul_tflops(d, b.matmul_n, dt, window) for dt in b.dtypes}, ROUNDS
-    )
-    values = {g: {dt: max(r[dt] for r in rs) for dt in b.dtypes} for g, rs in rounds.items()}
-    reference = None
-    if _alone(run) and values:
-        reference = measure.plain_matmul_tflops("cpu", b.matmul_n, b.dtypes[0], b.compute_s)
+    alone = _alone(run)
+
+    def one(d: Device) -> dict[str, float]:
+        figures = {dt: measure.matmul_tflops(d, b.matmul_n, dt, window) for dt in b.dtypes}
+        if alone:  # the machine's own figure, in the same thread and moment
+            figures["plain"] = measure.plain_matmul_tflops(d.torch_device, b.matmul_n, b.dtypes[0], window)
+        return figures
+
+    rounds, decided = run.per_device("compute", one, ROUNDS)
+    values = {g: {k: max(r[k] for r in rs) for k in rs[0]} for g, rs in rounds.items()}
+    reference = values[run.devices[0].index].get("plain") if alone and values else None
     for k, dtype in enumerate(b.dtypes):
         name = "compute" if k == 0 else f"compute_{dtype}"
         figures = {g: v[dtype] for g, v in values.items()}
@@ -64,13 +68,16 @@ def memory_bandwidth(run: _Run) -> None:
 
     b = run.budget
     window = b.bandwidth_s / ROUNDS
-    rounds, decided = run.per_device(
-        "memory_bandwidth", lambda d: measure.copy_bandwidth(d, b.copy_bytes, window), ROUNDS
-    )
-    values = {g: (max(r[0] for r in rs), max(r[1] for r in rs)) for g, rs in rounds.items()}
-    reference = None
-    if _alone(run) and values:
-        reference = measure.plain_copy_gbps("cpu", b.copy_bytes, b.bandwidth_s / 2)
+    alone = _alone(run)
+
+    def one(d: Device) -> tuple[float, float, float]:
+        copy, write = measure.copy_bandwidth(d, b.copy_bytes, window)
+        plain = measure.plain_copy_gbps(d.torch_device, b.copy_bytes, window / 2) if alone else 0.0
+        return copy, write, plain
+
+    rounds, decided = run.per_device("memory_bandwidth", one, ROUNDS)
+    values = {g: tuple(max(r[k] for r in rs) for k in range(3)) for g, rs in rounds.items()}
+    reference = values[run.devices[0].index][2] if alone and values else None
     copy = {g: v[0] for g, v in values.items()}
     detail = {g: f"copy of {b.copy_bytes / 2**20:.0f} MiB; write {v[1]:.4g} GB/s" for g, v in values.items()}
     peaks = {d.index: peak_of(d, "memory") for d in run.devices}

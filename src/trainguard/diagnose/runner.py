@@ -189,7 +189,8 @@ def run_diagnostics(
     for name in l2:
         getattr(level2, name)(run)
     gpus = tuple(GpuReport(d.index, d.name, tuple(run.results[d.index])) for d in run.devices)
-    return Report(level, target.kind, gpus, tuple(node), time.monotonic() - started, extra=dict(extra or {}))
+    extra = {**(extra or {}), **({"wedged": dict(run.wedged)} if run.wedged else {})}
+    return Report(level, target.kind, gpus, tuple(node), time.monotonic() - started, extra=extra)
 
 
 def peak_of(dev: Device, what: str) -> float | None:
