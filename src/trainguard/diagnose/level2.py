@@ -32,7 +32,9 @@ def compute(run: _Run) -> None:
     def one(d: Device) -> dict[str, float]:
         figures = {dt: measure.matmul_tflops(d, b.matmul_n, dt, window) for dt in b.dtypes}
         if alone:  # the machine's own figure, in the same thread and moment
-            figures["plain"] = measure.plain_matmul_tflops(d.torch_device, b.matmul_n, b.dtypes[0], window)
+            figures["plain"] = measure.plain_matmul_tflops(
+                d.torch_device, b.matmul_n, b.dtypes[0], window, d.clock
+            )
         return figures
 
     rounds, decided = run.per_device("compute", one, ROUNDS)
@@ -72,7 +74,7 @@ def memory_bandwidth(run: _Run) -> None:
 
     def one(d: Device) -> tuple[float, float, float]:
         copy, write = measure.copy_bandwidth(d, b.copy_bytes, window)
-        plain = measure.plain_copy_gbps(d.torch_device, b.copy_bytes, window / 2) if alone else 0.0
+        plain = measure.plain_copy_gbps(d.torch_device, b.copy_bytes, window / 2, d.clock) if alone else 0.0
         return copy, write, plain
 
     rounds, decided = run.per_device("memory_bandwidth", one, ROUNDS)

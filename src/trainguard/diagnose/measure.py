@@ -76,7 +76,9 @@ def matmul_tflops(dev: Device, n: int, dtype: str, seconds: float) -> float:
         return _best_rate(seconds, 2 * n**3 / 1e12, lambda: dev.matmul(a, b), dev.sync, dev.clock)
 
 
-def plain_matmul_tflops(torch_device: str, n: int, dtype: str, seconds: float) -> float:
+def plain_matmul_tflops(
+    torch_device: str, n: int, dtype: str, seconds: float, clock: Any = time.perf_counter
+) -> float:
     """The same figure from a bare ``a @ b`` loop: the machine's own reference."""
     g = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=g).to(torch_device, DTYPES[dtype])
@@ -84,7 +86,7 @@ def plain_matmul_tflops(torch_device: str, n: int, dtype: str, seconds: float) -
     sync = torch.cuda.synchronize if torch_device.startswith("cuda") else (lambda: None)
     with _tf32(dtype == "tf32"):
         a @ b
-        return _best_rate(seconds, 2 * n**3 / 1e12, lambda: a @ b, sync)
+        return _best_rate(seconds, 2 * n**3 / 1e12, lambda: a @ b, sync, clock)
 
 
 def sdc_digests(dev: Device, n: int, rounds: int) -> list[str]:
@@ -113,13 +115,13 @@ def copy_bandwidth(dev: Device, nbytes: int, seconds: float) -> tuple[float, flo
     return copy, write
 
 
-def plain_copy_gbps(torch_device: str, nbytes: int, seconds: float) -> float:
+def plain_copy_gbps(torch_device: str, nbytes: int, seconds: float, clock: Any = time.perf_counter) -> float:
     n = nbytes // 4
     src = torch.empty(n, dtype=torch.float32, device=torch_device).uniform_()
     dst = torch.empty_like(src)
     sync = torch.cuda.synchronize if torch_device.startswith("cuda") else (lambda: None)
     dst.copy_(src)
-    return _best_rate(seconds, 2 * n * 4 / 1e9, lambda: dst.copy_(src), sync)
+    return _best_rate(seconds, 2 * n * 4 / 1e9, lambda: dst.copy_(src), sync, clock)
 
 
 _CHUNK = 64 * 2**20

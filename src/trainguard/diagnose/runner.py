@@ -24,7 +24,7 @@ from trainguard.diagnose.device import Budget, Device, budget_for
 from trainguard.diagnose.expected import PEAK_FLOOR, spec_for
 from trainguard.diagnose.result import GpuReport, Report, TestResult
 from trainguard.diagnose.target import Target
-from trainguard.diagnose.watchdog import watch
+from trainguard.diagnose.watchdog import Watchdog, watch
 from trainguard.errors import ConfigError
 
 __all__ = ["LEVEL2_TESTS", "TESTS", "Progress", "run_diagnostics"]
@@ -76,6 +76,7 @@ class _Run:
         self.target, self.budget, self.on_progress = target, budget, on_progress
         self.devices = target.devices
         self.wedged: dict[int, str] = {}
+        self.dogs = {d.index: Watchdog(f"gpu{d.index}") for d in self.devices}  # one worker per device
         self.results: dict[int, list[TestResult]] = {d.index: [] for d in self.devices}
         self.done, self.total = 0, 0
         self.seconds: dict[tuple[str, int | None], float] = {}  # (test, GPU or None for a group)
@@ -110,7 +111,7 @@ class _Run:
                         return measure(dev)
 
                 t0 = time.monotonic()
-                outcome = watch(job, self.budget.timeout_s, name)
+                outcome = self.dogs[dev.index].run(job, self.budget.timeout_s)
                 self.seconds[(name, dev.index)] = (
                     self.seconds.get((name, dev.index), 0.0) + time.monotonic() - t0
                 )

@@ -102,7 +102,7 @@ def open_target(
         backend = "cuda" if cuda_count() else "cpu"
     if backend == "cpu":
         _select([0], gpus)
-        return Target("cpu", [TorchDevice.cpu()], _software("cpu", None), 0)
+        return Target("cpu", [TorchDevice.cpu()], _software("cpu", None), 0, owned=[_OneThread()])
     if not cuda_count():
         raise BackendError("torch sees no CUDA GPU here; use --backend cpu or --backend sim")
     return _open_cuda(gpus, TorchDevice)
@@ -131,8 +131,8 @@ def _open_sim(gpus: Sequence[int] | None, fleet: Any, n_sim: int, seed: int) -> 
 
 
 class _OneThread:
-    """One intra-op thread while simulated GPUs run: each device's work then runs in the thread
-    that times it (``SimDevice.clock`` counts that thread's CPU time). Restored on close."""
+    """One intra-op thread while the CPU or simulated GPUs run: each device's work then runs in the
+    thread that times it (their ``clock()`` counts that thread's CPU time). Restored on close."""
 
     def __init__(self) -> None:
         import torch

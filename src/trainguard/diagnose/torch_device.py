@@ -1,5 +1,8 @@
 """The real device: a CUDA GPU through torch, or the CPU where there is none. Imports torch.
 
+On the CPU the figures are those of one core, timed in the thread's CPU time, so that a host busy
+with other work does not read as a slow device.
+
 >>> dev = TorchDevice.cpu()
 >>> import torch
 >>> dev.matmul(torch.eye(2), torch.ones(2, 2)).sum().item()
@@ -50,7 +53,7 @@ class TorchDevice:
 
     @classmethod
     def cpu(cls, index: int = 0) -> TorchDevice:
-        return cls(index, "cpu", f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} threads)", "cpu")
+        return cls(index, "cpu", f"cpu ({os.cpu_count()} cores; figures per core)", "cpu")
 
     @classmethod
     def cuda(cls, index: int, telemetry: Callable[[int], Sample | None] | None = None) -> TorchDevice:
@@ -61,7 +64,9 @@ class TorchDevice:
             torch.cuda.synchronize(self.torch_device)
 
     def clock(self) -> float:
-        return time.perf_counter()
+        # On the CPU, the thread's CPU time: a host busy with other work must not read as a slow
+        # device (busy() keeps the device's work in that one thread).
+        return time.thread_time() if self.kind == "cpu" else time.perf_counter()
 
     def matmul(self, a: Any, b: Any) -> Any:
         return a @ b
@@ -77,6 +82,8 @@ class TorchDevice:
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
+        if self.kind == "cpu":
+            torch.set_num_threads(1)  # per calling thread in OpenMP; the target restores it on close
         yield
 
     def reading(self) -> Sample | None:
