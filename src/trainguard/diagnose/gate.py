@@ -5,7 +5,7 @@ is stored with the incident, ``report.summary()`` is the line for the report, an
 
     >>> from trainguard.telemetry.sim import SimFleet
     >>> fleet = SimFleet(n_gpus=2, load=0.0)
-    >>> fleet.now().wrong_products(gpu=1)
+    >>> _ = fleet.now().wrong_products(gpu=1)
     >>> report = preflight([0, 1], backend="sim", fleet=fleet)
     >>> report.gpu_health(0).value, report.gpu_health(1).value
     ('ok', 'failed')

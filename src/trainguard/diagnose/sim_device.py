@@ -15,7 +15,7 @@ The tests see only the computed tensors and the time they took, as on real hardw
 
     >>> from trainguard.telemetry.sim import SimFleet
     >>> fleet = SimFleet(n_gpus=2, load=0.0)
-    >>> fleet.now().wrong_products(gpu=1)
+    >>> _ = fleet.now().wrong_products(gpu=1)
     >>> import torch
     >>> a = torch.ones(4, 4)
     >>> [bool((SimDevice(fleet, i).matmul(a, a) == 4).all()) for i in (0, 1)]

@@ -9,8 +9,7 @@ than a small test itself on a busy host.
 
     >>> watch(lambda: 42, timeout_s=1.0).value
     42
-    >>> import queue
-import threading
+    >>> import threading
     >>> watch(threading.Event().wait, timeout_s=0.05).timed_out
     True
 """
