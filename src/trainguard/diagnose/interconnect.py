@@ -60,7 +60,9 @@ def _group_busbw(
             prefix = dist.PrefixStore(f"{tag}/", store)
             if dev.kind == "cuda":
                 torch.cuda.set_device(dev.torch_device)
-                pg: Any = dist.ProcessGroupNCCL(prefix, r, n, dist.ProcessGroupNCCL.Options())
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = timeout
+                pg: Any = dist.ProcessGroupNCCL(prefix, r, n, options)
             else:
                 pg = dist.ProcessGroupGloo(prefix, r, n, timeout)
             t = torch.ones(nbytes // 4, dtype=torch.float32, device=dev.torch_device)
