@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["GPU_SPECS", "PEAK_FLOOR", "GpuSpec", "spec_for"]
+__all__ = ["GPU_SPECS", "PEAK_FLOOR", "GpuSpec", "floor_of", "peak_of", "spec_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,3 +63,16 @@ def spec_for(model: str) -> GpuSpec | None:
         if re.search(r"(?<![0-9a-z])" + re.escape(spec.name.lower()) + tail, model.lower()):
             return spec
     return None
+
+
+def peak_of(kind: str, model: str, what: str) -> float | None:
+    """The datasheet figure for ``what`` (a dtype or ``"memory"``) of a CUDA device's model; None
+    for other devices (a simulated H100 computes on the host's CPU) and unknown models."""
+    spec = spec_for(model) if kind == "cuda" else None
+    if spec is None:
+        return None
+    return spec.hbm_gbps if what == "memory" else spec.tflops.get(what)
+
+
+def floor_of(what: str) -> tuple[float, float]:
+    return PEAK_FLOOR.get(what, PEAK_FLOOR["fp32"])

@@ -133,7 +133,7 @@ def judge_interconnect(
 class ThermalTrace:
     """Readings of one GPU taken while it was under load, with seconds since the load began."""
 
-    readings: tuple[tuple[float, Sample], ...]
+    readings: tuple[tuple[float, Sample | None], ...]
 
 
 _HARD = {Throttle.HW_THERMAL, Throttle.HW_SLOWDOWN, Throttle.HW_POWER_BRAKE}

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from trainguard.diagnose import judge, measure
 from trainguard.diagnose.device import Device
+from trainguard.diagnose.expected import floor_of, peak_of
 from trainguard.diagnose.result import TestResult
 
 if TYPE_CHECKING:
@@ -23,8 +24,6 @@ def _alone(run: _Run) -> bool:
 
 
 def compute(run: _Run) -> None:
-    from trainguard.diagnose.runner import floor_of, peak_of
-
     b = run.budget
     window = b.compute_s / ROUNDS
     alone = _alone(run)
@@ -43,7 +42,7 @@ def compute(run: _Run) -> None:
     for k, dtype in enumerate(b.dtypes):
         name = "compute" if k == 0 else f"compute_{dtype}"
         figures = {g: v[dtype] for g, v in values.items()}
-        peaks = {d.index: peak_of(d, dtype) for d in run.devices}
+        peaks = {d.index: peak_of(d.kind, d.name, dtype) for d in run.devices}
         detail = {g: f"{b.matmul_n}x{b.matmul_n} {dtype}" for g in figures}
         results = judge.judge_against_peers(
             "compute", figures, "TFLOPS", peaks, floor_of(dtype), reference if k == 0 else None, detail
@@ -66,8 +65,6 @@ def sdc(run: _Run) -> None:
 
 
 def memory_bandwidth(run: _Run) -> None:
-    from trainguard.diagnose.runner import floor_of, peak_of
-
     b = run.budget
     window = b.bandwidth_s / ROUNDS
     alone = _alone(run)
@@ -82,7 +79,7 @@ def memory_bandwidth(run: _Run) -> None:
     reference = values[run.devices[0].index][2] if alone and values else None
     copy = {g: v[0] for g, v in values.items()}
     detail = {g: f"copy of {b.copy_bytes / 2**20:.0f} MiB; write {v[1]:.4g} GB/s" for g, v in values.items()}
-    peaks = {d.index: peak_of(d, "memory") for d in run.devices}
+    peaks = {d.index: peak_of(d.kind, d.name, "memory") for d in run.devices}
     results = judge.judge_against_peers(
         "memory_bandwidth", copy, "GB/s", peaks, floor_of("memory"), reference, detail
     )
@@ -126,8 +123,6 @@ def interconnect(run: _Run) -> None:
 
 
 def thermal_power(run: _Run) -> None:
-    from trainguard.diagnose.runner import stress_all
-
     b = run.budget
     live = [d for d in run.devices if d.index not in run.wedged and d.reading() is not None]
     no_telemetry = {
@@ -142,7 +137,9 @@ def thermal_power(run: _Run) -> None:
         run.record(no_telemetry)
         run.progress("thermal_power", None, "skip")
         return
-    traces, decided = run.group("thermal_power", lambda: stress_all(run, live, b.matmul_n), live)
+    traces, decided = run.group(
+        "thermal_power", lambda: measure.stress_all(live, b.matmul_n, b.stress_s, b.sample_every_s), live
+    )
     if traces is not None:
-        decided = {g: judge.judge_thermal(t) for g, t in traces.items()}
+        decided = {g: judge.judge_thermal(judge.ThermalTrace(tuple(t))) for g, t in traces.items()}
     run.record({**decided, **no_telemetry})

@@ -11,13 +11,14 @@ import contextlib
 import hashlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from trainguard.diagnose.device import Device
 from trainguard.diagnose.torch_device import DTYPES
+from trainguard.records import Sample
 
 __all__ = [
     "copy_bandwidth",
@@ -167,3 +168,36 @@ def stress(dev: Device, n: int, stop: threading.Event) -> int:
             dev.sync()
     dev.sync()
     return k
+
+
+def stress_all(
+    devices: Sequence[Device], n: int, seconds: float, every_s: float
+) -> dict[int, list[tuple[float, Sample | None]]]:
+    """Load every device at once for ``seconds``, reading each one's telemetry every ``every_s``:
+    (seconds under load, reading) per device. Real GPUs heat and throttle together."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def load(dev: Device) -> None:
+        try:
+            with dev.busy():
+                stress(dev, n, stop)
+        except BaseException as exc:
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=load, args=(d,), daemon=True) for d in devices]
+    traces: dict[int, list[tuple[float, Sample | None]]] = {d.index: [] for d in devices}
+    t0 = time.monotonic()
+    for th in threads:
+        th.start()
+    while not stop.is_set() and (elapsed := time.monotonic() - t0) < seconds:
+        for d in devices:
+            traces[d.index].append((elapsed, d.reading()))
+        stop.wait(every_s)
+    stop.set()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    return traces

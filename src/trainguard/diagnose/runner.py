@@ -13,15 +13,13 @@ remaining tests are skipped with that reason; the run goes on with the others.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from trainguard.diagnose import judge, level1
+from trainguard.diagnose import level1
 from trainguard.diagnose.device import Budget, Device, budget_for
-from trainguard.diagnose.expected import PEAK_FLOOR, spec_for
 from trainguard.diagnose.result import GpuReport, Report, TestResult
 from trainguard.diagnose.target import Target
 from trainguard.diagnose.watchdog import Watchdog, watch
@@ -192,49 +190,3 @@ def run_diagnostics(
     gpus = tuple(GpuReport(d.index, d.name, tuple(run.results[d.index])) for d in run.devices)
     extra = {**(extra or {}), **({"wedged": dict(run.wedged)} if run.wedged else {})}
     return Report(level, target.kind, gpus, tuple(node), time.monotonic() - started, extra=extra)
-
-
-def peak_of(dev: Device, what: str) -> float | None:
-    """The model's datasheet figure for ``what`` (a dtype or "memory"); CUDA devices only."""
-    if dev.kind != "cuda":
-        return None
-    spec = spec_for(dev.name)
-    if spec is None:
-        return None
-    return spec.hbm_gbps if what == "memory" else spec.tflops.get(what)
-
-
-def floor_of(what: str) -> tuple[float, float]:
-    return PEAK_FLOOR.get(what, PEAK_FLOOR["fp32"])
-
-
-def stress_all(run: _Run, devices: Sequence[Device], n: int) -> dict[int, judge.ThermalTrace]:
-    """Load every device at once for the stress time, sampling telemetry: one trace per device."""
-    from trainguard.diagnose.measure import stress
-
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def load(dev: Device) -> None:
-        try:
-            with dev.busy():
-                stress(dev, n, stop)
-        except BaseException as exc:
-            errors.append(exc)
-            stop.set()
-
-    threads = [threading.Thread(target=load, args=(d,), daemon=True) for d in devices]
-    traces: dict[int, list[tuple[float, Any]]] = {d.index: [] for d in devices}
-    t0 = time.monotonic()
-    for th in threads:
-        th.start()
-    while not stop.is_set() and (elapsed := time.monotonic() - t0) < run.budget.stress_s:
-        for d in devices:
-            traces[d.index].append((elapsed, d.reading()))
-        stop.wait(run.budget.sample_every_s)
-    stop.set()
-    for th in threads:
-        th.join()
-    if errors:
-        raise errors[0]
-    return {g: judge.ThermalTrace(tuple(r)) for g, r in traces.items()}
