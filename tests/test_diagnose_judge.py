@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -212,3 +213,24 @@ def test_json_has_the_documented_shape():
     assert d["gpus"][0]["index"] == 3
     assert set(d["gpus"][0]["tests"][0]) >= {"name", "value", "expected", "unit", "verdict", "reason"}
     assert d["summary"] == "GPU 3 compute fail: 48% of peers"
+
+
+def test_cli_usage_errors_exit_3_not_fail(capsys):
+    from trainguard.cli import main
+
+    assert main(["diagnose", "--backend", "sim", "--gpus", "0,9"]) == 3
+    try:
+        main(["diagnose", "--no-such-flag"])
+    except SystemExit as exc:
+        assert exc.code == 3
+    else:
+        raise AssertionError("an unknown flag must exit")
+    assert "no GPU 9" in capsys.readouterr().err
+
+
+def test_cli_lists_the_level_2_tests_by_their_names(capsys):
+    from trainguard.cli import main
+
+    assert main(["diagnose", "--list-tests", "--json"]) == 0
+    names = {t["name"] for t in json.loads(capsys.readouterr().out) if t["level"] == 2}
+    assert names == {"compute", "sdc", "memory_bandwidth", "memory_pattern", "interconnect", "thermal_power"}

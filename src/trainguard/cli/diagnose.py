@@ -47,7 +47,17 @@ def register(subparsers: Any) -> None:
         p.print_usage(sys.stderr)
         p.exit(COULD_NOT_RUN, f"trainguard diagnose: error: {message}\n")
 
+    parse_known = p.parse_known_args
+
+    def parse_strict(args: Any = None, namespace: Any = None) -> Any:
+        # The top-level parser would reject leftovers with exit 2 ("fail"); reject them here, with 3.
+        ns, extras = parse_known(args, namespace)
+        if extras:
+            usage_error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
+
     p.error = usage_error
+    p.parse_known_args = parse_strict
     p.set_defaults(func=run)
 
 
