@@ -234,3 +234,9 @@ def test_cli_lists_the_level_2_tests_by_their_names(capsys):
     assert main(["diagnose", "--list-tests", "--json"]) == 0
     names = {t["name"] for t in json.loads(capsys.readouterr().out) if t["level"] == 2}
     assert names == {"compute", "sdc", "memory_bandwidth", "memory_pattern", "interconnect", "thermal_power"}
+
+
+def test_sdc_against_a_golden_checksum_fails_a_gpu_that_agrees_with_itself():
+    results = judge_sdc({0: ["x"] * 3}, {0: "H100"}, golden={"H100": "a"})
+    assert results[0].verdict is Verdict.FAIL and "golden checksum" in results[0].reason
+    assert judge_sdc({0: ["a"] * 3}, {0: "H100"}, golden={"H100": "a"})[0].verdict is Verdict.PASS

@@ -172,3 +172,23 @@ def test_level_1_on_the_simulated_node_passes():
     finally:
         target.close()
     assert report.exit_code == 0 and {g.index for g in report.gpus} == {0, 1}
+
+
+def test_a_single_gpu_is_checked_against_the_golden_checksum_of_a_first_run():
+    clean = open_target("sim", [0, 1], n_sim=2)
+    try:
+        golden = run_diagnostics(clean, 2, tests=["sdc"], budget=FAST).extra["sdc_golden"]
+    finally:
+        clean.close()
+    fleet = SimFleet(n_gpus=2, load=0.0)
+    fleet.now().wrong_products(gpu=1)
+    alone = open_target("sim", [1], fleet=fleet)
+    try:
+        alone_without = run_diagnostics(alone, 2, tests=["sdc"], budget=FAST)
+        alone_with = run_diagnostics(alone, 2, tests=["sdc"], budget=FAST, golden=golden)
+    finally:
+        alone.close()
+    # Alone and always wrong, a GPU agrees with itself only if its flips repeat: the golden decides.
+    assert alone_with.gpu(1).test("sdc").verdict is Verdict.FAIL
+    assert "golden checksum of the first run" in alone_with.gpu(1).test("sdc").reason
+    assert alone_without.gpu(1).test("sdc").verdict is Verdict.FAIL  # its own rounds disagree

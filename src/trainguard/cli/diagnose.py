@@ -14,9 +14,11 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
-from trainguard.errors import BackendError, ConfigError, TrainguardError
+from trainguard.errors import BackendError, ConfigError, InputError, TrainguardError
+from trainguard.rundir import atomic_write_bytes
 
 COULD_NOT_RUN = 3
 
@@ -38,6 +40,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--expect-gpus", type=int, metavar="N", help="fail gpu_count with fewer GPUs")
     p.add_argument("--sim-gpus", type=int, default=8, metavar="N", help="GPUs of the simulated node (8)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the simulated node")
+    p.add_argument(
+        "--golden",
+        type=Path,
+        metavar="FILE",
+        help="SDC golden checksums: compared with when FILE exists, recorded there by a clean run when not",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--list-tests", action="store_true", help="name the tests and exit")
@@ -122,12 +130,41 @@ def _diagnose(args: argparse.Namespace) -> Any:
         from trainguard.cli.diagnose_render import progress_printer
 
         progress = progress_printer(sys.stderr, target, args.level)
+    golden = _read_golden(args.golden)
     try:
-        return run_diagnostics(
-            target, args.level, tests=tests, expect_gpus=args.expect_gpus, on_progress=progress, extra=extra
+        report = run_diagnostics(
+            target,
+            args.level,
+            tests=tests,
+            expect_gpus=args.expect_gpus,
+            on_progress=progress,
+            extra=extra,
+            golden=golden,
         )
     finally:
         target.close()
+    if args.golden is not None and golden is None and report.extra.get("sdc_golden") and _sdc_clean(report):
+        atomic_write_bytes(args.golden, json.dumps(report.extra["sdc_golden"], indent=1).encode())
+        print(f"trainguard diagnose: SDC golden checksums recorded in {args.golden}", file=sys.stderr)
+    return report
+
+
+def _read_golden(path: Path | None) -> dict[str, str] | None:
+    if path is None or not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--golden {path}: not a golden-checksum file ({exc})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise InputError(f"--golden {path}: expected a JSON object of checksums")
+    return data
+
+
+def _sdc_clean(report: Any) -> bool:
+    """Only a run whose every SDC test passed may become the reference."""
+    tests = [t for g in report.gpus for t in g.tests if t.name == "sdc"]
+    return bool(tests) and all(t.verdict.value == "pass" for t in tests)
 
 
 def list_tests(as_json: bool) -> int:

@@ -35,8 +35,10 @@ def preflight(
     sdc_rounds: int = 3,
     expect_gpus: int | None = None,
     timeout_s: float = 60.0,
+    golden: dict[str, str] | None = None,
 ) -> Report:
-    """Level 1 and a short SDC round (``sdc_rounds``) on ``gpus``: seconds, before a (re)start."""
+    """Level 1 and a short SDC round (``sdc_rounds``) on ``gpus``: seconds, before a (re)start.
+    Keep the first clean report's ``extra["sdc_golden"]`` and pass it as ``golden`` afterwards."""
     target = open_target(backend, gpus, fleet=fleet)
     try:
         budget = budget_for(2, target.kind, sdc_rounds=sdc_rounds, timeout_s=timeout_s)
@@ -47,6 +49,7 @@ def preflight(
             budget=budget,
             expect_gpus=expect_gpus,
             extra={"purpose": "preflight"},
+            golden=golden,
         )
     finally:
         target.close()
@@ -60,6 +63,7 @@ def after_incident(
     fleet: Any = None,
     tests: Sequence[str] = LEVEL2_TESTS,
     budget: Budget | None = None,
+    golden: dict[str, str] | None = None,
 ) -> Report:
     """Level 2 after an ambiguous incident on ``gpu``. ``gpus`` (the job's, training stopped) are
     its peers: a GPU is judged slow against them. Decide on ``report.gpu_health(gpu)``."""
@@ -67,7 +71,9 @@ def after_incident(
     target = open_target(backend, chosen, fleet=fleet)
     try:
         extra = {"purpose": "after_incident", "suspect_gpu": gpu}
-        return run_diagnostics(target, 2, tests=(*PREFLIGHT_TESTS[:-1], *tests), budget=budget, extra=extra)
+        return run_diagnostics(
+            target, 2, tests=(*PREFLIGHT_TESTS[:-1], *tests), budget=budget, extra=extra, golden=golden
+        )
     finally:
         target.close()
 

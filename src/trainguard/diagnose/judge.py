@@ -24,6 +24,7 @@ __all__ = [
     "judge_pattern",
     "judge_sdc",
     "judge_thermal",
+    "sdc_reference",
 ]
 
 # measured / median of the other GPUs below which a test warns or fails.
@@ -82,24 +83,39 @@ def judge_against_peers(
     return out
 
 
-def judge_sdc(digests: dict[int, list[str]], models: dict[int, str]) -> dict[int, TestResult]:
-    """Every round of every GPU against the majority result of its model; a GPU's first round is
-    its golden checksum, so a GPU whose results change from run to run is caught alone too."""
+def sdc_reference(digests: dict[int, list[str]], keys: dict[int, str]) -> dict[str, str]:
+    """The majority result per workload key (GPU model, torch, size) over every round of every GPU."""
+    votes: dict[str, Counter[str]] = {}
+    for gpu, rounds in digests.items():
+        votes.setdefault(keys[gpu], Counter()).update(rounds)
+    return {key: c.most_common(1)[0][0] for key, c in votes.items()}
+
+
+def judge_sdc(
+    digests: dict[int, list[str]], keys: dict[int, str], golden: dict[str, str] | None = None
+) -> dict[int, TestResult]:
+    """Every round of every GPU against the golden checksum of its workload key (``keys``: GPU
+    model, torch version and size), which a first run recorded (``golden``), else against the
+    majority result of the node's GPUs of that key. Any mismatch fails the GPU it came from."""
+    majority = sdc_reference(digests, keys)
     out: dict[int, TestResult] = {}
     for gpu, rounds in digests.items():
-        same_model = [d for g, ds in digests.items() if models.get(g) == models.get(gpu) for d in ds]
-        majority, _ = Counter(same_model).most_common(1)[0]
-        differ = sum(1 for d in rounds if d != majority)
-        unstable = len(set(rounds)) > 1
+        recorded = (golden or {}).get(keys[gpu])
+        reference = recorded or majority[keys[gpu]]
+        differ = sum(1 for d in rounds if d != reference)
         if differ == 0:
+            against = "the golden checksum" if recorded else "the node"
             out[gpu] = TestResult.ok(
-                "sdc", 0, 0, "rounds differing", f"{len(rounds)} rounds bit-identical to the node"
+                "sdc", 0, 0, "rounds differing", f"{len(rounds)} rounds bit-identical to {against}"
             )
             continue
-        peers = len({g for g in digests if models.get(g) == models.get(gpu)}) - 1
-        why = f"{differ} of {len(rounds)} rounds differ from the result of {peers} peer GPU(s)"
-        if unstable:
-            why += f" and from its own first round ({len(set(rounds))} distinct results)"
+        if recorded:
+            why = f"{differ} of {len(rounds)} rounds differ from the golden checksum of the first run"
+        else:
+            peers = sum(1 for g in digests if keys[g] == keys[gpu]) - 1
+            why = f"{differ} of {len(rounds)} rounds differ from the result of {peers} peer GPU(s)"
+        if len(set(rounds)) > 1:
+            why += f"; its own rounds disagree ({len(set(rounds))} distinct results)"
         out[gpu] = TestResult.fail("sdc", why, differ, 0, "rounds differing")
     return out
 

@@ -59,9 +59,12 @@ def _renamed(t: TestResult, name: str) -> TestResult:
 
 def sdc(run: _Run) -> None:
     b = run.budget
-    digests, decided = run.per_device("sdc", lambda d: measure.sdc_digests(d, b.sdc_n, b.sdc_rounds))
-    models = {d.index: d.name for d in run.devices}
-    run.record({**judge.judge_sdc({g: v[0] for g, v in digests.items()}, models), **decided})
+    runs, decided = run.per_device("sdc", lambda d: measure.sdc_digests(d, b.sdc_n, b.sdc_rounds))
+    digests = {g: v[0] for g, v in runs.items()}
+    torch_version = run.target.software.torch
+    keys = {d.index: f"{d.name} | torch {torch_version} | {b.sdc_n}x{b.sdc_n} fp32" for d in run.devices}
+    run.golden_out.update(judge.sdc_reference(digests, keys))
+    run.record({**judge.judge_sdc(digests, keys, run.golden), **decided})
 
 
 def memory_bandwidth(run: _Run) -> None:

@@ -78,6 +78,8 @@ class _Run:
         self.results: dict[int, list[TestResult]] = {d.index: [] for d in self.devices}
         self.done, self.total = 0, 0
         self.seconds: dict[tuple[str, int | None], float] = {}  # (test, GPU or None for a group)
+        self.golden: dict[str, str] = {}  # SDC checksums recorded by an earlier run, by workload
+        self.golden_out: dict[str, str] = {}  # this run's majority checksums, by workload
 
     def progress(self, test: str, gpu: int | None, note: str = "", step: bool = True) -> None:
         self.done += step
@@ -163,8 +165,12 @@ def run_diagnostics(
     expect_gpus: int | None = None,
     on_progress: Callable[[Progress], object] | None = None,
     extra: dict[str, Any] | None = None,
+    golden: dict[str, str] | None = None,
 ) -> Report:
-    """Run ``level`` (1, 2 or 3; each includes the ones below) or only ``tests`` on ``target``."""
+    """Run ``level`` (1, 2 or 3; each includes the ones below) or only ``tests`` on ``target``.
+
+    ``golden`` holds the SDC checksums of a first run (a report's ``extra["sdc_golden"]``): with
+    it, even a single GPU is checked against a known-good result."""
     if level not in (1, 2, 3):
         raise ConfigError(f"--level is 1, 2 or 3, not {level}")
     wanted = set(tests) if tests is not None else {n for n, (lv, _) in TESTS.items() if lv <= level}
@@ -174,6 +180,7 @@ def run_diagnostics(
     started = time.monotonic()
     budget = budget or budget_for(level, target.kind)
     run = _Run(target, budget, on_progress)
+    run.golden = dict(golden or {})
     l2 = [n for n in LEVEL2_TESTS if n in wanted]
     run.total = sum(1 if n in ("interconnect", "thermal_power") else len(run.devices) for n in l2)
 
@@ -189,4 +196,6 @@ def run_diagnostics(
         getattr(level2, name)(run)
     gpus = tuple(GpuReport(d.index, d.name, tuple(run.results[d.index])) for d in run.devices)
     extra = {**(extra or {}), **({"wedged": dict(run.wedged)} if run.wedged else {})}
+    if run.golden_out:
+        extra["sdc_golden"] = run.golden_out
     return Report(level, target.kind, gpus, tuple(node), time.monotonic() - started, extra=extra)
