@@ -272,3 +272,22 @@ def normalize_pci(bus_id: str | None) -> str | None:
     if d > 0xFFFFFFFF or b > 0xFF or v > 0x1F:
         return None
     return f"{d:04x}:{b:02x}:{v:02x}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuModes:
+    """Settings of one GPU that pre-flight diagnostics check; None means could not read."""
+
+    persistence: bool | None = None  # persistence mode (driver stays loaded between jobs)
+    ecc: bool | None = None  # ECC enabled (current mode)
+    ecc_pending: bool | None = None  # ECC mode after the next reboot
+    mig: bool | None = None  # MIG enabled (current mode)
+
+
+@dataclass(frozen=True, slots=True)
+class DriverInfo:
+    """The node's NVIDIA software: driver, the CUDA version it supports, NVML."""
+
+    driver: str | None = None  # "550.90.07"
+    cuda: str | None = None  # the newest CUDA the driver supports, "12.4"
+    nvml: str | None = None

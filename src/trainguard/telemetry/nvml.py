@@ -21,7 +21,7 @@ from typing import Any
 
 from trainguard.clock import Clock, RealClock
 from trainguard.errors import BackendError, BackendUnavailable, GpuLost, NoPermission, NotSupported
-from trainguard.records import Gpu, RecoveryAction, Sample, Throttle, normalize_pci
+from trainguard.records import DriverInfo, Gpu, GpuModes, RecoveryAction, Sample, Throttle, normalize_pci
 
 try:
     import pynvml as _pynvml
@@ -164,6 +164,37 @@ class NvmlBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- settings (pre-flight diagnostics) --------------------------------------------------
+    def modes(self, k: int) -> GpuModes:
+        """Persistence, ECC and MIG mode of the k-th GPU; fields it lacks are None."""
+        handle = self._handles[k]
+        if handle is None:
+            return GpuModes()
+        try:
+            persistence = self._call("nvmlDeviceGetPersistenceMode", handle)
+            ecc = self._call("nvmlDeviceGetEccMode", handle)  # (current, pending)
+            mig = self._call("nvmlDeviceGetMigMode", handle)  # (current, pending)
+        except (GpuLost, BackendUnavailable):
+            return GpuModes()
+        enabled = int(getattr(pynvml, "NVML_FEATURE_ENABLED", 1))
+        return GpuModes(
+            persistence=None if persistence is None else int(persistence) == enabled,
+            ecc=None if ecc is None else int(ecc[0]) == enabled,
+            ecc_pending=None if ecc is None else int(ecc[1]) == enabled,
+            mig=None if mig is None else int(mig[0]) == int(getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1)),
+        )
+
+    def driver_info(self) -> DriverInfo:
+        """Driver version, the newest CUDA it supports ("12.4") and the NVML version."""
+        driver = self._call("nvmlSystemGetDriverVersion")
+        cuda = self._call("nvmlSystemGetCudaDriverVersion")  # 12040
+        nvml = self._call("nvmlSystemGetNVMLVersion")
+        return DriverInfo(
+            driver=None if driver is None else _text(driver),
+            cuda=None if cuda is None else f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}",
+            nvml=None if nvml is None else _text(nvml),
+        )
 
     # -- reading ----------------------------------------------------------------------------
     def _call(self, name: str, *args: Any, probe: bool = False) -> Any:

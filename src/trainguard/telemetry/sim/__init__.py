@@ -17,13 +17,21 @@ from trainguard.telemetry.sim import faults
 from trainguard.telemetry.sim.fleet import SimFleet
 from trainguard.telemetry.sim.kmsg import dmesg_line, format_xid, write_xid_line, xid_messages
 from trainguard.telemetry.sim.profiles import PROFILES, GpuProfile, pci_address
-from trainguard.telemetry.sim.scenarios import SCENARIOS, Scenario, run_scenario
+from trainguard.telemetry.sim.scenarios import (
+    DIAGNOSE_SCENARIOS,
+    SCENARIOS,
+    DiagnoseScenario,
+    Scenario,
+    run_scenario,
+)
 from trainguard.telemetry.sim.script import At
 
 __all__ = [
+    "DIAGNOSE_SCENARIOS",
     "PROFILES",
     "SCENARIOS",
     "At",
+    "DiagnoseScenario",
     "GpuProfile",
     "Scenario",
     "SimFleet",

@@ -27,6 +27,8 @@ __all__ = [
     "FallOffBus",
     "Fault",
     "GpuReset",
+    "HbmCorruption",
+    "HotUnderLoad",
     "NodeReboot",
     "NvlinkCrcStorm",
     "NvlinkDown",
@@ -35,9 +37,11 @@ __all__ = [
     "PowerBrake",
     "RecoveryActionChange",
     "RowRemapFailure",
+    "SlowLink",
     "Straggler",
     "ThermalRunaway",
     "Uncontained",
+    "WrongProducts",
     "Xid",
 ]
 
@@ -282,6 +286,58 @@ class NodeReboot:
         ctx.kernel(at, ctx.boot_messages())
 
 
+# -- defects only an active diagnostic finds: no NVML reading changes, no kernel line ------------
+
+
+@dataclass(frozen=True, slots=True)
+class WrongProducts:
+    """Silent data corruption: ``rate`` of the GPU's matrix products come back with flipped bits.
+    Nothing in telemetry or the kernel log shows it; the SDC test of ``trainguard diagnose`` does.
+    A defect of the silicon: a GPU reset does not cure it."""
+
+    gpu: int
+    rate: float = 1.0
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        ctx.state(self.gpu).defects.append(state.WrongProducts(at, self.rate))
+
+
+@dataclass(frozen=True, slots=True)
+class HbmCorruption:
+    """Weak HBM cells: about ``per_gib`` bytes per GiB written read back with a flipped bit, with
+    no ECC event (the memory pattern test finds it)."""
+
+    gpu: int
+    per_gib: float = 256.0
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        ctx.state(self.gpu).defects.append(state.HbmCorruption(at, self.per_gib))
+
+
+@dataclass(frozen=True, slots=True)
+class SlowLink:
+    """The GPU's link runs at ``fraction`` of its bandwidth with clean error counters (the
+    interconnect test finds it)."""
+
+    gpu: int
+    fraction: float = 0.25
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        ctx.state(self.gpu).conditions.append(state.SlowLink(at, self.fraction))
+
+
+@dataclass(frozen=True, slots=True)
+class HotUnderLoad:
+    """Marginal cooling: fine at idle, past the slowdown temperature after ``after_s`` seconds of
+    continuous load, then HW thermal slowdown (the thermal/power test under stress finds it)."""
+
+    gpu: int
+    after_s: float = 2.0
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        ctx.state(self.gpu).conditions.append(state.HotUnderLoad(at, self.after_s))
+
+
 Fault = (
     Xid
     | FallOffBus
@@ -298,4 +354,8 @@ Fault = (
     | Straggler
     | GpuReset
     | NodeReboot
+    | WrongProducts
+    | HbmCorruption
+    | SlowLink
+    | HotUnderLoad
 )

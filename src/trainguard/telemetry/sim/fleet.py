@@ -28,7 +28,7 @@ from typing import Any
 
 from trainguard.clock import Clock, RealClock, VirtualClock
 from trainguard.errors import ConfigError
-from trainguard.records import Gpu, Sample
+from trainguard.records import DriverInfo, Gpu, GpuModes, Sample
 from trainguard.telemetry.sim import kmsg, profiles
 from trainguard.telemetry.sim.faults import Fault
 from trainguard.telemetry.sim.profiles import GpuProfile
@@ -36,6 +36,8 @@ from trainguard.telemetry.sim.script import At
 from trainguard.telemetry.sim.state import GpuState
 
 __all__ = ["SimFleet"]
+
+_BUSY = 0.05  # the load from which a GPU counts as busy (profiles.baseline uses the same)
 
 
 class SimFleet:
@@ -62,6 +64,7 @@ class SimFleet:
         if not 0.0 <= load <= 1.0:
             raise ConfigError(f"load is a fraction between 0 and 1 (load={load})")
         self.seed, self.hostname, self.load = seed, hostname, load
+        self.driver_version = driver_version
         self.clock: Clock = clock if clock is not None else RealClock()
         self.kmsg_path = os.fspath(kmsg_path) if kmsg_path is not None else None
         self._profile = profiles.profile_for(model)
@@ -104,6 +107,14 @@ class SimFleet:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def modes(self, k: int) -> GpuModes:
+        """A well-configured node: persistence on, ECC on, MIG off (as NvmlBackend.modes)."""
+        return GpuModes(persistence=True, ecc=True, ecc_pending=True, mig=False)
+
+    def driver_info(self) -> DriverInfo:
+        """As NvmlBackend.driver_info: the R550 driver supports CUDA 12.4."""
+        return DriverInfo(self.driver_version, "12.4", f"12.{self.driver_version}")
+
     # -- scripting --------------------------------------------------------------------------
     @property
     def elapsed(self) -> float:
@@ -144,15 +155,24 @@ class SimFleet:
         with self._lock:
             return [(t - self.start_time, f) for t, _, f in self._queue]
 
-    def set_load(self, load: float, gpu: int | None = None) -> None:
-        """Change how busy one GPU (or, with ``gpu=None``, the whole fleet) is."""
-        if not 0.0 <= load <= 1.0:
+    def set_load(self, load: float | None, gpu: int | None = None) -> None:
+        """Change how busy one GPU (or, with ``gpu=None``, the whole fleet) is; ``load=None``
+        returns a GPU to the fleet's load."""
+        if load is None and gpu is None:
+            raise ConfigError("the fleet's load must be a number; None only returns one GPU to it")
+        if load is not None and not 0.0 <= load <= 1.0:
             raise ConfigError(f"load is a fraction between 0 and 1 (load={load})")
         with self._lock:
             if gpu is None:
-                self.load = load
-            else:
-                self._states[gpu].load = load
+                self.load = float(load or 0.0)
+                return
+            st = self._states[gpu]
+            was_busy = st.load is not None and st.load >= _BUSY
+            st.load = load
+            if load is None or load < _BUSY:
+                st.busy_since = None
+            elif not was_busy:
+                st.busy_since = self.clock.time()
 
     # -- FaultContext -----------------------------------------------------------------------
     @property
@@ -203,10 +223,18 @@ class SimFleet:
         load = self.load if st.load is None else st.load
         r: dict[str, Any] = profiles.baseline(self._profile, self._quirks[i], load, rng)
         r.update(st.counters())
-        for condition in st.conditions:
+        r["_busy_s"] = self._busy_seconds(st, load, now)
+        for condition in (*st.conditions, *st.defects):
             condition.apply(r, now, self._profile, rng)
+        del r["_busy_s"]
         r["throttle"] = frozenset(r["throttle"])
         return Sample(gpu=gpu, time=now, **r)
+
+    def _busy_seconds(self, st: GpuState, load: float, now: float) -> float | None:
+        """How long the GPU has been busy: since its own load was raised, else since the start."""
+        if load < _BUSY:
+            return None
+        return now - (st.busy_since if st.busy_since is not None else self.start_time)
 
     def __repr__(self) -> str:
         return f"SimFleet(n_gpus={len(self._gpus)}, seed={self.seed}, model={self._profile.name!r})"

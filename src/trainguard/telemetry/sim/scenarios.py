@@ -19,7 +19,7 @@ from trainguard.errors import ConfigError
 from trainguard.records import Health, RecoveryAction
 from trainguard.telemetry.sim.fleet import SimFleet
 
-__all__ = ["SCENARIOS", "Scenario", "run_scenario"]
+__all__ = ["DIAGNOSE_SCENARIOS", "SCENARIOS", "DiagnoseScenario", "Scenario", "run_scenario"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,3 +177,51 @@ def run_scenario(
         if on_step is not None:
             on_step(fleet.elapsed)
     return scenario
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnoseScenario:
+    """A fault for ``trainguard diagnose --backend sim --scenario NAME``: scripted at once on a
+    fleet on the real clock, it must make exactly the tests in ``fails`` fail, on those GPUs."""
+
+    name: str
+    description: str
+    script: Callable[[SimFleet], object]
+    fails: tuple[tuple[str, int], ...] = ()  # (level-2 test, GPU)
+
+
+_DIAGNOSE = [
+    DiagnoseScenario("healthy", "8 healthy GPUs: every test passes", lambda f: None),
+    DiagnoseScenario(
+        "slow-gpu",
+        "GPU 2 computes at half rate (SM clock stuck low, no throttle reason)",
+        lambda f: f.now().straggler(gpu=2),
+        (("compute", 2),),
+    ),
+    DiagnoseScenario(
+        "sdc",
+        "GPU 5 returns wrong bits in some matrix products, with no telemetry symptom",
+        lambda f: f.now().wrong_products(gpu=5, rate=0.3),
+        (("sdc", 5),),
+    ),
+    DiagnoseScenario(
+        "bad-hbm",
+        "GPU 1 corrupts some writes to its memory, with no ECC event",
+        lambda f: f.now().hbm_corruption(gpu=1),
+        (("memory_pattern", 1),),
+    ),
+    DiagnoseScenario(
+        "slow-link",
+        "GPU 3's link runs at a quarter of its bandwidth, with clean counters",
+        lambda f: f.now().slow_link(gpu=3, fraction=0.25),
+        (("interconnect", 3),),
+    ),
+    DiagnoseScenario(
+        "hot-gpu",
+        "GPU 6 passes its slowdown temperature after 2 s under load and throttles",
+        lambda f: f.now().hot_under_load(gpu=6, after_s=2.0),
+        (("thermal_power", 6),),
+    ),
+]
+
+DIAGNOSE_SCENARIOS: dict[str, DiagnoseScenario] = {s.name: s for s in _DIAGNOSE}

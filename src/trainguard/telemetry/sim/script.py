@@ -85,6 +85,19 @@ class At:
     def straggler(self, gpu: int, sm_clock_mhz: float | None = None) -> At:
         return self.fault(F.Straggler(gpu, sm_clock_mhz))
 
+    def wrong_products(self, gpu: int, rate: float = 1.0) -> At:
+        """Silent data corruption: ``rate`` of the GPU's matrix products have flipped bits."""
+        return self.fault(F.WrongProducts(gpu, rate))
+
+    def hbm_corruption(self, gpu: int, per_gib: float = 256.0) -> At:
+        return self.fault(F.HbmCorruption(gpu, per_gib))
+
+    def slow_link(self, gpu: int, fraction: float = 0.25) -> At:
+        return self.fault(F.SlowLink(gpu, fraction))
+
+    def hot_under_load(self, gpu: int, after_s: float = 2.0) -> At:
+        return self.fault(F.HotUnderLoad(gpu, after_s))
+
     def reset_gpu(self, gpu: int) -> At:
         return self.fault(F.GpuReset(gpu))
 

@@ -20,12 +20,16 @@ __all__ = [
     "Downtrain",
     "FaultContext",
     "GpuState",
+    "HbmCorruption",
+    "HotUnderLoad",
     "NvlinkCrcStorm",
     "NvlinkDown",
     "PowerBrake",
     "ReplayStorm",
+    "SlowLink",
     "Straggler",
     "ThermalRunaway",
+    "WrongProducts",
 ]
 
 
@@ -50,7 +54,9 @@ class GpuState:
     remap_failure: bool = False
     recovery_action: RecoveryAction = RecoveryAction.NONE
     load: float | None = None  # None: the fleet's load
+    busy_since: float | None = None  # when this GPU's own load last went from idle to busy
     conditions: list[Condition] = field(default_factory=list)
+    defects: list[Condition] = field(default_factory=list)  # silicon damage: survives resets
 
     def counters(self) -> dict[str, Any]:
         return {
@@ -192,3 +198,62 @@ class NvlinkDown:
     def apply(self, r: dict[str, Any], now: float, p: GpuProfile, rng: random.Random) -> None:
         if r["nvlink_up"] is not None:
             r["nvlink_up"] = max(0, r["nvlink_up"] - self.links)
+
+
+# Defects only an active test can see: no NVML reading changes, no kernel line is written. The
+# diagnostics' simulated GPU (trainguard.diagnose.sim_device) applies them to the real
+# computation it runs, as the broken silicon would.
+
+
+@dataclass(frozen=True, slots=True)
+class WrongProducts:
+    """Matrix products come back with flipped bits in ``rate`` of the results (silent data corruption)."""
+
+    since: float
+    rate: float = 1.0
+
+    def apply(self, r: dict[str, Any], now: float, p: GpuProfile, rng: random.Random) -> None:
+        return
+
+
+@dataclass(frozen=True, slots=True)
+class HbmCorruption:
+    """Some writes to device memory land with a flipped bit (``per_gib`` bad bytes per GiB written)."""
+
+    since: float
+    per_gib: float = 256.0
+
+    def apply(self, r: dict[str, Any], now: float, p: GpuProfile, rng: random.Random) -> None:
+        return
+
+
+@dataclass(frozen=True, slots=True)
+class SlowLink:
+    """The GPU's interconnect link moves data at ``fraction`` of its bandwidth (a degraded lane or
+    cable); counters stay clean, so only a bandwidth test finds it."""
+
+    since: float
+    fraction: float = 0.25
+
+    def apply(self, r: dict[str, Any], now: float, p: GpuProfile, rng: random.Random) -> None:
+        return
+
+
+@dataclass(frozen=True, slots=True)
+class HotUnderLoad:
+    """Marginal cooling: idle the GPU looks fine; after ``after_s`` of continuous load it passes the
+    slowdown temperature and HW thermal slowdown halves its clocks. ``r["_busy_s"]`` is how long
+    the GPU has been busy (set by the fleet)."""
+
+    since: float
+    after_s: float = 2.0
+
+    def apply(self, r: dict[str, Any], now: float, p: GpuProfile, rng: random.Random) -> None:
+        busy_s = r.get("_busy_s")
+        if busy_s is None:
+            return
+        r["temperature_c"] = max(r["temperature_c"], round(p.temp_max_operating_c - 6 + 2 * min(busy_s, 2)))
+        if busy_s >= self.after_s:
+            r["temperature_c"] = round(p.temp_slowdown_c + 1 + rng.uniform(0, 1))
+            r["throttle"].update((Throttle.HW_THERMAL, Throttle.HW_SLOWDOWN))
+            _slow(r, p, 0.5, 0.55)

@@ -1,0 +1,138 @@
+"""A GPU of the simulated fleet as a diagnostics device. Imports torch.
+
+It does the real work on the CPU, then does to it what the fleet's faults do to silicon:
+
+- its SM clock (the fleet's reading under load) sets its speed: a straggler's half clock or a
+  thermal slowdown makes every product take twice as long on the device's clock, which counts
+  the CPU time of the work (``clock()``), so other load on the host does not skew it;
+- ``WrongProducts`` flips a bit in that share of its matrix products;
+- ``HbmCorruption`` flips bits in what is written to its memory;
+- ``SlowLink`` stretches the time of every collective it takes part in to the capped bandwidth
+  (a simulated link's time is the CPU time of the transfer, see ``link_seconds``);
+- ``busy()`` raises the GPU's load in the fleet, so heat builds up as it would (``HotUnderLoad``).
+
+The tests see only the computed tensors and the time they took, as on real hardware.
+
+    >>> from trainguard.telemetry.sim import SimFleet
+    >>> fleet = SimFleet(n_gpus=2, load=0.0)
+    >>> _ = fleet.now().wrong_products(gpu=1)
+    >>> import torch
+    >>> a = torch.ones(4, 4)
+    >>> [bool((SimDevice(fleet, i).matmul(a, a) == 4).all()) for i in (0, 1)]
+    [True, False]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import torch
+
+from trainguard.diagnose.torch_device import TorchDevice
+from trainguard.records import Sample
+from trainguard.telemetry.sim import SimFleet, state
+
+__all__ = ["SimDevice"]
+
+C = TypeVar("C")
+
+
+class SimDevice(TorchDevice):
+    def __init__(self, fleet: SimFleet, index: int) -> None:
+        super().__init__(index, "cpu", fleet.identity(index).name or "simulated GPU", "sim")
+        self.fleet = fleet
+        self._rng = fleet.rng("sim-device", index)
+        self._lock = threading.Lock()
+        self._busy_depth = 0
+        self._ratio, self._ratio_at = 1.0, float("-inf")
+        self._added_s = 0.0  # device time the faults added (a slow clock)
+        self._before: float | None = None  # the GPU's own load before busy()
+
+    # -- what the faults do -----------------------------------------------------------------
+    def _active(self, kind: type[C]) -> C | None:
+        self.fleet.poll()
+        st = self.fleet.state(self.index)
+        return next((c for c in (*st.conditions, *st.defects) if isinstance(c, kind)), None)
+
+    def _clock_ratio(self) -> float:
+        """SM clock / max under load, re-read at most every 50 ms (GPUs boost when work arrives)."""
+        if self._busy_depth == 0:
+            return 1.0
+        now = time.monotonic()
+        if now - self._ratio_at > 0.05:
+            s = self.reading()
+            if s is not None and s.sm_clock_mhz and s.sm_clock_max_mhz:
+                self._ratio = min(1.0, s.sm_clock_mhz / s.sm_clock_max_mhz)
+            self._ratio_at = now
+        return self._ratio
+
+    def _flip_bits(self, t: Any, n: int) -> None:
+        raw = t.view(-1).view(torch.uint8)
+        for _ in range(n):
+            k = self._rng.randrange(raw.numel())
+            raw[k] ^= 1 << self._rng.randrange(8)
+
+    # -- Device -----------------------------------------------------------------------------
+    def clock(self) -> float:
+        """The CPU time of the calling thread plus the time the faults added: a simulated GPU is not
+        slowed by other processes sharing the host's CPU, as a real GPU is not."""
+        return time.thread_time() + self._added_s
+
+    def matmul(self, a: Any, b: Any) -> Any:
+        t0 = time.thread_time()
+        c = a @ b
+        ratio = self._clock_ratio()
+        if ratio < 0.999:
+            self._added_s += (time.thread_time() - t0) * (1 / ratio - 1)
+        wrong = self._active(state.WrongProducts)
+        with self._lock:
+            if wrong is not None and self._rng.random() < wrong.rate:
+                self._flip_bits(c, 1)
+        return c
+
+    def write(self, dst: Any, src: Any) -> None:
+        super().write(dst, src)
+        hbm = self._active(state.HbmCorruption)
+        if hbm is not None:
+            expected = hbm.per_gib * dst.numel() * dst.element_size() / 2**30
+            with self._lock:
+                self._flip_bits(dst, int(expected + self._rng.random()))
+
+    def link_seconds(self, wall_s: float, cpu_s: float) -> float:
+        """Every rank of a simulated collective is a thread of this process: the link's time is the
+        CPU time the transfer cost (a busy host stretches wall time, not that), stretched by a
+        ``SlowLink``; the partners wait for it (a collective's time is its slowest rank's)."""
+        link = self._active(state.SlowLink)
+        return cpu_s / max(link.fraction, 1e-3) if link is not None else cpu_s
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        # OpenMP's thread count is per calling thread: pin the one that does this device's work,
+        # so all of it runs (and is timed) there. The target restores the count on close.
+        torch.set_num_threads(1)
+        with self._lock:
+            self._busy_depth += 1
+            if self._busy_depth == 1:
+                self._before = self.fleet.state(self.index).load
+                self.fleet.set_load(1.0, gpu=self.index)
+                self._ratio_at = float("-inf")
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy_depth -= 1
+                if self._busy_depth == 0:
+                    self.fleet.set_load(self._before, gpu=self.index)
+
+    def reading(self) -> Sample | None:
+        return self.fleet.sample()[self.index]
+
+    def memory_free(self) -> int:
+        st = self.fleet.sample()[self.index]
+        if st.mem_total_mib is None or st.mem_used_mib is None:
+            return self._cpu_memory_bytes
+        return int((st.mem_total_mib - st.mem_used_mib) * 2**20)

@@ -1,0 +1,194 @@
+"""The diagnostics against the simulated fleet: each injected fault fails exactly its test, on its
+GPU, from what the tests measure (the simulated GPU computes for real on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+
+from trainguard.agent import Agent
+from trainguard.clock import VirtualClock
+from trainguard.diagnose import budget_for, health_hook, open_target, preflight, run_diagnostics
+from trainguard.diagnose.result import Verdict
+from trainguard.diagnose.sim_device import SimDevice
+from trainguard.diagnose.target import Target
+from trainguard.records import Health
+from trainguard.telemetry.sim import DIAGNOSE_SCENARIOS, SimFleet
+
+pytest.importorskip("torch")
+
+# Smaller than the CLI's level 2, still past the 2 s after which hot-gpu throttles.
+FAST = budget_for(
+    2, "sim", compute_s=0.2, pattern_max_bytes=2**20, allreduce_bytes=2**20, allreduce_iters=4, stress_s=2.6
+)
+
+
+def _failing(report: Any) -> set[tuple[str, int]]:
+    return {(t.name, g.index) for g in report.gpus for t in g.tests if t.verdict is Verdict.FAIL}
+
+
+def _scenario_fleet(name: str) -> SimFleet:
+    fleet = SimFleet(n_gpus=8, load=0.0)
+    DIAGNOSE_SCENARIOS[name].script(fleet)
+    return fleet
+
+
+@pytest.mark.parametrize("name", sorted(set(DIAGNOSE_SCENARIOS) - {"healthy"}))
+def test_each_scenario_fails_exactly_its_test_on_its_gpu(name):
+    scenario = DIAGNOSE_SCENARIOS[name]
+    test = scenario.fails[0][0]
+    target = open_target("sim", fleet=_scenario_fleet(name))
+    try:
+        report = run_diagnostics(target, 2, tests=[test], budget=FAST)
+    finally:
+        target.close()
+    assert _failing(report) == set(scenario.fails), report.summary()
+    assert report.exit_code == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(DIAGNOSE_SCENARIOS))
+def test_cli_level_2_on_each_scenario_fails_only_the_injected_fault(name, capsys):
+    from trainguard.cli import main
+
+    code = main(["diagnose", "--backend", "sim", "--scenario", name, "--level", "2", "--json", "--quiet"])
+    out = json.loads(capsys.readouterr().out)
+    failing = {(t["name"], g["index"]) for g in out["gpus"] for t in g["tests"] if t["verdict"] == "fail"}
+    assert failing == set(DIAGNOSE_SCENARIOS[name].fails)
+    assert code == (0 if name == "healthy" else 2) and out["verdict"] in ("pass", "fail")
+
+
+def test_wrong_products_leave_no_telemetry_symptom():
+    clock = VirtualClock()
+    fleet = SimFleet(n_gpus=8, clock=clock)
+    fleet.now().wrong_products(gpu=5)
+    with Agent(fleet, clock=clock) as agent:
+        verdict = agent.tick()
+    assert verdict.health is Health.OK
+
+
+def test_silicon_defects_survive_a_gpu_reset():
+    fleet = SimFleet(n_gpus=2, load=0.0)
+    fleet.now().wrong_products(gpu=1).reset_gpu(gpu=1)
+    assert fleet.state(1).defects
+
+
+def test_preflight_fails_the_gpu_that_returns_wrong_products():
+    fleet = SimFleet(n_gpus=4, load=0.0)
+    fleet.now().wrong_products(gpu=2)
+    report = preflight([0, 1, 2, 3], backend="sim", fleet=fleet)
+    assert [report.gpu_health(g) for g in range(4)] == [Health.OK, Health.OK, Health.FAILED, Health.OK]
+    assert "GPU 2 sdc fail: 3 of 3 rounds differ" in report.summary()
+    stored = json.loads(json.dumps(report.to_dict()))  # what goes into the incident
+    assert stored["purpose"] == "preflight" and stored["verdict"] == "fail"
+
+
+def test_health_hook_has_the_supervisors_signature_and_names_a_straggler():
+    fleet = SimFleet(n_gpus=4, load=0.0)
+    fleet.now().straggler(gpu=1)
+    seen = []
+    diagnose = health_hook(
+        backend="sim",
+        fleet=fleet,
+        peers=[0, 1, 2, 3],
+        tests=("compute",),
+        on_report=lambda g, r: seen.append(r),
+    )
+    assert diagnose(1) is Health.FAILED
+    assert diagnose(3) is Health.OK
+    assert "of peers" in seen[0].gpu(1).test("compute").reason
+
+
+class _Wedged(SimDevice):
+    """A GPU whose matrix products never return (a wedged device)."""
+
+    release = threading.Event()
+
+    def matmul(self, a: Any, b: Any) -> Any:
+        self.release.wait()
+        raise RuntimeError("released")
+
+
+def test_a_wedged_gpu_fails_its_test_and_the_run_goes_on():
+    fleet = SimFleet(n_gpus=3, load=0.0)
+    target = open_target("sim", fleet=fleet)
+    target.devices[1] = _Wedged(fleet, 1)
+    budget = budget_for(2, "sim", compute_s=0.2, timeout_s=1.0, pattern_max_bytes=2**20)
+    try:
+        report = run_diagnostics(target, 2, tests=["compute", "sdc", "memory_pattern"], budget=budget)
+    finally:
+        _Wedged.release.set()  # let the abandoned thread finish: no thread outlives the test
+        target.close()
+    gpu1 = report.gpu(1)
+    assert gpu1 is not None
+    assert gpu1.test("compute").verdict is Verdict.FAIL and "did not finish" in gpu1.test("compute").reason
+    assert gpu1.test("sdc").verdict is Verdict.SKIP and "wedged" in gpu1.test("sdc").reason
+    assert report.gpu(0).verdict is Verdict.PASS and report.gpu(2).verdict is Verdict.PASS
+    assert report.extra["wedged"] == {1: "compute did not finish"}
+
+
+def test_a_hung_collective_fails_interconnect_within_the_watchdog(monkeypatch):
+    fleet = SimFleet(n_gpus=2, load=0.0)
+    target = open_target("sim", fleet=fleet)
+    release = threading.Event()
+    monkeypatch.setattr(target.devices[1], "link_seconds", lambda wall, cpu: release.wait(5) or wall)
+    budget = budget_for(2, "sim", allreduce_bytes=2**16, allreduce_iters=2, timeout_s=1.0)
+    try:
+        report = run_diagnostics(target, 2, tests=["interconnect"], budget=budget)
+    finally:
+        release.set()
+        target.close()
+    for g in (0, 1):
+        t = report.gpu(g).test("interconnect")
+        assert t.verdict is Verdict.FAIL and "hung collective" in t.reason
+
+
+def test_the_cpu_device_passes_level_2_on_this_machine():
+    target = open_target("cpu")
+    budget = budget_for(2, "cpu", compute_s=0.15, bandwidth_s=0.15, sdc_rounds=5, pattern_max_bytes=2**20)
+    try:
+        report = run_diagnostics(target, 2, budget=budget)
+    finally:
+        target.close()
+    ran = {t.name: t.verdict for t in report.gpus[0].tests if t.verdict is not Verdict.SKIP}
+    assert ran == dict.fromkeys(("compute", "sdc", "memory_bandwidth", "memory_pattern"), Verdict.PASS)
+    assert report.exit_code == 0
+
+
+def test_a_target_with_the_wrong_gpu_index_is_a_config_error():
+    from trainguard.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no GPU 9"):
+        open_target("sim", [0, 9], n_sim=4)
+
+
+def test_level_1_on_the_simulated_node_passes():
+    target: Target = open_target("sim", n_sim=2)
+    try:
+        report = run_diagnostics(target, 1)
+    finally:
+        target.close()
+    assert report.exit_code == 0 and {g.index for g in report.gpus} == {0, 1}
+
+
+def test_a_single_gpu_is_checked_against_the_golden_checksum_of_a_first_run():
+    clean = open_target("sim", [0, 1], n_sim=2)
+    try:
+        golden = run_diagnostics(clean, 2, tests=["sdc"], budget=FAST).extra["sdc_golden"]
+    finally:
+        clean.close()
+    fleet = SimFleet(n_gpus=2, load=0.0)
+    fleet.now().wrong_products(gpu=1)
+    alone = open_target("sim", [1], fleet=fleet)
+    try:
+        alone_without = run_diagnostics(alone, 2, tests=["sdc"], budget=FAST)
+        alone_with = run_diagnostics(alone, 2, tests=["sdc"], budget=FAST, golden=golden)
+    finally:
+        alone.close()
+    # Alone and always wrong, a GPU agrees with itself only if its flips repeat: the golden decides.
+    assert alone_with.gpu(1).test("sdc").verdict is Verdict.FAIL
+    assert "golden checksum of the first run" in alone_with.gpu(1).test("sdc").reason
+    assert alone_without.gpu(1).test("sdc").verdict is Verdict.FAIL  # its own rounds disagree
