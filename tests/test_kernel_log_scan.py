@@ -109,6 +109,22 @@ def test_overlong_line_is_skipped_and_scanning_goes_on(tmp_path):
     assert stats.skipped == 1 and stats.lines == 2
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_overlong_lines_count_the_same_in_a_file_and_through_stdin(tmp_path, monkeypatch, threads):
+    xid = b"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    data = xid + b"\n" + b"y" * (3 * scan_mod.MAX_LINE) + b"\n" + xid + b"\n" + b"z" * (2 * scan_mod.MAX_LINE)
+    path = tmp_path / "long.log"
+    path.write_bytes(data)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+    for source in (path, "-"):
+        stats = ScanStats()
+        assert [e.line_no for e in scan_file(source, stats=stats, chunk_size=1 << 16, threads=threads)] == [
+            1,
+            3,
+        ]
+        assert (stats.lines, stats.skipped) == (4, 2)
+
+
 def test_last_line_without_newline_and_crlf_endings_are_handled(tmp_path):
     path = tmp_path / "crlf.log"
     path.write_bytes(b"a\r\nRuntimeError: CUDA error: an illegal memory access was encountered\r\nKilled")

@@ -133,7 +133,8 @@ def scan_file(
     stats.engine = scan_engine(engine)
     lines = first_pass(stats.engine)
     chunk, tracker = max(chunk_size, 1 << 12), tracker or BurstTracker()
-    if name != "-" and stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+    info = os.fstat(fh.fileno()) if name != "-" else None
+    if info and stat.S_ISREG(info.st_mode) and info.st_size > 0:  # /proc files say size 0: streamed
         if threads is None:
             threads = min(len(os.sched_getaffinity(0)), 8) if stats.engine == "hyperscan" else 1
         stats.threads = max(threads, 1)
@@ -237,8 +238,6 @@ def _scan_regular(
     # with pread into its own bytes, so runs are independent and any thread can search one.
     with fh:
         fd, size = fh.fileno(), os.fstat(fh.fileno()).st_size
-        if size == 0:
-            return
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
             spans, unterminated = list(_runs(mm, size, chunk)), mm[size - 1] != 0x0A
 
