@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -47,12 +49,12 @@ def _reference(lines: list[str]) -> list[tuple[int, str, int | None, str | None,
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("chunk", [4096, 1 << 20])
-def test_scan_finds_what_line_by_line_classification_finds(tmp_path, engine, chunk):
+@pytest.mark.parametrize(("chunk", "threads"), [(4096, 1), (4096, 3), (1 << 20, None)])
+def test_scan_finds_what_line_by_line_classification_finds(tmp_path, engine, chunk, threads):
     path, lines = _mixed_file(tmp_path)
     stats = ScanStats()
     got = [(e.line_no, e.kind.value, e.xid, e.pci, e.category.value)
-           for e in scan_file(path, stats=stats, engine=engine, chunk_size=chunk)]  # fmt: skip
+           for e in scan_file(path, stats=stats, engine=engine, chunk_size=chunk, threads=threads)]  # fmt: skip
     want = _reference(lines)
     assert len(want) > 50
     assert got == want
@@ -60,6 +62,27 @@ def test_scan_finds_what_line_by_line_classification_finds(tmp_path, engine, chu
     assert stats.bytes == path.stat().st_size
     assert stats.findings == len(want)
     assert stats.engine == engine
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_stdin_is_scanned_like_the_file_at_the_same_line_numbers(tmp_path, monkeypatch, engine):
+    path, lines = _mixed_file(tmp_path)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(path.read_bytes())))
+    stats = ScanStats()
+    got = [
+        (e.path, e.line_no, e.category.value)
+        for e in scan_file("-", stats=stats, engine=engine, chunk_size=4096)
+    ]
+    assert got == [("-", no, category) for no, _, _, _, category in _reference(lines)]
+    assert stats.lines == len(lines) and stats.threads == 1
+
+
+def test_a_scan_stopped_early_leaves_no_search_thread_running(tmp_path):
+    path, _ = _mixed_file(tmp_path, n=20_000)
+    events = scan_file(path, chunk_size=4096, threads=4)
+    next(events)
+    events.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("trainguard-scan")]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -84,6 +107,22 @@ def test_overlong_line_is_skipped_and_scanning_goes_on(tmp_path):
     events = list(scan_file(path, stats=stats, chunk_size=1 << 16))
     assert [(e.line_no, e.xid) for e in events] == [(2, 79)]
     assert stats.skipped == 1 and stats.lines == 2
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_overlong_lines_count_the_same_in_a_file_and_through_stdin(tmp_path, monkeypatch, threads):
+    xid = b"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    data = xid + b"\n" + b"y" * (3 * scan_mod.MAX_LINE) + b"\n" + xid + b"\n" + b"z" * (2 * scan_mod.MAX_LINE)
+    path = tmp_path / "long.log"
+    path.write_bytes(data)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+    for source in (path, "-"):
+        stats = ScanStats()
+        assert [e.line_no for e in scan_file(source, stats=stats, chunk_size=1 << 16, threads=threads)] == [
+            1,
+            3,
+        ]
+        assert (stats.lines, stats.skipped) == (4, 2)
 
 
 def test_last_line_without_newline_and_crlf_endings_are_handled(tmp_path):

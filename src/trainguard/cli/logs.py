@@ -151,8 +151,9 @@ def run_scan(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         if not args.json:
+            threads = f", {stats.threads} threads" if stats.threads > 1 else ""
             print(
-                f"# {path}: {found} finding(s) in {stats.lines} line(s) [{stats.engine}]",
+                f"# {path}: {found} finding(s) in {stats.lines} line(s) [{stats.engine}{threads}]",
                 file=sys.stderr,
             )
     return status

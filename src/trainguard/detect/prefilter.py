@@ -8,23 +8,30 @@ like ``NCCL``), so the ``NCCL INFO`` lines that fill a training log run with ``N
 never reach Python. Two engines find the same lines:
 
 - ``hyperscan`` (``pip install 'trainguard[logscan]'``): the literals in one Hyperscan
-  block-mode database, run over the whole buffer (tens of GB/s: literals, unlike the rules'
-  regexes, compile to Hyperscan's SIMD literal matchers);
+  block-mode database, run over the whole buffer (literals, unlike the rules' regexes, compile
+  to Hyperscan's SIMD literal matchers), and numpy to count newlines (10x faster than
+  ``bytes.count``); both release the GIL, so ``scan_file`` runs chunks on several threads;
 - ``stdlib``: one ``re`` alternation and ``bytes.find`` passes; several times slower.
+
+``first_pass(engine)`` returns the candidate lines with their line indexes, and the newline count.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from trainguard.detect.training_log import NEEDLE_CONTEXT, TRAINING_ANCHORS
 from trainguard.errors import InputError
 
-__all__ = ["ANCHORS", "Hits", "hits_hyperscan", "hits_stdlib", "scan_engine"]
+__all__ = ["ANCHORS", "Hits", "Lines", "first_pass", "hits_hyperscan", "hits_stdlib", "scan_engine"]
 
 Hits = tuple[list[int], bool]  # offsets inside candidate lines (sorted), and "may hold garbage bytes"
+# (index, start, stop) of each candidate line, the number of newlines, and "may hold garbage bytes"
+Lines = tuple[list[tuple[int, int, int]], int, bool]
 
 
 def _minimal(needles: list[bytes]) -> tuple[bytes, ...]:
@@ -53,12 +60,11 @@ def _bulk_expressions() -> tuple[bytes, ...]:
 def _hyperscan_db() -> Any | None:
     try:
         import hyperscan  # type: ignore[import-not-found,unused-ignore]
+        import numpy  # noqa: F401  (the engine's newline search)
     except ImportError:
         return None
-    # plus one pattern that flags (once per scan) a NUL or non-ASCII byte: cheaper than a second
-    # pass, and it sees only the bytes scanned
-    expressions = [*_bulk_expressions(), rb"[\x00\x80-\xff]"]
-    flags = [hyperscan.HS_FLAG_MULTILINE] * (len(expressions) - 1) + [hyperscan.HS_FLAG_SINGLEMATCH]
+    expressions = list(_bulk_expressions())
+    flags = [hyperscan.HS_FLAG_MULTILINE] * len(expressions)
     db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
     db.compile(
         expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
@@ -73,27 +79,30 @@ def scan_engine(engine: str = "auto") -> str:
     if engine == "stdlib" or (engine == "auto" and _hyperscan_db() is None):
         return "stdlib"
     if _hyperscan_db() is None:
-        raise InputError("engine 'hyperscan' needs the hyperscan package: pip install 'trainguard[logscan]'")
+        raise InputError(
+            "engine 'hyperscan' needs the hyperscan and numpy packages: pip install 'trainguard[logscan]'"
+        )
     return "hyperscan"
+
+
+_per_thread = threading.local()
 
 
 def hits_hyperscan(buf: bytes | bytearray, end: int) -> Hits:
     """Offsets inside candidate lines of ``buf[:end]``, and whether it may hold garbage bytes."""
     db: Any = _hyperscan_db()
-    flagged = len(_bulk_expressions())  # the garbage-byte pattern comes last
+    if (scratch := getattr(_per_thread, "scratch", None)) is None:
+        import hyperscan  # type: ignore[import-not-found,unused-ignore]
+
+        scratch = _per_thread.scratch = hyperscan.Scratch(db)  # one scan at a time per scratch
     found: list[int] = []
-    binary = False
 
-    def on_match(pattern: int, _start: int, stop: int, _flags: int, _ctx: object) -> None:
-        nonlocal binary
-        if pattern == flagged:
-            binary = True
-        else:
-            found.append(stop - 1 if stop else 0)
+    def on_match(_pattern: int, _start: int, stop: int, _flags: int, _ctx: object) -> None:
+        found.append(stop - 1 if stop else 0)
 
-    db.scan(memoryview(buf)[:end], match_event_handler=on_match)
+    db.scan(memoryview(buf)[:end], match_event_handler=on_match, scratch=scratch)
     found.sort()
-    return found, binary
+    return found, _maybe_binary(buf, end)
 
 
 def _maybe_binary(buf: bytes | bytearray, end: int) -> bool:
@@ -127,3 +136,37 @@ def hits_stdlib(buf: bytes | bytearray, end: int) -> Hits:
             pos = end if nl < 0 else nl + 1
     found.sort()
     return found, _maybe_binary(buf, end)
+
+
+def first_pass(engine: str) -> Callable[[bytes | bytearray, int], Lines]:
+    """The candidate lines of ``buf[:end]`` for ``engine`` (see ``Lines``); ``buf[:end]`` holds whole lines."""
+    return _lines_hyperscan if engine == "hyperscan" else _lines_stdlib
+
+
+def _lines_hyperscan(buf: bytes | bytearray, end: int) -> Lines:
+    import numpy as np
+
+    is_newline = np.frombuffer(buf, np.uint8, end) == 0x0A  # numpy counts 10x faster than bytes.count
+    return _spans(buf, end, *hits_hyperscan(buf, end), lambda a, b: int(np.count_nonzero(is_newline[a:b])))
+
+
+def _lines_stdlib(buf: bytes | bytearray, end: int) -> Lines:
+    return _spans(buf, end, *hits_stdlib(buf, end), lambda a, b: buf.count(b"\n", a, b))
+
+
+def _spans(
+    buf: bytes | bytearray, end: int, positions: list[int], binary: bool, count: Callable[[int, int], int]
+) -> Lines:
+    """The lines holding ``positions``; newlines are counted between candidates, once over the buffer."""
+    spans: list[tuple[int, int, int]] = []
+    cursor, line, done_until = 0, 0, -1
+    for pos in positions:
+        if pos <= done_until:
+            continue  # another anchor on a line already taken
+        start = buf.rfind(b"\n", 0, pos) + 1
+        stop = buf.find(b"\n", pos, end)
+        done_until = stop = end if stop < 0 else stop
+        line += count(cursor, start)
+        cursor = start
+        spans.append((line, start, stop))
+    return spans, line + count(cursor, end), binary

@@ -1,10 +1,12 @@
 """Fast classification of whole log files: what ``trainguard logs scan`` runs.
 
 Sits beside the line parsers (``kernel_log``, ``training_log``): instead of feeding them every
-line, it reads 1 MiB chunks into one buffer, finds in bulk the few lines that can be findings
-(``prefilter``: the literals every finding's pattern needs, ``NCCL WARN``, ``CUDA error: ``,
-``NVRM``...), counts line numbers with ``bytes.count`` and parses only those lines. Every line is
-a finding of its own; ``merge_events`` folds the lines of one failure into one::
+line, it splits the file into 1 MiB runs of whole lines, finds in bulk the few lines that can be
+findings (``prefilter``: the literals every finding's pattern needs, ``NCCL WARN``, ``CUDA
+error: ``, ``NVRM``...) and their line numbers, and parses only those lines. With the hyperscan
+engine the bulk work releases the GIL, so the runs of a regular file are searched on all cores
+(as ripgrep does) while this thread parses the candidates in file order. Every line is a finding
+of its own; ``merge_events`` folds the lines of one failure into one::
 
     >>> stats = ScanStats()
     >>> for event in scan_file("/var/log/kern.log", stats=stats):  # doctest: +SKIP
@@ -16,16 +18,21 @@ Lines with NUL bytes or invalid UTF-8 are skipped and counted, never a crash.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
+import mmap
+import os
+import stat
 import sys
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
 from trainguard.detect.kernel_log import parse_kernel_line
 from trainguard.detect.merge import BurstTracker, EventMerger, merge_events
-from trainguard.detect.prefilter import ANCHORS, Hits, hits_hyperscan, hits_stdlib, scan_engine
+from trainguard.detect.prefilter import ANCHORS, Lines, first_pass, scan_engine
 from trainguard.detect.training_log import classify_training_line
 from trainguard.errors import InputError
 from trainguard.records import Event
@@ -44,7 +51,7 @@ __all__ = [
     "scan_file",
 ]
 
-DEFAULT_CHUNK = 1 << 20  # small enough that the count and the bulk search find it in cache
+DEFAULT_CHUNK = 1 << 20  # small enough that the newline and bulk searches find it in cache
 MAX_LINE = 1 << 20  # a "line" longer than this is binary garbage: skipped and counted
 
 
@@ -57,6 +64,7 @@ class ScanStats:
     findings: int = 0
     skipped: int = 0  # lines with NUL bytes, invalid UTF-8 or without end in sight
     engine: str = ""
+    threads: int = 1  # threads that searched the file
 
 
 def classify_line(text: str, now: float | None = None) -> Event | None:
@@ -112,18 +120,26 @@ def scan_file(
     engine: str = "auto",
     chunk_size: int = DEFAULT_CHUNK,
     tracker: BurstTracker | None = None,
+    threads: int | None = None,
 ) -> Iterator[Event]:
     """Every finding in the file at ``path`` ("-" = stdin), in order, with ``path`` and ``line_no``.
 
+    ``threads`` searches a regular file's chunks in parallel (default: one per CPU with the
+    hyperscan engine, whose search releases the GIL; 1 with the stdlib engine, whose does not).
     Raises ``InputError`` at once when the file cannot be opened (and later if reading fails).
     """
     fh, name = _open(path)
     stats = stats if stats is not None else ScanStats()
     stats.engine = scan_engine(engine)
-    hits: Callable[[bytes | bytearray, int], Hits] = (
-        hits_hyperscan if stats.engine == "hyperscan" else hits_stdlib
-    )
-    return _scan(fh, name, stats, hits, max(chunk_size, 1 << 12), tracker or BurstTracker())
+    lines = first_pass(stats.engine)
+    chunk, tracker = max(chunk_size, 1 << 12), tracker or BurstTracker()
+    info = os.fstat(fh.fileno()) if name != "-" else None
+    if info and stat.S_ISREG(info.st_mode) and info.st_size > 0:  # /proc files say size 0: streamed
+        if threads is None:
+            threads = min(len(os.sched_getaffinity(0)), 8) if stats.engine == "hyperscan" else 1
+        stats.threads = max(threads, 1)
+        return _scan_regular(fh, name, stats, lines, chunk, tracker, stats.threads)
+    return _scan_stream(fh, name, stats, lines, chunk, tracker)
 
 
 def scan_bytes(
@@ -142,23 +158,116 @@ def scan_bytes(
     """
     stats = stats if stats is not None else ScanStats()
     stats.engine = scan_engine(engine)
-    hits = hits_hyperscan if stats.engine == "hyperscan" else hits_stdlib
     end = len(data)
-    positions, maybe_binary = hits(data, end)
-    bad = _bad_lines(data, end) if maybe_binary else set()
-    stats.skipped += len(bad)
-    found = _findings(data, end, name, line_base, positions, bad, stats, tracker or BurstTracker())
-    events = list(found)
+    run = _candidates(data, end, first_pass(stats.engine))
+    events = list(_emit(run, name, line_base, stats, tracker or BurstTracker()))
     stats.bytes += end
-    stats.lines += data.count(b"\n") + (1 if end and data[end - 1] != 0x0A else 0)
+    stats.lines += run.newlines + (1 if end and data[end - 1] != 0x0A else 0)
     return events
 
 
-def _scan(
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """The first pass's answer for a run of whole lines, holding no reference to the buffer."""
+
+    lines: list[tuple[int, bytes | bytearray]]  # (0-based index in the run, raw line) of each candidate
+    newlines: int
+    skipped: int  # lines with garbage bytes (left out of ``lines``) or too long to be text
+
+
+def _candidates(buf: bytes | bytearray, end: int, lines: Callable[[bytes | bytearray, int], Lines]) -> _Run:
+    spans, newlines, maybe_binary = lines(buf, end)
+    bad = _bad_lines(buf, end) if maybe_binary else set()
+    return _Run([(i, buf[a:b]) for i, a, b in spans if i not in bad], newlines, len(bad))
+
+
+def _emit(run: _Run, name: str, line_base: int, stats: ScanStats, tracker: BurstTracker) -> Iterator[Event]:
+    stats.skipped += run.skipped
+    for index, raw in run.lines:
+        event = classify_line(raw.decode("utf-8", "replace").rstrip("\r"))
+        if event is not None:
+            stats.findings += 1
+            yield tracker.observe(_at(event, name, line_base + index + 1))
+
+
+_Span = tuple[int, int, bool]
+
+
+def _runs(mm: mmap.mmap, size: int, chunk: int) -> Iterator[_Span]:
+    """(start, stop, too_long) of runs of about ``chunk`` bytes of whole lines; a line longer than
+    MAX_LINE is a run of its own, skipped (as the streaming reader skips it)."""
+    start = 0
+    while start < size:
+        cut = min(start + chunk, size) - 1
+        nl = mm.find(b"\n", cut)
+        stop = size if nl < 0 else nl + 1
+        line_start = max(mm.rfind(b"\n", start, cut) + 1, start)
+        if stop - line_start <= MAX_LINE:
+            yield start, stop, False
+        else:
+            if line_start > start:
+                yield start, line_start, False
+            yield line_start, stop, True
+        start = stop
+
+
+def _in_order(
+    pool: ThreadPoolExecutor, work: Callable[[_Span], _Run], items: Iterable[_Span], ahead: int
+) -> Iterator[_Run]:
+    """``pool.map`` with at most ``ahead`` results waiting (a log of nothing but candidates must not
+    be held in memory whole while this thread parses it)."""
+    pending: collections.deque[Future[_Run]] = collections.deque()
+    for item in items:
+        pending.append(pool.submit(work, item))
+        if len(pending) > ahead:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+def _scan_regular(
     fh: IO[bytes],
     name: str,
     stats: ScanStats,
-    hits: Callable[[bytes | bytearray, int], Hits],
+    lines: Callable[[bytes | bytearray, int], Lines],
+    chunk: int,
+    tracker: BurstTracker,
+    threads: int,
+) -> Iterator[Event]:
+    # The runs' bounds come from a map of the file (a page touched per run); each run is read
+    # with pread into its own bytes, so runs are independent and any thread can search one.
+    with fh:
+        fd, size = fh.fileno(), os.fstat(fh.fileno()).st_size
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
+            spans, unterminated = list(_runs(mm, size, chunk)), mm[size - 1] != 0x0A
+
+        def work(span: _Span) -> _Run:
+            start, stop, too_long = span
+            if too_long:
+                return _Run([], int(stop < size or not unterminated), 1)
+            try:
+                data = os.pread(fd, stop - start, start)
+            except OSError as exc:
+                raise InputError(f"{name}: read failed ({exc.strerror or exc})") from None
+            return _candidates(data, len(data), lines)
+
+        line_base, pool = 0, ThreadPoolExecutor(threads, "trainguard-scan") if threads > 1 else None
+        try:
+            for run in _in_order(pool, work, spans, 2 * threads) if pool else map(work, spans):
+                yield from _emit(run, name, line_base, stats, tracker)
+                line_base += run.newlines
+        finally:
+            if pool:
+                pool.shutdown(cancel_futures=True)  # waits for the running searches
+        stats.bytes += size
+        stats.lines += line_base + unterminated
+
+
+def _scan_stream(
+    fh: IO[bytes],
+    name: str,
+    stats: ScanStats,
+    lines: Callable[[bytes | bytearray, int], Lines],
     chunk: int,
     tracker: BurstTracker,
 ) -> Iterator[Event]:
@@ -197,44 +306,11 @@ def _scan(
                     stats.skipped += 1
                     discarding, filled = True, 0
                 continue
-            positions, maybe_binary = hits(buf, end)
-            bad = _bad_lines(buf, end) if maybe_binary else set()
-            stats.skipped += len(bad)
-            cursor, counted = yield from _findings(buf, end, name, line_base, positions, bad, stats, tracker)
-            newlines = counted + buf.count(b"\n", cursor, end)
-            line_base += newlines
-            stats.lines += newlines + (1 if at_eof and end and buf[end - 1] != 0x0A else 0)
+            run = _candidates(buf, end, lines)
+            yield from _emit(run, name, line_base, stats, tracker)
+            line_base += run.newlines
+            stats.lines += run.newlines + (1 if at_eof and end and buf[end - 1] != 0x0A else 0)
             if at_eof:
                 break
             view[: filled - end] = view[end:filled]
             filled -= end
-
-
-def _findings(
-    buf: bytes | bytearray,
-    end: int,
-    name: str,
-    line_base: int,
-    positions: list[int],
-    bad: set[int],
-    stats: ScanStats,
-    tracker: BurstTracker,
-) -> Generator[Event, None, tuple[int, int]]:
-    """Classify the candidate lines; returns (offset, lines before it) of the last one seen."""
-    cursor, cursor_line, done_until = 0, 0, -1
-    for pos in positions:
-        if pos <= done_until or pos >= end:
-            continue  # another anchor on a line already handled
-        start = buf.rfind(b"\n", 0, pos) + 1
-        stop = buf.find(b"\n", pos, end)
-        stop = end if stop < 0 else stop
-        done_until = stop
-        cursor_line += buf.count(b"\n", cursor, start)
-        cursor = start
-        if cursor_line in bad:
-            continue
-        event = classify_line(buf[start:stop].decode("utf-8", "replace").rstrip("\r"))
-        if event is not None:
-            stats.findings += 1
-            yield tracker.observe(_at(event, name, line_base + cursor_line + 1))
-    return cursor, cursor_line
