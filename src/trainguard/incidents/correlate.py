@@ -135,10 +135,11 @@ def explain_job(
         hardware = _corroborating(root, findings, evidence, corroborate_s)
         if hardware is None:
             unconfirmed = True
-            notes.append(f"no Xid or ECC event on GPU {root.pci or '?'}: a program bug unless it recurs on that "
-                         "GPU (then run diagnostics on it)")  # fmt: skip
+            where = f"GPU {root.pci}" if root.pci else "this rank's GPU"
+            notes.append(f"no Xid or ECC event on {where}: a program bug unless it recurs on that GPU "
+                         "(then run `trainguard diagnose` on it)")  # fmt: skip
         else:
-            notes.append(f"GPU {root.pci or hardware.pci or '?'} logged {hardware.event.text.strip()[:160]!r} "
+            notes.append(f"GPU {root.pci or hardware.pci or '(PCI unknown)'} logged {hardware.event.text.strip()[:160]!r} "
                          "around it: the GPU's fault")  # fmt: skip
             cause = _evidence(hardware).cause
             rank = root.rank if hardware.rank is None else hardware.rank
