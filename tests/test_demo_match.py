@@ -151,6 +151,15 @@ def test_the_expected_root_cause_with_the_wrong_action_fails_the_fault():
     assert "action restart, expected exclude_gpu" in outcome.reason
 
 
+def test_a_fault_with_no_incident_of_its_own_does_not_take_a_later_faults_right_incident():
+    faults = [inj("F5", 61), inj("F6", 90)]  # both on rank 2, within one window
+    job_wide_hang = good(4, "F5", 65.0, None)  # names no rank: not evidence about rank 2
+    incidents = [job_wide_hang, good(6, "F6", 90.3, 2)]
+    hang, straggler = match(list(PLAN.faults), faults, incidents)
+    assert straggler.ok and straggler.incident_id == 6
+    assert not hang.ok and hang.incident_id is None
+
+
 def test_a_fault_that_never_fired_fails():
     spec = PLAN.fault("F5")
     faults = [InjectedFault("F5", spec.kind, spec.label, False, rank=2)]

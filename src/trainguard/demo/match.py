@@ -8,8 +8,9 @@ The rule (also printed in the demo's JSON as ``matching_rule``)::
         checkpoint) takes only a job-wide incident (one naming neither rank nor GPU) whose
         evidence names the torn checkpoint's step, and
       - it was detected no earlier than 1 s before the injection and at most WINDOW s after it;
-    faults are taken in the order they happened; each takes the candidate with the expected
-    root cause and action (then the earliest), and each incident matches at most one fault.
+    faults are taken in the order they happened, twice: first each takes the earliest candidate
+    with the expected root cause and action, then each fault still open takes its best remaining
+    candidate (expected root cause first, then the earliest); an incident matches at most one fault.
     A left-over incident that is a candidate of matched faults is "related" to the latest of
     them (the same fault seen by a second detector).
 
@@ -53,20 +54,31 @@ def match(
     taken: set[int] = set()
     results: dict[str, Outcome] = {}
     ordered = sorted(injected, key=lambda i: (i.time is None, i.time or 0.0))
-    for inj in ordered:
-        spec = plan[inj.id]
-        if not inj.fired or inj.time is None:
-            results[inj.id] = Outcome(inj.id, None, False, "never injected: the run ended before its step")
-            continue
-        pool = [i for i in candidates(inj, incidents, window_s) if i.id not in taken]
-        if not pool:
-            results[inj.id] = Outcome(inj.id, None, False, f"no incident names {_where(inj)}")
-            continue
-        best = min(pool, key=lambda i: _preference(i, spec))
-        assert best.id is not None
-        taken.add(best.id)
-        ok, reason = judge(best, spec)
-        results[inj.id] = Outcome(inj.id, best.id, ok, reason, round(best.time - inj.time, 3))
+    # Round one takes only right conclusions, so that a fault whose own incident is missing
+    # cannot take the incident a later fault on the same rank is right about; round two gives
+    # each fault still open its best remaining candidate, to report what was concluded instead.
+    for right_only in (True, False):
+        for inj in ordered:
+            spec = plan[inj.id]
+            if inj.id in results:
+                continue
+            if not inj.fired or inj.time is None:
+                results[inj.id] = Outcome(
+                    inj.id, None, False, "never injected: the run ended before its step"
+                )
+                continue
+            pool = [i for i in candidates(inj, incidents, window_s) if i.id not in taken]
+            if right_only:
+                pool = [i for i in pool if judge(i, spec)[0]]
+            if not pool:
+                if not right_only:
+                    results[inj.id] = Outcome(inj.id, None, False, f"no incident names {_where(inj)}")
+                continue
+            best = min(pool, key=lambda i: _preference(i, spec))
+            assert best.id is not None
+            taken.add(best.id)
+            ok, reason = judge(best, spec)
+            results[inj.id] = Outcome(inj.id, best.id, ok, reason, round(best.time - inj.time, 3))
     # Second pass: the same fault seen again by another detector; a left-over incident belongs
     # to the latest matched fault before it.
     related: dict[str, list[int]] = {}
