@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean install
+.PHONY: demo test test-all lint typecheck unit unit-all bench clean install
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,10 +26,17 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# `make test`: the fast suite (~6 min on 2 cores); `make test-all`: also the long end-to-end runs
+# (marked slow: the demo, the supervisor, multi-node), as CI runs it.
 unit: $(STAMP)
+	$(BIN)/pytest -q -m "not gpu and not slow"
+
+unit-all: $(STAMP)
 	$(BIN)/pytest -q -m "not gpu"
 
 test: lint typecheck unit
+
+test-all: lint typecheck unit-all
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
