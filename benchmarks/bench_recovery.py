@@ -144,8 +144,9 @@ def measure_hang(
         os.kill(int((work / "pid1").read_text()), signal.SIGSTOP)
         while time.time() < t_stop + cap_s:
             if kind == "trainguard":
-                found = _incident_time(work)
+                found = _incident_time(work, after=t_stop)
                 if found is not None:
+                    FALSE_HANGS.append(_hangs_before(work, t_stop))
                     return found - t_stop, False
             elif not Path(f"/proc/{survivor}").exists() or _zombie(survivor):
                 return time.time() - t_stop, False
@@ -157,16 +158,29 @@ def measure_hang(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _incident_time(work: Path) -> float | None:
+def _incident_time(work: Path, after: float) -> float | None:
+    """Time of the first hang incident detected after ``after`` (an earlier one is a false alarm
+    of the warm-up, not this fault)."""
     path = work / "runs" / "bench" / "incidents.jsonl"
     try:
         for line in path.read_text().splitlines():
             inc = json.loads(line)
-            if inc.get("category") == "hang":
+            if inc.get("category") == "hang" and float(inc["time"]) >= after:
                 return float(inc["time"])
     except (OSError, ValueError):
         return None
     return None
+
+
+FALSE_HANGS: list[int] = []  # hang incidents trainguard recorded before the fault, per run
+
+
+def _hangs_before(work: Path, when: float) -> int:
+    try:
+        lines = (work / "runs" / "bench" / "incidents.jsonl").read_text().splitlines()
+        return sum(1 for x in map(json.loads, lines) if x.get("category") == "hang" and x["time"] < when)
+    except (OSError, ValueError, KeyError):
+        return 0
 
 
 def _zombie(pid: int) -> bool:
@@ -219,6 +233,7 @@ def main() -> int:
             torchrun_pg60_hang_detect_s=round(pg60, 3),
             torchrun_pg60_hang_capped=pg60_capped,
             hang_ratio_vs_pg60=round(hang / pg60, 3),
+            hang_false_alarms_before_fault=sum(FALSE_HANGS),
             hang_timeout_floor_s=args.hang_floor,
         )
     if args.json:

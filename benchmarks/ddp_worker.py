@@ -70,6 +70,8 @@ def main() -> None:
             with open(args.work / "progress", "a") as f:
                 f.write(f"{now} {step} {os.getpid()}\n")
         if (step + 1) % args.every == 0:
+            if beats:  # as the Guard does: a save may wait (the writer's start, back-pressure)
+                beats.beat(step, phase="checkpoint")
             ckpt.save(step + 1, state)
             last, saved = time.time(), True
     ckpt.close()
