@@ -3,10 +3,9 @@
 The rule (also printed in the demo's JSON as ``matching_rule``)::
 
     an incident is a candidate for an injected fault when
-      - it names the fault's rank or the GPU that rank used, and no other rank or GPU;
-        a fault with no rank (a torn
-        checkpoint) takes only a job-wide incident (one naming neither rank nor GPU) whose
-        evidence names the torn checkpoint's step, and
+      - it names the fault's rank or the GPU that rank used, and no other rank or GPU; a
+        fault with no rank (a torn checkpoint) takes only a job-wide incident (one naming
+        neither rank nor GPU) whose evidence names the torn checkpoint's step, and
       - it was detected no earlier than 1 s before the injection and at most WINDOW s after it;
     faults are taken in the order they happened, twice: first each takes the earliest candidate
     with the expected root cause and action, then each fault still open takes its best remaining
