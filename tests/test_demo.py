@@ -12,14 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-EXPECTED = {
-    "nan": ("silent_data_corruption", "numerics"),
-    "xid": ("faulty_gpu", "exclude_gpu"),
-    "crash": ("software_bug", "restart"),
-    "hang": ("nccl_watchdog_timeout", "restart"),
-    "straggler": ("faulty_gpu", "continue"),
-    "corrupt_checkpoint": ("dependency", "skip_torn_checkpoint"),
-}
+KINDS = {"nan", "xid", "crash", "hang", "straggler", "corrupt_checkpoint"}
 
 
 @pytest.mark.timeout(240)
@@ -36,15 +29,21 @@ def test_quick_demo_matches_every_injected_fault_to_its_incident_and_trains_abov
     assert report["all_matched"] and report["passed"]
     assert report["accuracy"] > 0.90 and report["reference_accuracy"] is None
     injected = {f["kind"]: f for f in report["injected"]}
-    assert set(EXPECTED) == set(injected)
+    assert set(injected) == KINDS
     incidents = {i["id"]: i for i in report["incidents"]}
-    for kind, (cause, action_or_detector) in EXPECTED.items():
-        fault = injected[kind]
+    for kind, fault in injected.items():
         incident = incidents[fault["matched_incident"]]
         assert incident["matched_fault"] == fault["id"]
-        assert incident["root_cause"] == cause == fault["root_cause"]
-        assert action_or_detector in (incident["action"], incident["detected_by"])
+        assert incident["root_cause"] in fault["expected_root_cause"]
+        assert incident["action"] in fault["expected_action"]
+        if kind != "corrupt_checkpoint":  # the only fault with no rank: the job-wide resume names it
+            assert (incident["rank"], incident["gpu"]) in (
+                (fault["rank"], fault["gpu"]),
+                (fault["rank"], None),
+                (None, fault["gpu"]),
+            ), (kind, incident)
         assert 0 <= fault["detection_delay_s"] < 30
+    assert (injected["nan"]["rank"], injected["nan"]["gpu"]) == (0, 0)
     assert injected["xid"]["gpu"] == 3 and incidents[injected["xid"]["matched_incident"]]["gpu"] == 3
     assert injected["hang"]["detection_delay_s"] < 20  # the heartbeat watchdog, not gloo's 30 min
     assert 0 < report["ettr"] < 1

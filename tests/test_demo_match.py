@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import io
 import time
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from trainguard.chaos import parse_plan
 from trainguard.demo.live import DemoState, IncidentRow, PlainDisplay, sparkline
@@ -44,24 +47,26 @@ def all_faults() -> list[InjectedFault]:
     ]
 
 
+def good(id: int, fid: str, t: float, rank: int | None, **kw) -> Incident:
+    """The incident a correct trainguard records for fault ``fid``: its plan's cause and action."""
+    spec = PLAN.fault(fid)
+    return inc(id, t, RootCause(spec.expected_causes[0]), spec.expected_actions[0], rank, **kw)
+
+
 def all_incidents() -> list[Incident]:
     return [
-        inc(1, 10.1, RootCause.SILENT_DATA_CORRUPTION, "continue", 2, category="numerics"),
-        inc(2, 20.3, RootCause.FAULTY_GPU, "exclude_gpu", 3),
-        inc(3, 42.0, RootCause.SOFTWARE_BUG, "restart", 1),
-        inc(4, 65.0, RootCause.NCCL_WATCHDOG_TIMEOUT, "restart", 2),
-        inc(
-            5,
-            66.0,
-            RootCause.DEPENDENCY,
-            "skip_torn_checkpoint",
-            None,
+        good(1, "F1", 10.1, 0, category="numerics"),
+        good(2, "F2", 20.3, 3),
+        good(3, "F3", 42.0, 1),
+        good(4, "F5", 65.0, 2),
+        good(
+            5, "F4", 66.0, None,
             detected_by="checkpoint_verify",
             evidence=("checksum mismatch", {"skipped_step": 80, "resume_step": 70}),
         ),
-        inc(6, 90.3, RootCause.FAULTY_GPU, "continue", 2),
+        good(6, "F6", 90.3, 2),
         inc(7, 91.0, RootCause.UNKNOWN, "continue", 2),
-    ]
+    ]  # fmt: skip
 
 
 def test_every_fault_of_a_good_run_matches_its_incident_one_to_one():
@@ -83,7 +88,7 @@ def test_an_incident_on_another_rank_does_not_match_a_fault():
     incidents = [inc(3, 42.0, RootCause.SOFTWARE_BUG, "restart", 0)]
     [outcome] = match(list(PLAN.faults), faults, incidents)
     assert not outcome.ok and outcome.incident_id is None
-    assert "no incident on rank 1" in outcome.reason
+    assert "no incident names rank 1 or GPU 1" in outcome.reason
 
 
 def test_an_incident_detected_before_the_injection_or_after_the_window_does_not_match():
@@ -119,10 +124,40 @@ def test_the_incident_with_the_expected_root_cause_wins_over_an_earlier_one():
     assert outcome.incident_id == 5 and outcome.ok and outcome.related == (6,)
 
 
-def test_a_nan_matches_a_numerics_incident_whichever_rank_reported_it():
-    faults = [inj("F1", 10)]  # injected on rank 0; the all-reduced loss is NaN on every rank
-    incidents = [inc(1, 10.1, RootCause.SILENT_DATA_CORRUPTION, "continue", 3, category="numerics")]
-    assert match(list(PLAN.faults), faults, incidents)[0].ok
+def test_a_nan_on_rank_0_does_not_match_a_numerics_incident_that_names_rank_3():
+    faults = [inj("F1", 10)]  # the all-reduced loss is NaN on every rank; only rank 0 produced it
+    wrong = good(1, "F1", 10.1, 3, category="numerics")
+    [outcome] = match(list(PLAN.faults), faults, [wrong])
+    assert not outcome.ok and outcome.incident_id is None
+
+
+def test_an_incident_naming_the_right_rank_on_another_gpu_does_not_match():
+    faults = [inj("F2", 20)]  # rank 3 on GPU 3
+    [outcome] = match(list(PLAN.faults), faults, [good(2, "F2", 20.3, 3, gpu=1)])
+    assert not outcome.ok and outcome.incident_id is None
+
+
+def test_a_job_wide_incident_does_not_match_a_fault_on_one_rank():
+    faults = [inj("F3", 40)]
+    [outcome] = match(list(PLAN.faults), faults, [good(3, "F3", 42.0, None)])
+    assert not outcome.ok and outcome.incident_id is None
+
+
+def test_the_expected_root_cause_with_the_wrong_action_fails_the_fault():
+    faults = [inj("F2", 20)]
+    incidents = [inc(2, 20.3, RootCause.FAULTY_GPU, "restart", 3)]
+    [outcome] = match(list(PLAN.faults), faults, incidents)
+    assert outcome.incident_id == 2 and not outcome.ok
+    assert "action restart, expected exclude_gpu" in outcome.reason
+
+
+def test_a_fault_with_no_incident_of_its_own_does_not_take_a_later_faults_right_incident():
+    faults = [inj("F5", 61), inj("F6", 90)]  # both on rank 2, within one window
+    job_wide_hang = good(4, "F5", 65.0, None)  # names no rank: not evidence about rank 2
+    incidents = [job_wide_hang, good(6, "F6", 90.3, 2)]
+    hang, straggler = match(list(PLAN.faults), faults, incidents)
+    assert straggler.ok and straggler.incident_id == 6
+    assert not hang.ok and hang.incident_id is None
 
 
 def test_a_fault_that_never_fired_fails():
@@ -134,12 +169,15 @@ def test_a_fault_that_never_fired_fails():
 
 def test_a_torn_checkpoint_matches_the_incident_of_the_resume_that_skipped_it():
     torn = [inj("F4", 60, rank=None, gpu=None, checkpoint_step=80)]
-    skipped = inc(5, 66.0, RootCause.DEPENDENCY, "skip_torn_checkpoint", None)
-    hang = inc(4, 65.0, RootCause.NCCL_WATCHDOG_TIMEOUT, "restart", 2)
+    skipped = good(5, "F4", 66.0, None, evidence=({"skipped_step": 80, "resume_step": 70},))
+    older = good(5, "F4", 66.0, None, evidence=({"skipped_step": 60, "resume_step": 45},))
+    hang = good(4, "F5", 65.0, 2)
     [matched] = match(list(PLAN.faults), torn, [hang, skipped])
     [missed] = match(list(PLAN.faults), torn, [hang])
+    [other_checkpoint] = match(list(PLAN.faults), torn, [hang, older])
     assert matched.ok and matched.incident_id == 5
     assert not missed.ok and missed.incident_id is None
+    assert not other_checkpoint.ok and other_checkpoint.incident_id is None
 
 
 def test_the_built_in_plan_has_the_five_required_fault_kinds_mid_run_and_parses_as_a_chaos_plan():
@@ -291,4 +329,45 @@ def test_the_live_view_marks_a_fault_detected_when_its_incident_arrives():
     assert live.incident(inc(9, 20.2, RootCause.FAULTY_GPU, "exclude_gpu", 1).to_dict()) == []
     assert live.incident(inc(2, 20.3, RootCause.FAULTY_GPU, "exclude_gpu", 3).to_dict()) == ["F2"]
     torn = inc(5, 66.0, RootCause.DEPENDENCY, "skip_torn_checkpoint", None, detected_by="checkpoint_verify")
+    assert live.incident(torn.to_dict()) == []  # names no checkpoint
+    torn = replace(torn, evidence=({"skipped_step": 75, "resume_step": 60},))
     assert live.incident(torn.to_dict()) == ["F4"]
+
+
+MATCHED = {"F1": 1, "F2": 2, "F3": 3, "F4": 5, "F5": 4, "F6": 6}
+
+
+def misattributed(fid: str, how: str) -> Incident:
+    """The good run's incident for ``fid``, wrong in one way."""
+    right = next(i for i in all_incidents() if i.id == MATCHED[fid])
+    spec = PLAN.fault(fid)
+    other = ((spec.rank or 0) + 1) % PLAN.nproc
+    if how == "rank":
+        return replace(right, rank=other, gpu=other)
+    if how == "gpu":
+        return replace(right, rank=None, gpu=other)
+    if how == "action":
+        return replace(right, action="restart" if "restart" not in spec.expected_actions else "continue")
+    return replace(right, root_cause=RootCause.UNKNOWN)
+
+
+@pytest.mark.parametrize("how", ["rank", "gpu", "action", "root_cause"])
+@pytest.mark.parametrize("fid", sorted(MATCHED))
+def test_the_demo_fails_when_an_incident_is_misattributed(fid, how):
+    incidents = [misattributed(fid, how) if i.id == MATCHED[fid] else i for i in all_incidents()]
+    report = report_for(0.96, incidents)
+    fault = next(f for f in report["injected"] if f["id"] == fid)
+    assert not fault["matched"]
+    assert not report["passed"] and any(p.startswith(f"{fid} ") for p in report["problems"])
+    assert "FAILED" in render(report)
+
+
+def test_the_json_report_names_rank_gpu_action_and_match_of_every_fault_and_incident():
+    report = report_for(0.96)
+    assert {"injected", "incidents", "accuracy", "reference_accuracy", "ettr", "passed"} <= set(report)
+    for f in report["injected"]:
+        assert {"rank", "gpu", "expected_action", "matched_incident"} <= set(f)
+    for i in report["incidents"]:
+        assert {"id", "rank", "gpu", "action", "root_cause"} <= set(i)
+    f1 = report["injected"][0]
+    assert (f1["rank"], f1["gpu"], f1["matched_incident"]) == (0, 0, 1)

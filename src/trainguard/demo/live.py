@@ -159,7 +159,8 @@ class Display:
                 f"the failure (resumed at step {d.get('resume_step') or 0})"
             )
         elif ev.kind == "diagnosis":
-            self.line(f"diagnostics on GPU {d.get('gpu')}: {d.get('health')}")
+            # The built-in diagnose hook re-reads the (simulated) telemetry; no active test runs yet.
+            self.line(f"telemetry re-check of GPU {d.get('gpu')}: {d.get('health')}")
 
     def progressed(self) -> None:
         """Called after each progress event (plain mode prints every tenth of the run)."""

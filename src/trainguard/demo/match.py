@@ -3,16 +3,19 @@
 The rule (also printed in the demo's JSON as ``matching_rule``)::
 
     an incident is a candidate for an injected fault when
-      - it names the fault's rank, or the GPU that rank used, or it is job-wide (names neither),
-        or both are numerics (the Guard all-reduces the loss: every rank sees a NaN at once,
-        so whichever rank reported it first may be named), and
+      - it names the fault's rank or the GPU that rank used, and no other rank or GPU; a
+        fault with no rank (a torn checkpoint) takes only a job-wide incident (one naming
+        neither rank nor GPU) whose evidence names the torn checkpoint's step, and
       - it was detected no earlier than 1 s before the injection and at most WINDOW s after it;
-    faults are taken in the order they happened; each takes the candidate with the expected
-    root cause (then the expected action, then the earliest), and each incident matches at most
-    one fault. A left-over incident that is a candidate of matched faults is "related" to the
-    latest of them (the same fault seen by a second detector).
+    faults are taken in the order they happened, twice: first each takes the earliest candidate
+    with the expected root cause and action, then each fault still open takes its best remaining
+    candidate (expected root cause first, then the earliest); an incident matches at most one fault.
+    A left-over incident that is a candidate of matched faults is "related" to the latest of
+    them (the same fault seen by a second detector).
 
-A fault is OK when it matched an incident whose root cause is one of the expected ones.
+A fault is OK when it matched an incident whose root cause is one of the expected ones and
+whose action is one of the expected ones. There is no exception for any fault kind: an
+incident that names another rank, or no rank at all, is not evidence about this fault.
 """
 
 from __future__ import annotations
@@ -50,25 +53,31 @@ def match(
     taken: set[int] = set()
     results: dict[str, Outcome] = {}
     ordered = sorted(injected, key=lambda i: (i.time is None, i.time or 0.0))
-    for inj in ordered:
-        spec = plan[inj.id]
-        if not inj.fired or inj.time is None:
-            results[inj.id] = Outcome(inj.id, None, False, "never injected: the run ended before its step")
-            continue
-        pool = [i for i in candidates(inj, incidents, window_s) if i.id not in taken]
-        if not pool:
-            results[inj.id] = Outcome(inj.id, None, False, f"no incident on rank {inj.rank} / GPU {inj.gpu}")
-            continue
-        best = min(pool, key=lambda i: _preference(i, spec))
-        assert best.id is not None
-        taken.add(best.id)
-        ok = best.root_cause.value in spec.expected_causes
-        reason = (
-            f"root cause {best.root_cause.value}"
-            if ok
-            else f"root cause {best.root_cause.value}, expected {' or '.join(spec.expected_causes)}"
-        )
-        results[inj.id] = Outcome(inj.id, best.id, ok, reason, round(best.time - inj.time, 3))
+    # Round one takes only right conclusions, so that a fault whose own incident is missing
+    # cannot take the incident a later fault on the same rank is right about; round two gives
+    # each fault still open its best remaining candidate, to report what was concluded instead.
+    for right_only in (True, False):
+        for inj in ordered:
+            spec = plan[inj.id]
+            if inj.id in results:
+                continue
+            if not inj.fired or inj.time is None:
+                results[inj.id] = Outcome(
+                    inj.id, None, False, "never injected: the run ended before its step"
+                )
+                continue
+            pool = [i for i in candidates(inj, incidents, window_s) if i.id not in taken]
+            if right_only:
+                pool = [i for i in pool if judge(i, spec)[0]]
+            if not pool:
+                if not right_only:
+                    results[inj.id] = Outcome(inj.id, None, False, f"no incident names {_where(inj)}")
+                continue
+            best = min(pool, key=lambda i: _preference(i, spec))
+            assert best.id is not None
+            taken.add(best.id)
+            ok, reason = judge(best, spec)
+            results[inj.id] = Outcome(inj.id, best.id, ok, reason, round(best.time - inj.time, 3))
     # Second pass: the same fault seen again by another detector; a left-over incident belongs
     # to the latest matched fault before it.
     related: dict[str, list[int]] = {}
@@ -92,20 +101,41 @@ def match(
 
 
 def candidates(inj: InjectedFault, incidents: list[Incident], window_s: float = WINDOW_S) -> list[Incident]:
-    """Incidents that could be this fault: same rank or GPU (or job-wide), detected in the window."""
+    """Incidents that could be this fault: naming its rank or GPU, detected in the window."""
     if inj.time is None:
         return []
-    out = []
-    for inc in incidents:
-        if inc.id is None or not inj.time - EARLY_S <= inc.time <= inj.time + window_s:
-            continue
+    return [
+        inc
+        for inc in incidents
+        if inc.id is not None and inj.time - EARLY_S <= inc.time <= inj.time + window_s and names(inc, inj)
+    ]
+
+
+def names(inc: Incident, inj: InjectedFault) -> bool:
+    """Does the incident point at where the fault was injected?"""
+    if inj.rank is not None or inj.gpu is not None:
         same_rank = inj.rank is not None and inc.rank == inj.rank
         same_gpu = inj.gpu is not None and inc.gpu == inj.gpu
-        job_wide = inc.rank is None and inc.gpu is None
-        numerics = inj.kind == "nan" and inc.category == "numerics"
-        if same_rank or same_gpu or job_wide or numerics:
-            out.append(inc)
-    return out
+        other_rank = inc.rank is not None and inj.rank is not None and inc.rank != inj.rank
+        other_gpu = inc.gpu is not None and inj.gpu is not None and inc.gpu != inj.gpu
+        return (same_rank or same_gpu) and not (other_rank or other_gpu)
+    if inc.rank is not None or inc.gpu is not None:
+        return False
+    if inj.checkpoint_step is None:
+        return inj.kind != "corrupt_checkpoint"
+    return any(isinstance(e, dict) and e.get("skipped_step") == inj.checkpoint_step for e in inc.evidence)
+
+
+def judge(inc: Incident, spec: DemoFault) -> tuple[bool, str]:
+    """Is the matched incident's conclusion the expected one? (ok, why in words)"""
+    wrong = []
+    if inc.root_cause.value not in spec.expected_causes:
+        wrong.append(f"root cause {inc.root_cause.value}, expected {' or '.join(spec.expected_causes)}")
+    if inc.action not in spec.expected_actions:
+        wrong.append(f"action {inc.action}, expected {' or '.join(spec.expected_actions)}")
+    if wrong:
+        return False, f"incident #{inc.id}: " + "; ".join(wrong)
+    return True, f"root cause {inc.root_cause.value}, action {inc.action}"
 
 
 def unmatched(outcomes: list[Outcome], incidents: list[Incident]) -> list[Incident]:
@@ -120,3 +150,14 @@ def _preference(inc: Incident, spec: DemoFault) -> tuple[int, int, float]:
         0 if inc.action in spec.expected_actions else 1,
         inc.time,
     )
+
+
+def _where(inj: InjectedFault) -> str:
+    if inj.rank is None and inj.gpu is None:
+        step = f" of step {inj.checkpoint_step}" if inj.checkpoint_step is not None else ""
+        return f"the torn checkpoint{step}" if inj.kind == "corrupt_checkpoint" else "the job"
+    parts = [
+        f"rank {inj.rank}" if inj.rank is not None else "",
+        f"GPU {inj.gpu}" if inj.gpu is not None else "",
+    ]
+    return " or ".join(p for p in parts if p)

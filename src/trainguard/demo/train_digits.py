@@ -124,8 +124,8 @@ def main() -> None:
             loss.backward()
             if guard.step(step, loss) == "proceed":  # trainguard
                 optimizer.step()
-                if metrics:
-                    metrics.write(json.dumps({"step": step, "loss": guard.last_loss}) + "\n")
+                if metrics:  # this step's loss: one device sync per step, only when asked for
+                    metrics.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
                     metrics.flush()
             optimizer.zero_grad(set_to_none=True)
             if args.step_delay:
