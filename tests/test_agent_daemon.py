@@ -13,7 +13,7 @@ import pytest
 from agent_service import sim_config
 from trainguard.agentd import AgentDaemon
 from trainguard.agentd import daemon as daemon_module
-from trainguard.agentd.judge import onsets
+from trainguard.agentd.judge import incidents_for, onsets
 from trainguard.agentd.snapshot import History
 from trainguard.agentd.state import Cursor, SavedState, load_state, save_state
 from trainguard.incidents.store import IncidentStore
@@ -33,6 +33,21 @@ def test_a_finding_is_counted_when_it_appears_not_while_it_lasts() -> None:
     assert onsets(active, [f])[0] == []
     assert onsets(active, [f, f])[0] == [f]  # a second one of the same kind is new
     assert onsets(onsets(active, [])[1], [f])[0] == [f]  # gone, then back: new again
+
+
+def test_two_witnesses_of_one_gpu_fault_in_a_tick_make_one_incident() -> None:
+    lost = Finding("telemetry", Health.FAILED, Action.REBOOT_NODE, "GPU stopped answering", gpu=3, time=100.0)
+    xid = Finding(
+        "xid", Health.FAILED, Action.RESET_GPU, "Xid 79: GPU has fallen off the bus", gpu=3, time=99.5
+    )
+    other = Finding("thermal", Health.DEGRADED, Action.RUN_DIAGNOSTICS, "hot", gpu=5, time=100.0)
+    fine = Finding("ecc", Health.OK, Action.NONE, "no errors", gpu=1)
+    incidents = incidents_for([xid, lost, other, fine], "node-a", now=101.0)
+    assert [(i.gpu, i.action) for i in incidents] == [(3, "reboot_node"), (5, "run_diagnostics")]
+    gpu3 = incidents[0]
+    assert gpu3.summary == "GPU stopped answering"  # the strongest witness leads
+    assert any("Xid 79" in e for e in gpu3.evidence)  # the other witness is kept as evidence
+    assert gpu3.started == 99.5 and gpu3.detection_delay_s == 1.5  # from the earliest witness
 
 
 def test_a_fault_becomes_one_incident_however_many_ticks_it_lasts(tmp_path: Path) -> None:
@@ -177,6 +192,7 @@ def test_pending_incidents_are_bounded_and_drops_are_counted(
     try:
         daemon.step()
         daemon.fleet.now().xid(79, gpu=3)
+        daemon.fleet.now().xid(79, gpu=4)  # two GPUs: two incidents for a queue that holds one
         snap = daemon.step()
         assert snap.health is Health.DEGRADED
         assert daemon.pending == 1 and daemon.tally.copy().incidents_dropped >= 1

@@ -30,7 +30,7 @@ from typing import Any
 from trainguard.agent import Agent
 from trainguard.agentd.config import AgentConfig
 from trainguard.agentd.follow import ResumingFollower, ResumingKmsg
-from trainguard.agentd.judge import FindingKey, all_findings, incident_for, onsets
+from trainguard.agentd.judge import FindingKey, all_findings, incidents_for, onsets
 from trainguard.agentd.snapshot import LATENCY_BUCKETS, History, Snapshot, Tally
 from trainguard.agentd.state import SavedState, load_state, save_state
 from trainguard.clock import Clock, RealClock
@@ -146,7 +146,7 @@ class AgentDaemon:
         now = self.clock.time()
         # judge
         new, self._active = onsets(self._active, all_findings(verdict))
-        incidents = [i for f in new if (i := incident_for(f, self.hostname, now)) is not None]
+        incidents = incidents_for(new, self.hostname, now)
         # act
         problems: list[str] = []
         self._count(new, events, incidents)

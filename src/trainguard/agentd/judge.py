@@ -21,7 +21,7 @@ from trainguard.records import Finding, Health, NodeVerdict
 
 FindingKey = tuple[str, int | None, str, str, str]
 
-__all__ = ["Counter", "FindingKey", "all_findings", "incident_for", "key", "onsets"]
+__all__ = ["Counter", "FindingKey", "all_findings", "incidents_for", "key", "onsets"]
 
 
 def key(f: Finding) -> FindingKey:
@@ -48,23 +48,39 @@ def onsets(
     return new, current
 
 
-def incident_for(f: Finding, node: str, now: float) -> Incident | None:
-    """The node incident a new finding is, or None when it says nothing is wrong."""
-    if f.health not in (Health.DEGRADED, Health.FAILED):
-        return None
+def incidents_for(new: Iterable[Finding], node: str, now: float) -> list[Incident]:
+    """The node incidents this tick's new findings are. Findings that name the same GPU in one tick
+    are one fault seen by several witnesses (an Xid 79 line and NVML losing the GPU): one incident
+    whose summary and action are the strongest finding's and whose evidence lists them all."""
+    by_gpu: dict[int | None, list[Finding]] = {}
+    alone: list[list[Finding]] = []
+    for f in new:
+        if f.health not in (Health.DEGRADED, Health.FAILED):
+            continue
+        if f.gpu is None:
+            alone.append([f])
+        else:
+            by_gpu.setdefault(f.gpu, []).append(f)
+    return [_incident(group, node, now) for group in [*by_gpu.values(), *alone]]
+
+
+def _incident(group: list[Finding], node: str, now: float) -> Incident:
+    lead = max(group, key=lambda f: (f.health.rank, f.action.rank))
     # Kernel-log findings carry the line's dmesg time (seconds since boot): no delay from that.
-    same_clock = f.time is not None and 0 <= now - f.time < 86400
+    times = [f.time for f in group if f.time is not None and 0 <= now - f.time < 86400]
+    started = min(times) if times else None
+    others = [f"{f.rule}: {f.reason}" for f in group if f is not lead]
     return Incident(
         job=f"node:{node}",
         time=now,
-        started=f.time if same_clock else None,
-        root_cause=root_cause_for([f]),
-        category=f.category.value if f.category is not None else None,
-        action=f.action.value,
-        summary=f.reason,
-        evidence=(f.rule, *f.evidence),
-        gpu=f.gpu,
+        started=started,
+        root_cause=root_cause_for(group),
+        category=lead.category.value if lead.category is not None else None,
+        action=lead.action.value,
+        summary=lead.reason,
+        evidence=(lead.rule, *lead.evidence, *others),
+        gpu=lead.gpu,
         node=node,
         detected_by="agent",
-        detection_delay_s=now - f.time if same_clock and f.time is not None else None,
+        detection_delay_s=now - started if started is not None else None,
     )
