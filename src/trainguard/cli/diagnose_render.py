@@ -80,7 +80,7 @@ def report_text(report: Report) -> str:
             where = "node " if gpu is None else f"GPU {gpu}"
             figure = f" {_value(t)} {t.unit}".rstrip() if t.value is not None else ""
             expected = f" (expected {t.expected:.4g})" if isinstance(t.expected, float) else ""
-            lines.append(f"{where}  {t.name} {t.verdict.value}:{figure}{expected} {t.reason}")
+            lines.append(f"{where}  {t.name} {t.verdict.value}:{figure}{expected}; {t.reason}")
     skipped = {(t.name, t.reason) for t in report.node if t.verdict is Verdict.SKIP}
     skipped |= {(t.name, t.reason) for g in report.gpus for t in g.tests if t.verdict is Verdict.SKIP}
     if skipped:
