@@ -107,14 +107,14 @@ def test_the_earliest_causal_failure_is_the_root_cause_not_the_peers_symptoms():
     assert t.rank == 1
     assert t.root_cause.value == "host"
     assert "SIGKILL" in t.summary
-    assert t.failure.signature is None  # a kill is not an application bug: no crash-loop count
+    assert t.signature is None  # a kill is not an application bug: no crash-loop count
 
 
 def test_an_application_error_carries_a_crash_loop_signature():
     err = ErrorRecord(1, 50.0, "ValueError", "bad batch at step 7", 'File "/x/train.py", line 3, in run\n')
     t = exit_trouble(51.0, [Exited(1, 1, 1, 50.1)], [err], [], [], {1: 1}, {})
     assert t.root_cause.value == "software_bug"
-    assert t.failure.signature == "ValueError: bad batch at step <n> @ train.py:run"
+    assert t.signature == "ValueError: bad batch at step <n> @ train.py:run"
 
 
 def test_checkpoint_dir_and_script_are_found_in_the_worker_command(tmp_path):

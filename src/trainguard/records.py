@@ -170,6 +170,10 @@ class Category(str, Enum):
     NUMERICS = "numerics"  # NaN/Inf or a spike in the loss or gradients (trainguard.detect.numerics)
 
 
+# Categories whose evidence alone points at the GPU, not the program.
+HARDWARE_CATEGORIES = frozenset({Category.GPU_HARDWARE, Category.GPU_MEMORY_ECC, Category.INTERCONNECT})
+
+
 class Severity(str, Enum):
     INFO = "info"
     WARNING = "warning"

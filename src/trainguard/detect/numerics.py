@@ -45,7 +45,7 @@ class Policy(str, Enum):
     WARN = "warn"  # report, but apply the update anyway
     SKIP = "skip"  # drop this update
     ROLLBACK = "rollback"  # restore the last good checkpoint and replay
-    STOP = "stop"  # save nothing, exit with ExitCode.NUMERICS_STOP
+    STOP = "stop"  # save nothing, exit with WorkerExit.NUMERICS_STOP
 
 
 class Anomaly(str, Enum):

@@ -1,40 +1,217 @@
-"""From raw observations to one `Trouble`: the policy's input plus what the incident records.
+"""Judge: from one `Observation` to at most one `Trouble`, the policy's input and the incident's.
 
-Pure functions over plain data (exit codes, error records, classified log events, the node
-verdict): the supervisor gathers, this module folds, `recover.policy` decides. The root cause is
-the earliest causal failure (`trainguard.incidents.first_failure`): a rank killed at t=10 makes
-its peers fail with "connection closed by peer" at t=10.2; those are symptoms.
+Pure functions over plain data (exit codes, error records, classified log events, heartbeats,
+the node verdict, numerics findings): `supervisor.observe` gathers, this module judges,
+`recover.policy.decide` decides, the supervisor acts. The root cause is the earliest causal
+failure (`trainguard.incidents.first_failure`): a rank killed at t=10 makes its peers fail with
+"connection closed by peer" at t=10.2; those are symptoms.
 """
 
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from trainguard.incidents import Evidence, RootCause, first_failure
-from trainguard.records import Category, Event, Finding, Health, Severity
-from trainguard.recover.policy import Failure, FailureKind, error_signature
-from trainguard.rundir import ErrorRecord, ExitCode
+from trainguard.records import HARDWARE_CATEGORIES, Category, Event, Finding, Health, Severity
+from trainguard.recover.policy import Trouble, TroubleKind, error_signature
+from trainguard.rundir import ErrorRecord, WorkerExit
+from trainguard.supervisor.attempt import Attempt, History
+from trainguard.supervisor.logs import default_classifier
 
-_HARDWARE_CATEGORIES = {
-    Category.GPU_HARDWARE.value,
-    Category.GPU_MEMORY_ECC.value,
-    Category.INTERCONNECT.value,
-}
+if TYPE_CHECKING:
+    from trainguard.supervisor.observe import Observation
+
+EXIT_GRACE_S = 10.0  # a rank that said goodbye may take this long to exit once its peers have
+STRAGGLER_FACTOR = 3.0  # steps this many times the run's baseline make a straggler
 
 
-@dataclass(slots=True)
-class Trouble:
-    failure: Failure
-    detected_by: str  # exit_code | error_file | kernel_log | heartbeat | numerics | telemetry ...
-    time: float  # when the supervisor detected it
-    started: float  # earliest evidence
-    summary: str
-    root_cause: RootCause = RootCause.UNKNOWN
-    rank: int | None = None
-    evidence: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+def assess(obs: Observation, attempt: Attempt, history: History) -> Trouble | None:
+    """The one trouble this look shows, most severe first: a worker exited, a GPU went bad, the
+    ranks hang, the numbers went bad, a rank straggles, a node waits to join. None: all is well."""
+    failed = [
+        Exited(attempt.rank_of[lr], lr, c, attempt.exits_seen.get(lr, obs.time))
+        for lr, c in obs.codes.items()
+        if c not in (None, 0)
+    ]
+    if failed:
+        ranks = set(attempt.rank_of.values())
+        errors = [
+            e
+            for e in obs.errors
+            if e.rank in ranks and e.attempt == attempt.number and e.time >= attempt.started - 1
+        ]
+        gpu_of = {r: attempt.gpu_of_rank(r) for r in ranks}
+        trouble = exit_trouble(
+            obs.time,
+            failed,
+            errors,
+            attempt.events,
+            list(obs.failed_gpu_findings),
+            gpu_of,
+            dict(obs.gpu_health),
+            default_classifier(),
+        )
+        return drill_started(trouble, attempt, history)
+    if obs.verdict is not None:
+        for gv in obs.verdict.gpus:
+            g = gv.gpu.index
+            if g not in attempt.gpu_map.gpus or gv.health in (Health.OK, Health.UNKNOWN):
+                continue
+            key = ("gpu", g, gv.health, tuple(gv.reasons))
+            if key in history.reported:
+                continue
+            trouble = gpu_trouble(obs.time, g, gv.health, list(gv.findings), attempt.rank_of_gpu(g))
+            return drill_started(replace(trouble, extra={**trouble.extra, "key": key}), attempt, history)
+    if obs.hang is not None:
+        return drill_started(hang_trouble(obs, attempt), attempt, history)
+    numerics = numerics_trouble(obs, history)
+    if numerics is not None:
+        return numerics
+    prog = obs.progress
+    if prog.nan_ranks and not history.numerics_incidents:  # a trainer without the Guard's findings
+        r = prog.nan_ranks[0]
+        return Trouble(
+            kind=TroubleKind.NUMERICS,
+            gpu=attempt.gpu_of_rank(r),
+            fatal=False,
+            detected_by="heartbeat",
+            time=obs.time,
+            started=obs.time,
+            summary=f"rank {r} reported a non-finite loss",
+            root_cause=RootCause.SILENT_DATA_CORRUPTION,
+            rank=r,
+        )
+    straggler = straggler_trouble(obs, attempt, history)
+    if straggler is not None:
+        return straggler
+    if obs.nodes_waiting > 0:
+        return Trouble(
+            kind=TroubleKind.MEMBERSHIP,
+            detected_by="rendezvous",
+            time=obs.time,
+            started=obs.time,
+            summary="a node is waiting to join: re-form the group",
+        )
+    return None
+
+
+def workers_done(obs: Observation, attempt: Attempt, grace_s: float = EXIT_GRACE_S) -> tuple[int, ...] | None:
+    """None while the job runs; once every worker finished, the local ranks still to end: those
+    that said goodbye (an "exit" heartbeat) but linger, e.g. in destroy_process_group, past a
+    grace after their peers exited."""
+    codes = obs.codes
+    if codes and all(c == 0 for c in codes.values()):
+        return ()
+    done = [lr for lr, c in codes.items() if c == 0]
+    running = [lr for lr, c in codes.items() if c is None]
+    if not done or not running or len(done) + len(running) != len(codes):
+        return None
+    if not all(obs.phases.get(attempt.rank_of[lr]) == "exit" for lr in running):
+        return None
+    if obs.time - min(attempt.exits_seen.get(lr, obs.time) for lr in done) < grace_s:
+        return None
+    return tuple(running)
+
+
+def numerics_trouble(obs: Observation, history: History) -> Trouble | None:
+    """The first non-finite loss or spike the Guard reported for a step with no incident yet."""
+    for key, rank, step, f in obs.findings:
+        if key in history.reported:
+            continue
+        if not (f.rule.startswith("numerics.nonfinite") or f.rule == "numerics.loss_spike"):
+            continue
+        if step is not None and step in history.numerics_incidents:
+            continue
+        return Trouble(
+            kind=TroubleKind.NUMERICS,
+            category="numerics",
+            fatal=False,
+            detected_by="numerics",
+            time=obs.time,
+            started=f.time or obs.time,
+            summary=f"rank {rank}: {f.reason}",
+            root_cause=RootCause.SILENT_DATA_CORRUPTION,
+            rank=rank,
+            evidence=(f"{f.rule}: {f.reason}", *[str(e) for e in f.evidence[:4]]),
+            extra={"step": step, "key": key},
+        )
+    return None
+
+
+def numerics_verdicts(obs: Observation, history: History) -> list[tuple[Any, int, RootCause, str]]:
+    """(key, step, cause, reason) for each rollback verdict on a step that has an incident:
+    a NaN that vanished after the rollback (transient) or came back (the program's)."""
+    out = []
+    for key, _rank, step, f in obs.findings:
+        if key in history.reported or step is None or step not in history.numerics_incidents:
+            continue
+        if f.rule == "numerics.transient":
+            out.append((key, step, RootCause.SILENT_DATA_CORRUPTION, f.reason))
+        elif f.rule == "numerics.data_problem":
+            out.append((key, step, RootCause.SOFTWARE_BUG, f.reason))
+    return out
+
+
+def hang_trouble(obs: Observation, attempt: Attempt) -> Trouble:
+    assert obs.hang is not None
+    prog, report = obs.progress, obs.hang
+    suspects = report.laggards
+    gpu = attempt.gpu_of_rank(suspects[0]) if len(suspects) == 1 else None
+    named = ", ".join(f"rank {r} ({report.reasons[r]})" for r in suspects) or "no single rank stands out"
+    return Trouble(
+        kind=TroubleKind.HANG,
+        gpu=gpu,
+        gpu_health=obs.gpu_health.get(gpu) if gpu is not None else None,
+        detected_by="heartbeat",
+        time=obs.time,
+        started=prog.last_progress,
+        summary=f"no progress for {obs.time - prog.last_progress:.1f}s (timeout {prog.timeout:.1f}s); "
+        f"laggard: {named}",
+        root_cause=RootCause.NCCL_WATCHDOG_TIMEOUT,
+        rank=suspects[0] if len(suspects) == 1 else None,
+        evidence=(f"method: {report.method}", *report.dumps),
+        extra={"laggards": list(suspects), "method": report.method},
+    )
+
+
+def straggler_trouble(obs: Observation, attempt: Attempt, history: History) -> Trouble | None:
+    """Steps much slower than the run's baseline, reported once per attempt (and not at all
+    once a degraded GPU was reported: that incident already names the cause)."""
+    prog, base = obs.progress, obs.baseline_step_time
+    slow = base and prog.step_time and prog.step_time > STRAGGLER_FACTOR * base
+    if not slow or attempt.straggler_reported or history.degraded_reported:
+        return None
+    assert base is not None and prog.step_time is not None
+    suspect = obs.degraded_gpu
+    rank = attempt.rank_of_gpu(suspect)
+    if rank is None and len(prog.waits) >= 2:  # all share step_time; the straggler waits least
+        rank = min(prog.waits, key=lambda r: prog.waits[r])
+        suspect = attempt.gpu_of_rank(rank)
+    return Trouble(
+        kind=TroubleKind.STRAGGLER,
+        gpu=suspect,
+        fatal=False,
+        detected_by="heartbeat",
+        time=obs.time,
+        started=obs.time,
+        summary=f"steps take {prog.step_time:.2f}s vs {base:.2f}s baseline",
+        rank=rank,
+    )
+
+
+def drill_started(trouble: Trouble, attempt: Attempt, history: History) -> Trouble:
+    """A chaos drill knows when its fault really happened: that is the incident's start, so the
+    detection delay is measured, not guessed (a SIGKILL leaves no timestamp of its own)."""
+    for inj in reversed(history.injected):
+        if inj.time >= attempt.started - 1 and (trouble.rank is None or inj.rank in (None, trouble.rank)):
+            return replace(
+                trouble,
+                started=min(trouble.started, inj.time),
+                extra={"injected": inj.index, **trouble.extra},
+            )
+    return trouble
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +229,7 @@ def describe_exit(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     try:
-        return f"exited {code} ({ExitCode(code).name})"
+        return f"exited {code} ({WorkerExit(code).name})"
     except ValueError:
         return f"exited {code}"
 
@@ -71,7 +248,7 @@ def exit_trouble(
     items: list[Any] = list(errors) + list(events) + list(findings)
     for rec in errors:  # an error file's CUDA message says more than "an exception"
         ev = classify(f"{rec.exc_type}: {rec.message}") if classify else None
-        if ev is not None and ev.category.value in _HARDWARE_CATEGORIES:
+        if ev is not None and ev.category in HARDWARE_CATEGORIES:
             items.append(
                 Evidence(
                     _hw_cause(ev.category),
@@ -99,30 +276,23 @@ def exit_trouble(
     if root_rank is None:
         root_rank = min(exited, key=lambda e: e.seen).rank if exited else None
     root_err = next((r for r in errors if r.rank == root_rank), None)
-    kind = FailureKind.PROCESS_EXIT
+    kind = TroubleKind.PROCESS_EXIT
     codes = {e.code for e in exited if e.rank == root_rank}
-    if ExitCode.HANG.value in codes:
-        kind = FailureKind.HANG
-    elif ExitCode.NUMERICS_STOP.value in codes:
-        kind = FailureKind.NUMERICS
-    elif ExitCode.PREEMPTED.value in codes:
-        kind = FailureKind.MEMBERSHIP
+    if WorkerExit.HANG.value in codes:
+        kind = TroubleKind.HANG
+    elif WorkerExit.NUMERICS_STOP.value in codes:
+        kind = TroubleKind.NUMERICS
+    elif WorkerExit.PREEMPTED.value in codes:
+        kind = TroubleKind.MEMBERSHIP
     gpu = gpu_of_rank.get(root_rank) if root_rank is not None else None
     failed_gpus = [g for g in gpu_of_rank.values() if g is not None and gpu_health.get(g) is Health.FAILED]
     category = first.category if first is not None else None
     if failed_gpus and (gpu is None or gpu not in failed_gpus):
         gpu = failed_gpus[0]
-    hw = category in _HARDWARE_CATEGORIES or (gpu is not None and gpu_health.get(gpu) is Health.FAILED)
+    hw = category in HARDWARE_CATEGORIES or (gpu is not None and gpu_health.get(gpu) is Health.FAILED)
     signature = None
     if root_err is not None and not hw and (first is None or first.cause is RootCause.SOFTWARE_BUG):
         signature = error_signature(root_err.exc_type, root_err.message, root_err.traceback)
-    failure = Failure(
-        kind=kind,
-        signature=signature,
-        category=category,
-        gpu=gpu,
-        gpu_health=gpu_health.get(gpu) if gpu is not None else None,
-    )
     started = wall_time(first.time, now) if first is not None else None
     if started is None:
         started = min((e.seen for e in exited), default=now)
@@ -132,14 +302,18 @@ def exit_trouble(
     evidence += [e.text for e in events if e.severity in (Severity.ERROR, Severity.FATAL)][:8]
     evidence += [f"{f.rule}: {f.reason}" for f in findings][:8]
     return Trouble(
-        failure=failure,
+        kind=kind,
+        signature=signature,
+        category=category,
+        gpu=gpu,
+        gpu_health=gpu_health.get(gpu) if gpu is not None else None,
         detected_by="error_file" if root_err is not None else "exit_code",
         time=now,
         started=min(started, now),
         summary=summary[:300],
         root_cause=first.cause if first is not None else RootCause.UNKNOWN,
         rank=root_rank,
-        evidence=evidence,
+        evidence=tuple(evidence),
     )
 
 
@@ -147,20 +321,22 @@ def gpu_trouble(now: float, gpu: int, health: Health, findings: list[Finding], r
     """The node agent says a GPU one of our ranks uses is FAILED or DEGRADED."""
     first = first_failure(findings)
     fatal = health is Health.FAILED
-    kind = FailureKind.GPU_FAILED if fatal else FailureKind.GPU_DEGRADED
+    kind = TroubleKind.GPU_FAILED if fatal else TroubleKind.GPU_DEGRADED
     reasons = [f.reason for f in findings] or [f"GPU {gpu} is {health.value}"]
     times = [t for f in findings if (t := wall_time(f.time, now)) is not None]
     return Trouble(
-        failure=Failure(
-            kind=kind, category=first.category if first else None, gpu=gpu, gpu_health=health, fatal=fatal
-        ),
+        kind=kind,
+        category=first.category if first else None,
+        gpu=gpu,
+        gpu_health=health,
+        fatal=fatal,
         detected_by="kernel_log" if any("xid" in f.rule.lower() for f in findings) else "telemetry",
         time=now,
         started=min(times, default=now),
         summary=f"GPU {gpu} {health.value}: {reasons[0]}"[:300],
         root_cause=first.cause if first else RootCause.UNKNOWN,
         rank=rank,
-        evidence=reasons[:8],
+        evidence=tuple(reasons[:8]),
     )
 
 

@@ -17,7 +17,7 @@ agent read, and acts on what only the trainer can see (numerics, preemption, a s
 "rollback" (the state was restored from the last good checkpoint; ``guard.range`` continues from
 ``guard.resume_step``, and ``guard.restored`` tells a data iterator to start over).
 ``guard.range`` advances between steps, after the update: that is where periodic checkpoints are
-taken and where a preemption signal turns into a synchronous save and ``ExitCode.PREEMPTED``.
+taken and where a preemption signal turns into a synchronous save and ``WorkerExit.PREEMPTED``.
 See docs/guard.md.
 """
 
@@ -41,7 +41,7 @@ import torch.distributed as dist
 from trainguard import rundir
 from trainguard.detect.numerics import NumericsMonitor, Policy, SpikeConfig
 from trainguard.records import Action, Category, Finding, Health
-from trainguard.rundir import ExitCode
+from trainguard.rundir import WorkerExit
 from trainguard.torch import errorfile
 from trainguard.torch.agreement import Agreement, host_value
 from trainguard.torch.chaos import Chaos
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 _FLOAT_MAX = sys.float_info.max
 
-__all__ = ["ExitCode", "Guard", "StepAction", "record"]
+__all__ = ["Guard", "StepAction", "WorkerExit", "record"]
 
 record = errorfile.record
 
@@ -284,7 +284,7 @@ class Guard(WindowChecks):
         if action is Policy.STOP:
             log.error("numerics stop at step %d: %s", step, decision.findings[0].reason)
             self._beat(current, value, dt, "exit", force=True)
-            raise SystemExit(ExitCode.NUMERICS_STOP)
+            raise SystemExit(WorkerExit.NUMERICS_STOP)
         if action is Policy.ROLLBACK:
             if self._rollback(current):
                 self.monitor.rolled_back(decision.check)
@@ -397,7 +397,7 @@ class Guard(WindowChecks):
         if self.checkpointer is not None and self._last_saved != done:
             self.save(done, wait=True)
         self._beat(done - 1, self.last_loss, None, "exit", force=True)
-        raise SystemExit(ExitCode.PREEMPTED)
+        raise SystemExit(WorkerExit.PREEMPTED)
 
     def _rollback(self, step: int) -> bool:
         if self.checkpointer is None or self.state is None:
@@ -491,4 +491,4 @@ class Guard(WindowChecks):
         self._report(finding, self.last_step or 0)
         if self._hb is not None:
             self._hb.beat(self.last_step or 0, self.last_loss, None, "exit")
-        os._exit(ExitCode.HANG)
+        os._exit(WorkerExit.HANG)
