@@ -182,3 +182,27 @@ def test_lingering_ranks_are_ended_through_their_process_handles(tmp_path):
     assert workers.procs_[1].signals == [signal.SIGKILL]
     assert workers.procs_[0].signals == []
     assert clock.now - T0 >= 1.0 + EXIT_GRACE_S
+
+
+def test_trainguard_run_without_torch_says_which_extra_to_install(tmp_path):
+    import subprocess
+    import sys
+
+    hide_torch = "import sys; sys.modules['torch'] = None; from trainguard.cli import main; sys.exit(main())"
+    args = [
+        "run",
+        "--standalone",
+        "--runs-dir",
+        str(tmp_path),
+        "--db",
+        str(tmp_path / "tg.db"),
+        "--",
+        "python",
+        "x.py",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", hide_torch, *args], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert "pip install 'trainguard[torch]'" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -18,6 +18,7 @@ on a virtual clock in tests. Usable as a library (the demo drives it with a live
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import shlex
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from trainguard.chaos import ChaosExecutor, Injected, load_plan
+from trainguard.errors import MissingDependency
 from trainguard.incidents import Incident, IntervalKind, RootCause
 from trainguard.records import Health
 from trainguard.recover.policy import Decision, Trouble, TroubleKind, Verb, decide, with_diagnosis
@@ -114,6 +116,10 @@ class Supervisor:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        if importlib.util.find_spec("torch") is None:
+            raise MissingDependency(
+                "trainguard run launches workers with torch: pip install 'trainguard[torch]'"
+            )
         self.config = config
         self.job_id = config.resolved_job_id()
         self.run_dir = (config.runs_root / self.job_id).resolve()
