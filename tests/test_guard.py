@@ -368,6 +368,14 @@ def test_ddp_ranks_agree_on_a_nan_of_one_rank_and_roll_back_at_the_same_step(tmp
         (13, "numerics.transient"),
     ]
     assert "to the checkpoint of step 10" in by_rank[0][1][2]
+    assert by_rank[0][0][2].endswith("from rank 1")  # whose own loss it was, on every rank
+    nan_beats = {
+        b.rank
+        for r in (0, 1)
+        for b in read_heartbeats(rundir.heartbeat_path(run, r))
+        if b.phase == "train" and b.loss is not None and b.loss != b.loss
+    }
+    assert nan_beats == {1}  # only the rank that produced the NaN reports it in its step heartbeats
     [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][:1]
     assert json.loads(line)["steps_run"] == [*range(15), *range(10, 30)]
 

@@ -32,6 +32,7 @@ from trainguard.incidents.taxonomy import (
     first_failure,
     numerics_root_cause,
     root_cause_for,
+    suspects,
     xid_root_cause,
 )
 
@@ -55,5 +56,6 @@ __all__ = [
     "incident_stats",
     "numerics_root_cause",
     "root_cause_for",
+    "suspects",
     "xid_root_cause",
 ]

@@ -134,6 +134,12 @@ def xid_root_cause(code: int) -> RootCause | None:
     return RootCause(cause) if cause and cause != "symptom" else None
 
 
+def suspects(*candidates: tuple[RootCause, str]) -> str:
+    """The evidence line of a cause that the evidence cannot pin down: ``unknown; suspects: ...``
+    (recorded with root cause UNKNOWN, so no confident label is claimed)."""
+    return "unknown; suspects: " + "; ".join(f"{cause.value} ({why})" for cause, why in candidates)
+
+
 def numerics_root_cause(reproduced_after_rollback: bool) -> RootCause:
     """A NaN or loss spike that comes back at the same step after a rollback is the program's
     (data, code, hyper-parameters); one that vanishes is silent data corruption."""

@@ -13,7 +13,8 @@ import signal
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from trainguard.incidents import Evidence, RootCause, first_failure
+from trainguard.detect.numerics import sources_of
+from trainguard.incidents import Evidence, RootCause, first_failure, suspects
 from trainguard.records import HARDWARE_CATEGORIES, Category, Event, Finding, Health, Severity
 from trainguard.recover.policy import Trouble, TroubleKind, error_signature
 from trainguard.rundir import ErrorRecord, WorkerExit
@@ -21,6 +22,7 @@ from trainguard.supervisor.attempt import Attempt, History
 from trainguard.supervisor.logs import default_classifier
 
 if TYPE_CHECKING:
+    from trainguard.supervisor.hang import HangReport
     from trainguard.supervisor.observe import Observation
 
 EXIT_GRACE_S = 10.0  # a rank that said goodbye may take this long to exit once its peers have
@@ -52,6 +54,7 @@ def assess(obs: Observation, attempt: Attempt, history: History) -> Trouble | No
             gpu_of,
             dict(obs.gpu_health),
             default_classifier(),
+            oom_killed=obs.oom_kills > 0,
         )
         return drill_started(trouble, attempt, history)
     if obs.verdict is not None:
@@ -66,23 +69,15 @@ def assess(obs: Observation, attempt: Attempt, history: History) -> Trouble | No
             return drill_started(replace(trouble, extra={**trouble.extra, "key": key}), attempt, history)
     if obs.hang is not None:
         return drill_started(hang_trouble(obs, attempt), attempt, history)
-    numerics = numerics_trouble(obs, history)
+    numerics = numerics_trouble(obs, attempt, history)
     if numerics is not None:
         return numerics
     prog = obs.progress
-    if prog.nan_ranks and not history.numerics_incidents:  # a trainer without the Guard's findings
-        r = prog.nan_ranks[0]
-        return Trouble(
-            kind=TroubleKind.NUMERICS,
-            gpu=attempt.gpu_of_rank(r),
-            fatal=False,
-            detected_by="heartbeat",
-            time=obs.time,
-            started=obs.time,
-            summary=f"rank {r} reported a non-finite loss",
-            root_cause=RootCause.SILENT_DATA_CORRUPTION,
-            rank=r,
-        )
+    fresh = [r for r in prog.nan_ranks if obs.nan_steps.get(r) not in history.numerics_incidents]
+    if fresh:  # heartbeats: a trainer without the Guard's findings, or before they land
+        step = min((obs.nan_steps[r] for r in fresh if r in obs.nan_steps), default=None)
+        named = tuple(sorted(r for r in fresh if obs.nan_steps.get(r) == step))
+        return _numerics(obs, attempt, named, step, "heartbeat", obs.time, "reported a non-finite loss")
     straggler = straggler_trouble(obs, attempt, history)
     if straggler is not None:
         return straggler
@@ -115,42 +110,102 @@ def workers_done(obs: Observation, attempt: Attempt, grace_s: float = EXIT_GRACE
     return tuple(running)
 
 
-def numerics_trouble(obs: Observation, history: History) -> Trouble | None:
-    """The first non-finite loss or spike the Guard reported for a step with no incident yet."""
-    for key, rank, step, f in obs.findings:
-        if key in history.reported:
-            continue
-        if not (f.rule.startswith("numerics.nonfinite") or f.rule == "numerics.loss_spike"):
-            continue
-        if step is not None and step in history.numerics_incidents:
-            continue
-        return Trouble(
-            kind=TroubleKind.NUMERICS,
-            category="numerics",
-            fatal=False,
-            detected_by="numerics",
-            time=obs.time,
-            started=f.time or obs.time,
-            summary=f"rank {rank}: {f.reason}",
-            root_cause=RootCause.SILENT_DATA_CORRUPTION,
-            rank=rank,
-            evidence=(f"{f.rule}: {f.reason}", *[str(e) for e in f.evidence[:4]]),
-            extra={"step": step, "key": key},
-        )
-    return None
+def numerics_trouble(obs: Observation, attempt: Attempt, history: History) -> Trouble | None:
+    """The earliest step with a non-finite loss or a spike the Guard reported and no incident yet,
+    naming the ranks that produced it (every rank reports the agreed value; the Guard's findings
+    say whose own loss it was)."""
+    bad = [
+        (key, rank, step, f)
+        for key, rank, step, f in obs.findings
+        if key not in history.reported
+        and (f.rule.startswith("numerics.nonfinite") or f.rule == "numerics.loss_spike")
+        and (step is None or step not in history.numerics_incidents)
+    ]
+    if not bad:
+        return None
+    step = bad[0][2]
+    same = [row for row in bad if row[2] == step]
+    f = same[0][3]
+    named = tuple(sorted({r for _, _, _, g in same for r in sources_of(g)}))
+    trouble = _numerics(obs, attempt, named, step, "numerics", f.time or obs.time, f.reason)
+    evidence = (*trouble.evidence, f"{f.rule}: {f.reason}", *[str(e) for e in f.evidence[:4]])
+    return replace(trouble, evidence=evidence, extra={**trouble.extra, "keys": [k for k, *_ in same]})
 
 
-def numerics_verdicts(obs: Observation, history: History) -> list[tuple[Any, int, RootCause, str]]:
-    """(key, step, cause, reason) for each rollback verdict on a step that has an incident:
-    a NaN that vanished after the rollback (transient) or came back (the program's)."""
+def _numerics(
+    obs: Observation,
+    attempt: Attempt,
+    ranks: tuple[int, ...],
+    step: int | None,
+    by: str,
+    started: float,
+    what: str,
+) -> Trouble:
+    """A numerics incident: where it came from is the rank(s) and GPU(s) named; why is open
+    until a rollback replays the step (`numerics_verdicts`)."""
+    gpus = tuple(g for r in ranks if (g := attempt.gpu_of_rank(r)) is not None)
+    where = ", ".join(
+        f"rank {r}" + (f" (GPU {g})" if (g := attempt.gpu_of_rank(r)) is not None else "") for r in ranks
+    )
+    summary = (
+        f"{where}: {what}" if ranks else f"{what} (every rank saw the agreed value; no rank's own loss was)"
+    )
+    return Trouble(
+        kind=TroubleKind.NUMERICS,
+        category="numerics",
+        gpu=gpus[0] if len(gpus) == 1 else None,
+        fatal=False,
+        detected_by=by,
+        time=obs.time,
+        started=started,
+        summary=summary[:300],
+        root_cause=RootCause.UNKNOWN,
+        rank=ranks[0] if ranks else None,
+        ranks=ranks,
+        gpus=gpus,
+        evidence=(
+            suspects(
+                (RootCause.SILENT_DATA_CORRUPTION, "if it does not come back when the step is replayed"),
+                (RootCause.SOFTWARE_BUG, "data, code or hyper-parameters, if it does"),
+            ),
+        ),
+        extra={"step": step, "ranks": list(ranks), "gpus": list(gpus)},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NumericsUpdate:
+    """What a later Guard finding tells about an open numerics incident."""
+
+    key: tuple[Any, ...]
+    step: int  # the incident's step
+    changes: dict[str, Any]
+
+
+def numerics_verdicts(obs: Observation, history: History) -> list[NumericsUpdate]:
+    """Updates for numerics incidents: the trainer rolled back (the action taken), and the replay
+    verdict: the NaN vanished (transient: silent data corruption suspect) or came back (the
+    program's: data, code, hyper-parameters)."""
     out = []
     for key, _rank, step, f in obs.findings:
-        if key in history.reported or step is None or step not in history.numerics_incidents:
+        if key in history.reported or step is None:
             continue
-        if f.rule == "numerics.transient":
-            out.append((key, step, RootCause.SILENT_DATA_CORRUPTION, f.reason))
-        elif f.rule == "numerics.data_problem":
-            out.append((key, step, RootCause.SOFTWARE_BUG, f.reason))
+        if f.rule == "numerics.rollback":  # reported at the step in progress, after the bad one
+            before = [s for s in history.numerics_incidents if s <= step]
+            if before:
+                changes = {"action": "rollback", "resolved": True, "resolution": f.reason}
+                out.append(NumericsUpdate(key, max(before), changes))
+        elif step in history.numerics_incidents and f.rule in ("numerics.transient", "numerics.data_problem"):
+            cause = (
+                RootCause.SILENT_DATA_CORRUPTION if f.rule == "numerics.transient" else RootCause.SOFTWARE_BUG
+            )
+            incident = history.numerics_incidents[step]
+            evidence = (
+                *[e for e in incident.evidence if not str(e).startswith("unknown; suspects")],
+                f.reason,
+            )
+            changes = {"root_cause": cause, "evidence": evidence, "resolved": True, "resolution": f.reason}
+            out.append(NumericsUpdate(key, step, changes))
     return out
 
 
@@ -160,6 +215,7 @@ def hang_trouble(obs: Observation, attempt: Attempt) -> Trouble:
     suspects = report.laggards
     gpu = attempt.gpu_of_rank(suspects[0]) if len(suspects) == 1 else None
     named = ", ".join(f"rank {r} ({report.reasons[r]})" for r in suspects) or "no single rank stands out"
+    cause, why = hang_cause(report, attempt.events)
     return Trouble(
         kind=TroubleKind.HANG,
         gpu=gpu,
@@ -169,10 +225,44 @@ def hang_trouble(obs: Observation, attempt: Attempt) -> Trouble:
         started=prog.last_progress,
         summary=f"no progress for {obs.time - prog.last_progress:.1f}s (timeout {prog.timeout:.1f}s); "
         f"laggard: {named}",
-        root_cause=RootCause.NCCL_WATCHDOG_TIMEOUT,
+        root_cause=cause,
         rank=suspects[0] if len(suspects) == 1 else None,
-        evidence=(f"method: {report.method}", *report.dumps),
+        ranks=tuple(suspects),
+        evidence=(*why, f"method: {report.method}", *report.dumps),
         extra={"laggards": list(suspects), "method": report.method},
+    )
+
+
+def hang_cause(report: HangReport, events: list[Event]) -> tuple[RootCause, tuple[str, ...]]:
+    """Why the ranks stopped progressing, as far as the evidence goes. A collective timing out is
+    the network's only when the collective library says so; a laggard outside any collective is
+    not a network fault at all."""
+    nccl = [e for e in events if e.category in (Category.NCCL_TIMEOUT_HANG, Category.NCCL_NETWORK)]
+    stopped = [r for r in report.laggards if "state T" in report.reasons.get(r, "")]
+    if stopped:
+        return RootCause.HOST, (
+            f"rank {stopped[0]}'s process was stopped (SIGSTOP, job control or a debugger)",
+        )
+    if report.laggards:
+        where = {
+            "flight_recorder": "never issued the collective the others wait in",
+            "stacks": "was outside any collective while the others waited in one",
+            "proc_state": "did not answer a stack dump (uninterruptible sleep?)",
+        }.get(report.method, "fell behind the others")
+        return RootCause.UNKNOWN, (
+            suspects(
+                (RootCause.SOFTWARE_BUG, f"the laggard {where}: its own code, data loading or I/O"),
+                (RootCause.HOST, "the laggard's host: memory pressure, CPU, storage"),
+                (RootCause.FAULTY_GPU, "the laggard's GPU stopped processing"),
+            ),
+        )
+    if nccl:
+        return RootCause.NCCL_WATCHDOG_TIMEOUT, (nccl[0].text,)
+    return RootCause.UNKNOWN, (
+        suspects(
+            (RootCause.NETWORK_SWITCH_CABLE, "every rank waits in a collective"),
+            (RootCause.HOST, "no rank stands out and no collective library reported a timeout"),
+        ),
     )
 
 
@@ -243,8 +333,12 @@ def exit_trouble(
     gpu_of_rank: dict[int, int | None],
     gpu_health: dict[int, Health | None],
     classify: Any = None,
+    oom_killed: bool = False,
 ) -> Trouble:
-    """One or more local workers exited non-zero: what happened, and where it started."""
+    """One or more local workers exited non-zero: what happened, and where it started.
+
+    ``oom_killed``: the kernel's OOM killer fired meanwhile (the cgroup counter went up); only
+    then is a SIGKILL the host's (host memory). An OOM-killer line in the logs says the same."""
     items: list[Any] = list(errors) + list(events) + list(findings)
     for rec in errors:  # an error file's CUDA message says more than "an exception"
         ev = classify(f"{rec.exc_type}: {rec.message}") if classify else None
@@ -276,6 +370,19 @@ def exit_trouble(
     if root_rank is None:
         root_rank = min(exited, key=lambda e: e.seen).rank if exited else None
     root_err = next((r for r in errors if r.rank == root_rank), None)
+    cause = first.cause if first is not None else RootCause.UNKNOWN
+    notes: list[str] = []
+    unproven_kill = first is not None and first.source == "exit_code" and first.cause is RootCause.HOST
+    if unproven_kill and oom_killed:
+        notes.append("the kernel's OOM killer fired (memory cgroup oom_kill counter went up)")
+    elif unproven_kill:
+        cause = RootCause.UNKNOWN
+        notes.append(
+            suspects(
+                (RootCause.HOST, "an OOM killer, but no OOM-killer line or cgroup oom_kill event was seen"),
+                (RootCause.DEPENDENCY, "the scheduler, an operator or a drill killed it"),
+            )
+        )
     kind = TroubleKind.PROCESS_EXIT
     codes = {e.code for e in exited if e.rank == root_rank}
     if WorkerExit.HANG.value in codes:
@@ -298,7 +405,7 @@ def exit_trouble(
         started = min((e.seen for e in exited), default=now)
     how = "; ".join(f"rank {e.rank} {describe_exit(e.code)}" for e in sorted(exited, key=lambda e: e.seen))
     summary = first.text if first is not None and first.text else how
-    evidence = [how, *[f"rank {r.rank}: {r.exc_type}: {r.message}" for r in errors][:8]]
+    evidence = [*notes, how, *[f"rank {r.rank}: {r.exc_type}: {r.message}" for r in errors][:8]]
     evidence += [e.text for e in events if e.severity in (Severity.ERROR, Severity.FATAL)][:8]
     evidence += [f"{f.rule}: {f.reason}" for f in findings][:8]
     return Trouble(
@@ -311,7 +418,7 @@ def exit_trouble(
         time=now,
         started=min(started, now),
         summary=summary[:300],
-        root_cause=first.cause if first is not None else RootCause.UNKNOWN,
+        root_cause=cause,
         rank=root_rank,
         evidence=tuple(evidence),
     )

@@ -32,6 +32,7 @@ class Attempt:
     gpu_map: GpuMap  # local rank -> physical GPU, after exclusions
     resume_step: int | None  # the step the workers resume from (None: no checkpoint directory)
     world_size: int
+    oom_kills_at_start: int | None = None  # the memory cgroup's OOM-kill count (None: unreadable)
     exits_seen: dict[int, float] = field(default_factory=dict)  # local rank -> when first seen exited
     teardown_aborts: set[int] = field(default_factory=set)  # local ranks that finished, then aborted
     events: list[Event] = field(default_factory=list)  # classified worker log lines

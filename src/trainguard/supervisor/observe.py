@@ -24,6 +24,7 @@ from trainguard.supervisor.attempt import Attempt
 from trainguard.supervisor.hang import HangReport, collect
 from trainguard.supervisor.health import NodeHealth
 from trainguard.supervisor.logs import LogTail
+from trainguard.supervisor.oom import oom_kills
 from trainguard.supervisor.watch import ProgressView, ProgressWatch
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class Observation:
     findings: tuple[FindingRow, ...] = ()  # the Guard's numerics findings of this attempt
     hang: HangReport | None = None  # the ranks' stacks, when no rank progressed in time
     nodes_waiting: int = 0
+    nan_steps: Mapping[int, int] = field(default_factory=dict)  # rank -> step of its non-finite loss beat
+    oom_kills: int = 0  # OOM-killer kills in the workers' memory cgroup since the attempt started
 
 
 class Observer:
@@ -102,11 +105,15 @@ class Observer:
         verdict = self.health.tick(now)
         errors: list[ErrorRecord] = []
         failed = any(c not in (None, 0) for c in codes.values())
+        ooms = 0
         if failed:
             self._sleep(LAST_WORDS_S)
             events += [ln.event for ln in self.logtail.poll() if ln.event is not None]
             self.health.tick(now, force=True)
             errors = read_errors(self.run_dir)
+            count = oom_kills()
+            if count is not None and attempt.oom_kills_at_start is not None:
+                ooms = count - attempt.oom_kills_at_start
         hang = None
         if progress.hung and not failed:
             hang = self._collect_stacks(workers, attempt)
@@ -114,6 +121,7 @@ class Observer:
         if now >= self._next_membership:
             self._next_membership = now + MEMBERSHIP_EVERY_S
             waiting = workers.nodes_waiting()
+        beats = self.watch.last_beats()
         gpus = attempt.gpu_map.gpus
         last = self.health.last
         in_use = [gv for gv in (last.gpus if last is not None else ()) if gv.gpu.index in gpus]
@@ -123,7 +131,7 @@ class Observer:
             teardown_aborts=frozenset(aborts),
             events=tuple(events),
             progress=progress,
-            phases={r: b.phase if b is not None else None for r, b in self.watch.last_beats().items()},
+            phases={r: b.phase if b is not None else None for r, b in beats.items()},
             baseline_step_time=self.watch.baseline_step_time,
             verdict=verdict,
             gpu_health={g: self.health.gpu_health(g) for g in gpus},
@@ -135,6 +143,8 @@ class Observer:
             findings=self._findings(attempt),
             hang=hang,
             nodes_waiting=waiting,
+            nan_steps={r: b.step for r in progress.nan_ranks if (b := beats.get(r)) is not None},
+            oom_kills=ooms,
         )
 
     def _teardown_aborts(self, codes: dict[int, int | None], attempt: Attempt) -> set[int]:

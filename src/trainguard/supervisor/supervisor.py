@@ -41,6 +41,7 @@ from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.health import Diagnose, GpuMap, NodeHealth
 from trainguard.supervisor.logs import LogTail, default_classifier, make_logs_specs
 from trainguard.supervisor.observe import Observation, Observer
+from trainguard.supervisor.oom import oom_kills
 from trainguard.supervisor.record import JobRecorder, node_name
 from trainguard.supervisor.resume import resume_point
 from trainguard.supervisor.watch import ProgressWatch
@@ -244,11 +245,11 @@ class Supervisor:
                 self._end_lingering(workers, attempt, lingering)
                 self._close_attempt(attempt, obs.time, "succeeded")
                 return True
-            for key, step, cause, reason in numerics_verdicts(obs, self.history):
-                self.history.reported.add(key)
-                incident = self.history.numerics_incidents[step]
-                self.history.numerics_incidents[step] = self.recorder.update(
-                    incident, root_cause=cause, resolved=True, resolution=reason
+            for update in numerics_verdicts(obs, self.history):
+                self.history.reported.add(update.key)
+                incident = self.history.numerics_incidents[update.step]
+                self.history.numerics_incidents[update.step] = self.recorder.update(
+                    incident, **update.changes
                 )
             trouble = assess(obs, attempt, self.history)
             if trouble is None:
@@ -356,6 +357,7 @@ class Supervisor:
         )
         if "key" in trouble.extra:
             history.reported.add(trouble.extra["key"])
+        history.reported.update(trouble.extra.get("keys", ()))
         if trouble.kind is TroubleKind.NUMERICS and trouble.extra.get("step") is not None:
             history.numerics_incidents[trouble.extra["step"]] = incident
         if trouble.kind is TroubleKind.GPU_DEGRADED:
@@ -393,6 +395,7 @@ class Supervisor:
             gpu_map=self.gpu_map,
             resume_step=point.step,
             world_size=workers.world_size(),
+            oom_kills_at_start=oom_kills(),
         )
         self.attempt = attempt
         for step, reason in point.skipped:

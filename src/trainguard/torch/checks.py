@@ -11,6 +11,7 @@ checkpoint never holds an unchecked update. One process with host values and ``c
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from enum import Enum
@@ -37,6 +38,7 @@ class WindowChecks:
 
     step_times: deque[float]
     monitor: NumericsMonitor
+    rank: int
     world_size: int
     check_every: int
     check_lag: int
@@ -68,7 +70,14 @@ class WindowChecks:
         raise NotImplementedError
 
     def _decide(
-        self, step: int, value: float | None, dt: float, grads_bad: bool, current: int, applied: bool = False
+        self,
+        step: int,
+        value: float | None,
+        dt: float,
+        grads_bad: bool,
+        current: int,
+        applied: bool = False,
+        sources: tuple[int, ...] = (),
     ) -> StepAction:
         raise NotImplementedError
 
@@ -132,7 +141,8 @@ class WindowChecks:
                 self._beat(step, value, dt, "train", force=True)
             return StepAction.PROCEED
         self._hb_beat(step, value, dt, None)  # the supervisor sees a NaN at once
-        action = self._decide(step, value, dt, bad, step)
+        sources = (self.rank,) if value is not None and not math.isfinite(value) else ()
+        action = self._decide(step, value, dt, bad, step, sources=sources)
         self._set_mode(None)  # a judged replay returns to the configured mode
         self._plan(step)
         return action
@@ -202,8 +212,12 @@ class WindowChecks:
             if not bad and self.monitor.clean(value):
                 continue
             wait = window.waits[i] if window.waits is not None else None
-            self._hb_beat(step, value, window.step_times[i], wait)  # the supervisor sees NaN at once
-            action = self._decide(step, value, window.step_times[i], bad, current, applied)
+            sources = window.sources[i]
+            # The supervisor sees the NaN at once, from the ranks that produced it: the others'
+            # own loss was finite (the agreed mean is not theirs to report).
+            beat = value if not sources or self.rank in sources else None
+            self._hb_beat(step, beat, window.step_times[i], wait)
+            action = self._decide(step, value, window.step_times[i], bad, current, applied, sources)
             if action is not StepAction.PROCEED:
                 self._losses, self._inflight = [], None  # steps after a rollback replay anyway
                 self._grads.clear()

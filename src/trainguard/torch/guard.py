@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from trainguard import rundir
-from trainguard.detect.numerics import NumericsMonitor, Policy, SpikeConfig
+from trainguard.detect.numerics import NumericsMonitor, Policy, SpikeConfig, with_sources
 from trainguard.records import Action, Category, Finding, Health
 from trainguard.rundir import WorkerExit
 from trainguard.torch import errorfile
@@ -106,7 +106,7 @@ class Guard(WindowChecks):
         self.monitor = NumericsMonitor(on_nan, on_spike, spike, gpu=gpu)
         self._check_args = check_mode(self.monitor, check_every, check_lag)
         self.check_every, self.check_lag = self._check_args[0] or 1, self._check_args[1] or 0
-        self._agreement = Agreement(self.world_size, dist.get_backend() if world else None)
+        self._agreement = Agreement(self.world_size, dist.get_backend() if world else None, self.rank)
         self._losses: list[Any] = []  # the window: losses of the steps not yet launched
         self._grads: dict[int, torch.Tensor] = {}  # step -> check_grads flag, in the window
         self._arrivals: dict[int, float] = {}  # step -> arrival, where chaos delayed it
@@ -274,12 +274,20 @@ class Guard(WindowChecks):
         return self._t_last, self._n_steps, max(times, default=0.0)
 
     def _decide(
-        self, step: int, value: float | None, dt: float, grads_bad: bool, current: int, applied: bool = False
+        self,
+        step: int,
+        value: float | None,
+        dt: float,
+        grads_bad: bool,
+        current: int,
+        applied: bool = False,
+        sources: tuple[int, ...] = (),
     ) -> StepAction:
         self._lane_n = 0  # the monitor's state may change: the next clean step asks again
         decision = self.monitor.observe(step, value, grads_finite=not grads_bad, time=time.time())
         for finding in decision.findings:
-            self._report(finding, step)
+            nonfinite = finding.rule.startswith("numerics.nonfinite")
+            self._report(with_sources(finding, sources) if nonfinite else finding, step)
         action = decision.action
         if action is Policy.STOP:
             log.error("numerics stop at step %d: %s", step, decision.findings[0].reason)
