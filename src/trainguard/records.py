@@ -69,6 +69,19 @@ class RecoveryAction(str, Enum):
     DRAIN_AND_RESET = "drain_and_reset"
 
 
+# NVML_GPU_RECOVERY_ACTION_* codes, which Xid 154 lines print too ("... to 0x2 (Node Reboot
+# Required)"). 5 (recover the IMEX domain) has no node-local equivalent: unknown.
+RECOVERY_ACTION_CODES = {
+    0: RecoveryAction.NONE,
+    1: RecoveryAction.GPU_RESET,
+    2: RecoveryAction.NODE_REBOOT,
+    3: RecoveryAction.DRAIN_P2P,
+    4: RecoveryAction.DRAIN_AND_RESET,
+    6: RecoveryAction.GPU_RESET,  # bus reset
+    7: RecoveryAction.NODE_REBOOT,  # system reboot
+}
+
+
 class Throttle(str, Enum):
     """Clock throttle (event) reasons that matter for health; idle/app-clock reasons are left out."""
 

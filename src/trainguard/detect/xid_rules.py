@@ -24,6 +24,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from trainguard.detect.kernel_log import recovery_action_of
 from trainguard.detect.rules import RECOVERY_VERDICTS
 from trainguard.detect.thresholds import Thresholds
 from trainguard.detect.xid import xid_info
@@ -42,21 +43,6 @@ from trainguard.records import (
 _EPOCH_2001 = 978_307_200.0  # any later time is wall-clock time, not an uptime
 _MAX_KEPT = 256  # records per GPU; a log storm must not grow memory without bound
 _NOISE = re.compile(r"^.*?\bS?Xid\b\s*(?:\([^)]*\))?:?\s*\d+,?\s*(?:pid=[^,]*,\s*)?(?:name=[^,]*,\s*)?", re.I)
-_RA_CODE = re.compile(r"to\s+0x([0-9a-f]+)", re.I)
-_RA_BY_CODE = {
-    0: RecoveryAction.NONE,
-    1: RecoveryAction.GPU_RESET,
-    2: RecoveryAction.NODE_REBOOT,
-    3: RecoveryAction.DRAIN_P2P,
-    4: RecoveryAction.DRAIN_AND_RESET,
-}
-_RA_BY_WORDS = (
-    ("drain and reset", RecoveryAction.DRAIN_AND_RESET),
-    ("drain p2p", RecoveryAction.DRAIN_P2P),
-    ("node reboot", RecoveryAction.NODE_REBOOT),
-    ("gpu reset", RecoveryAction.GPU_RESET),
-    ("none", RecoveryAction.NONE),
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,15 +55,6 @@ class _Rec:
     seen: float
     health: Health
     action: Action
-
-
-def recovery_action_of(text: str) -> RecoveryAction | None:
-    """The action an Xid 154 line announces ("... changed from 0x0 (None) to 0x1 (GPU Reset Required)")."""
-    m = _RA_CODE.search(text)
-    if m:
-        return _RA_BY_CODE.get(int(m.group(1), 16))
-    tail = text.lower().rsplit(" to ", 1)[-1]
-    return next((ra for words, ra in _RA_BY_WORDS if words in tail), None)
 
 
 def _message(ev: Event) -> str:
