@@ -167,7 +167,7 @@ class EventKind(str, Enum):
 
 
 class Category(str, Enum):
-    """What a log line says went wrong (the training-log taxonomy of the node-health issue)."""
+    """What a log line says went wrong (the training-log taxonomy, `trainguard.detect.training_log`)."""
 
     GPU_HARDWARE = "gpu_hardware"
     GPU_MEMORY_ECC = "gpu_memory_ecc"

@@ -412,7 +412,7 @@ class Guard(WindowChecks):
             log.warning("step %d: rollback asked but there is no checkpointer/state; skipping the step", step)
             return False
         restore = getattr(self.checkpointer, "rollback", None)
-        if restore is None:  # a checkpointer with only the brief's API: wait, then resume
+        if restore is None:  # a checkpointer without rollback(): wait, then resume
             self.checkpointer.wait()
             restore = self.checkpointer.resume
         self._beat(step, self.last_loss, None, "checkpoint", force=True)
