@@ -124,7 +124,10 @@ def test_a_second_crash_in_a_row_waits_the_backoff_on_the_clock_and_records_it(t
     downtime = [i for i in sup.recorder.intervals if i.kind is IntervalKind.DOWNTIME]
     assert [round(i.end - i.start, 3) for i in downtime] == [4.0]
     assert [i.action for i in sup.recorder.incidents] == ["restart", "restart"]
-    assert [i.action for i in IncidentStore(tmp_path / "tg.db").list(job="vjob")] == ["restart", "restart"]
+    assert [i.action for i in IncidentStore(tmp_path / "tg.db").incidents(job="vjob")] == [
+        "restart",
+        "restart",
+    ]
 
 
 def test_steady_progress_after_a_restart_ends_the_failure_streak(tmp_path):
