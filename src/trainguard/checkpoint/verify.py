@@ -90,7 +90,6 @@ def choose_resume(
         result = verify(info.path, deep=deep)
         if result.ok and result.manifest is not None:
             return ResumeChoice(info, result.manifest, tuple(skipped))
-        log.warning("skipping invalid checkpoint %s: %s", info.path, result.reason)
         skipped.append((int(info.step), result.reason))
     return ResumeChoice(None, None, tuple(skipped))
 
@@ -99,4 +98,7 @@ def newest_valid(
     directory: str | os.PathLike[str], deep: bool = True, max_step: int | None = None
 ) -> CheckpointInfo | None:
     """The newest checkpoint that verifies, skipping (and logging) invalid ones; None if none."""
-    return choose_resume(directory, deep, max_step).info
+    choice = choose_resume(directory, deep, max_step)
+    for step, reason in choice.skipped:
+        log.warning("skipping invalid checkpoint step %d in %s: %s", step, directory, reason)
+    return choice.info

@@ -338,6 +338,8 @@ class Checkpointer:
     def _choose(self) -> tuple[int, str] | None:
         """Rank 0: the newest checkpoint that verifies, as (step, kind)."""
         choice = choose_resume(self.directory)
+        for step, reason in choice.skipped:
+            log.warning("skipping invalid checkpoint %s: %s", self.directory / step_dir_name(step), reason)
         if choice.info is None or choice.manifest is None:
             return None
         return choice.info.step, choice.manifest.kind
