@@ -2,8 +2,8 @@
 
     telemetry -> detect -> diagnose -> incidents -> recover
 
-``import trainguard`` is stdlib-only: torch, pynvml, rich and matplotlib are imported only by the
-modules that need them (``trainguard.torch``, ``trainguard.telemetry.nvml``, the CLI...).
+``import trainguard`` is stdlib-only: torch, pynvml, prometheus_client and the web stack are
+imported only by the modules named after them (``trainguard.torch``, ``trainguard.telemetry.nvml``...).
 """
 
 from __future__ import annotations
