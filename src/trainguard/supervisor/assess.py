@@ -127,7 +127,8 @@ def numerics_trouble(obs: Observation, attempt: Attempt, history: History) -> Tr
     same = [row for row in bad if row[2] == step]
     f = same[0][3]
     named = tuple(sorted({r for _, _, _, g in same for r in sources_of(g)}))
-    trouble = _numerics(obs, attempt, named, step, "numerics", f.time or obs.time, f.reason)
+    what = f.reason.removesuffix(", from rank " + ", ".join(map(str, sources_of(f))))
+    trouble = _numerics(obs, attempt, named, step, "numerics", f.time or obs.time, what)
     evidence = (*trouble.evidence, f"{f.rule}: {f.reason}", *[str(e) for e in f.evidence[:4]])
     return replace(trouble, evidence=evidence, extra={**trouble.extra, "keys": [k for k, *_ in same]})
 
