@@ -8,8 +8,8 @@ import signal
 from pathlib import Path
 
 from trainguard.rundir import ErrorRecord, Heartbeat, heartbeat_path
-from trainguard.supervisor.assess import Exited, aborted_after_finishing, exit_trouble
 from trainguard.supervisor.config import checkpoint_dir_from_cmd
+from trainguard.supervisor.exits import Exited, aborted_after_finishing, exit_trouble
 from trainguard.supervisor.hang import analyze
 from trainguard.supervisor.warm import _script_argv
 from trainguard.supervisor.watch import ProgressWatch

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 from trainguard.records import Event, Finding, Health, NodeVerdict
 from trainguard.rundir import ErrorRecord, read_errors, read_findings
-from trainguard.supervisor.assess import TEARDOWN_SIGNALS, aborted_after_finishing
 from trainguard.supervisor.attempt import Attempt
+from trainguard.supervisor.exits import TEARDOWN_SIGNALS, aborted_after_finishing
 from trainguard.supervisor.hang import HangReport, collect
 from trainguard.supervisor.health import NodeHealth
 from trainguard.supervisor.logs import LogTail

@@ -245,12 +245,7 @@ class Supervisor:
                 self._end_lingering(workers, attempt, lingering)
                 self._close_attempt(attempt, obs.time, "succeeded")
                 return True
-            for update in numerics_verdicts(obs, self.history):
-                self.history.reported.add(update.key)
-                incident = self.history.numerics_incidents[update.step]
-                self.history.numerics_incidents[update.step] = self.recorder.update(
-                    incident, **update.changes
-                )
+            self._update_numerics(obs)
             trouble = assess(obs, attempt, self.history)
             if trouble is None:
                 continue
@@ -369,6 +364,14 @@ class Supervisor:
             "incident %s: %s -> %s (%s)", incident.id, trouble.summary, decision.verb.value, decision.reason
         )
         return incident
+
+    def _update_numerics(self, obs: Observation) -> None:
+        """The Guard's later word on an open numerics incident: its rollback, its replay verdict."""
+        history = self.history
+        for update in numerics_verdicts(obs, history):
+            history.reported.add(update.key)
+            incident = history.numerics_incidents[update.step]
+            history.numerics_incidents[update.step] = self.recorder.update(incident, **update.changes)
 
     def _drill(self, workers: Launcher, obs: Observation, attempt: Attempt) -> None:
         if self.chaos is None:
