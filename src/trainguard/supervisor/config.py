@@ -6,7 +6,6 @@ supervisor's. Precedence: flag > TRAINGUARD_* environment > default.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -74,9 +73,9 @@ class SupervisorConfig:
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the workers
 
     def resolved_db(self) -> Path:
-        if self.db is not None:
-            return self.db
-        return Path(os.environ.get("TRAINGUARD_DB", "trainguard.db"))
+        from trainguard.incidents.store import default_db_path
+
+        return self.db if self.db is not None else default_db_path()
 
     def resolved_job_id(self) -> str:
         if self.job_id:

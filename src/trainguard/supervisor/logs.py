@@ -24,11 +24,9 @@ Classifier = Callable[[str], Event | None]
 
 
 def default_classifier() -> Classifier:
-    """The node-health issue's training-log classifier; a no-op until it is installed."""
-    try:
-        from trainguard.detect.training_log import classify_training_line
-    except ImportError:  # built in parallel; the supervisor works without it
-        return lambda _line: None
+    """The training-log classifier (`trainguard.detect.training_log`)."""
+    from trainguard.detect.training_log import classify_training_line
+
     return classify_training_line
 
 
