@@ -40,13 +40,14 @@ def all_faults() -> list[InjectedFault]:
         inj("F3", 40),
         inj("F4", 60, rank=None, gpu=None, checkpoint_step=80),
         inj("F5", 61),
-        inj("F6", 90),
+        inj("F7", 62, gpu=1),
+        inj("F6", 90, gpu=2),  # rank 1 runs on GPU 2 once GPU 1 is excluded (F7)
     ]
 
 
 def all_incidents() -> list[Incident]:
     return [
-        inc(1, 10.1, RootCause.SILENT_DATA_CORRUPTION, "continue", 2, category="numerics"),
+        inc(1, 10.1, RootCause.SILENT_DATA_CORRUPTION, "rollback", 2, category="numerics"),
         inc(2, 20.3, RootCause.FAULTY_GPU, "exclude_gpu", 3),
         inc(3, 42.0, RootCause.SOFTWARE_BUG, "restart", 1),
         inc(4, 65.0, RootCause.UNKNOWN, "restart", 2),  # the laggard sat outside any collective
@@ -59,15 +60,27 @@ def all_incidents() -> list[Incident]:
             detected_by="checkpoint_verify",
             evidence=("checksum mismatch", {"skipped_step": 80, "resume_step": 70}),
         ),
-        inc(6, 90.3, RootCause.FAULTY_GPU, "continue", 2),
-        inc(7, 91.0, RootCause.UNKNOWN, "continue", 2),
+        inc(6, 90.3, RootCause.FAULTY_GPU, "exclude_gpu", 1, gpu=2),
+        inc(7, 91.0, RootCause.UNKNOWN, "continue", 1, gpu=2),
+        inc(
+            8,
+            67.0,
+            RootCause.SILENT_DATA_CORRUPTION,
+            "exclude_gpu",
+            1,
+            detected_by="preflight",
+            evidence=(
+                "GPU 1 failed: continue without it",
+                "diagnostics on GPU 1: sdc fail, 2 of 2 rounds differ from the golden checksum",
+            ),
+        ),
     ]
 
 
 def test_every_fault_of_a_good_run_matches_its_incident_one_to_one():
     outcomes = match(list(PLAN.faults), all_faults(), all_incidents())
-    assert [o.ok for o in outcomes] == [True] * 6
-    assert [o.incident_id for o in outcomes] == [1, 2, 3, 5, 4, 6]
+    assert [o.ok for o in outcomes] == [True] * 7
+    assert [o.incident_id for o in outcomes] == [1, 2, 3, 5, 4, 6, 8]
     assert outcomes[1].detection_delay_s == 0.3
 
 
@@ -103,17 +116,17 @@ def test_a_wrong_root_cause_fails_the_fault_even_when_the_incident_matches():
 
 
 def test_one_incident_never_matches_two_faults():
-    faults = [inj("F5", 61), inj("F6", 62)]  # both on rank 2
+    faults = [inj("F5", 61), inj("F6", 62, rank=2, gpu=2)]  # both on rank 2
     incidents = [inc(4, 65.0, RootCause.NCCL_WATCHDOG_TIMEOUT, "restart", 2)]
     outcomes = match(list(PLAN.faults), faults, incidents)
     assert [o.incident_id for o in outcomes] == [4, None]
 
 
 def test_the_incident_with_the_expected_root_cause_wins_over_an_earlier_one():
-    faults = [inj("F6", 90)]
+    faults = [inj("F6", 90, gpu=2)]
     incidents = [
-        inc(6, 90.1, RootCause.UNKNOWN, "continue", 2),
-        inc(5, 90.5, RootCause.FAULTY_GPU, "continue", 2),
+        inc(6, 90.1, RootCause.UNKNOWN, "continue", 1, gpu=2),
+        inc(5, 90.5, RootCause.FAULTY_GPU, "exclude_gpu", 1, gpu=2),
     ]
     [outcome] = match(list(PLAN.faults), faults, incidents)
     assert outcome.incident_id == 5 and outcome.ok and outcome.related == (6,)
@@ -121,7 +134,7 @@ def test_the_incident_with_the_expected_root_cause_wins_over_an_earlier_one():
 
 def test_a_nan_matches_a_numerics_incident_whichever_rank_reported_it():
     faults = [inj("F1", 10)]  # injected on rank 0; the all-reduced loss is NaN on every rank
-    incidents = [inc(1, 10.1, RootCause.SILENT_DATA_CORRUPTION, "continue", 3, category="numerics")]
+    incidents = [inc(1, 10.1, RootCause.SILENT_DATA_CORRUPTION, "rollback", 3, category="numerics")]
     assert match(list(PLAN.faults), faults, incidents)[0].ok
 
 
@@ -155,6 +168,7 @@ def test_the_built_in_plan_has_the_five_required_fault_kinds_mid_run_and_parses_
             "corrupt_checkpoint",
             "hang",
             "slow",
+            "wrong_products",
         ]
 
 
@@ -212,7 +226,7 @@ def report_for(accuracy: float | None, incidents: list[Incident] | None = None, 
 def test_the_report_passes_only_with_every_fault_matched_and_accuracy_above_90_percent():
     good = report_for(0.96)
     assert good["passed"] and good["all_matched"] and good["problems"] == []
-    assert [f["matched_incident"] for f in good["injected"]] == [1, 2, 3, 5, 4, 6]
+    assert [f["matched_incident"] for f in good["injected"]] == [1, 2, 3, 5, 4, 8, 6]  # F7 before F6
     assert good["incidents"][1]["matched_fault"] == "F2"
     assert good["incidents"][6]["related_to_fault"] == "F6"
     assert verdict(report_for(0.89)) == ["accuracy 89.0% is not above 90%"]
@@ -225,13 +239,15 @@ def test_the_report_passes_only_with_every_fault_matched_and_accuracy_above_90_p
 def test_the_rendered_report_fits_80_columns_and_names_each_fault_and_verdict():
     text = render(report_for(0.96))
     assert max(len(line) for line in text.splitlines()) <= 80
-    for fid in ("F1", "F2", "F3", "F4", "F5", "F6"):
+    for fid in ("F1", "F2", "F3", "F4", "F5", "F6", "F7"):
         assert f" {fid} " in text
     assert "ETTR 50.0%" in text and "96.0% under chaos vs 97.5% fault-free" in text
     assert "PASSED" in text and "timeline plot: /tmp/t.png" in text
     assert "detected by heartbeat after 0.3s; root cause faulty_gpu" in text  # F2
     assert "detected by checkpoint_verify after 6.0s; root cause dependency" in text  # F4
     assert "#7 1:31.0 heartbeat: unknown -> continue (also F6)" in text
+    assert "detected by preflight after 5.0s; root cause silent_data_corruption" in text  # F7
+    assert "measured: sdc fail, 2 of 2 rounds differ" in text
     assert "FAILED" in render(report_for(0.5))
 
 
@@ -292,3 +308,25 @@ def test_the_live_view_marks_a_fault_detected_when_its_incident_arrives():
     assert live.incident(inc(2, 20.3, RootCause.FAULTY_GPU, "exclude_gpu", 3).to_dict()) == ["F2"]
     torn = inc(5, 66.0, RootCause.DEPENDENCY, "skip_torn_checkpoint", None, detected_by="checkpoint_verify")
     assert live.incident(torn.to_dict()) == ["F4"]
+
+
+def test_a_gpu_that_computes_wrong_products_fails_unless_its_gpu_is_excluded():
+    faults = [inj("F7", 62, gpu=1)]
+    excluded = inc(8, 67.0, RootCause.SILENT_DATA_CORRUPTION, "exclude_gpu", 1, detected_by="preflight")
+    kept = inc(8, 67.0, RootCause.SILENT_DATA_CORRUPTION, "restart", 1, detected_by="preflight")
+    other_gpu = inc(
+        8, 67.0, RootCause.SILENT_DATA_CORRUPTION, "exclude_gpu", 1, gpu=0, detected_by="preflight"
+    )
+    assert match(list(PLAN.faults), faults, [excluded])[0].ok
+    [not_excluded] = match(list(PLAN.faults), faults, [kept])
+    assert not not_excluded.ok and "action restart, expected exclude_gpu" in not_excluded.reason
+    [wrong_gpu] = match(list(PLAN.faults), faults, [other_gpu])
+    assert not wrong_gpu.ok and "excluded GPU 0, not GPU 1" in wrong_gpu.reason
+
+
+def test_the_built_in_plan_injects_wrong_products_between_the_torn_checkpoint_and_the_hang():
+    # The pre-flight before the hang's restart is what catches it: nothing else can.
+    for plan in (build_plan(), build_plan(quick=True)):
+        step = {f.kind: f.step for f in plan.faults}
+        assert step["corrupt_checkpoint"] < step["wrong_products"] < step["hang"]
+        assert plan.fault("F7").expected_actions == ("exclude_gpu",)

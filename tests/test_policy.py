@@ -105,3 +105,12 @@ def test_error_signature_ignores_numbers_paths_and_line_numbers():
     b = error_signature("ValueError", "bad batch 42 at /data/y.bin", tb2)
     assert a == b == "ValueError: bad batch <n> at <path> @ train.py:run"
     assert error_signature("KeyError", "bad batch 17 at /data/x.bin", tb1) != a
+
+
+def test_a_nan_one_gpu_produced_is_diagnosed_before_training_goes_on():
+    nan = Trouble(kind=TroubleKind.NUMERICS, gpu=0, fatal=False, category="numerics")
+    assert decide(nan, PolicyState()).verb is Verb.DIAGNOSE
+    assert decide(with_diagnosis(nan, Health.OK), PolicyState()).verb is Verb.CONTINUE
+    assert decide(with_diagnosis(nan, Health.FAILED), PolicyState(gpus_in_use=4)).verb is Verb.EXCLUDE_GPU
+    # every rank saw it, no rank's own loss: no GPU to test
+    assert decide(Trouble(kind=TroubleKind.NUMERICS, fatal=False), PolicyState()).verb is Verb.CONTINUE

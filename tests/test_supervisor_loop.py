@@ -57,7 +57,7 @@ class FakeWorkers:
         self.starts: list[float] = []
         self.procs_ = {0: FakeProc(100), 1: FakeProc(101)}
 
-    def start(self) -> None:
+    def start(self, local_world_size: int | None = None) -> None:
         self.starts.append(self.clock.now)
 
     def restart(self, counts_as_retry: bool, local_world_size: int) -> None:
@@ -209,3 +209,135 @@ def test_trainguard_run_without_torch_says_which_extra_to_install(tmp_path):
     assert proc.returncode == 2
     assert "pip install 'trainguard[torch]'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+class ShrinkingWorkers(FakeWorkers):
+    """Fake workers whose group has as many local ranks as the supervisor asks for."""
+
+    def __init__(self, clock: VirtualClock, script, run_dir: Path, n: int) -> None:
+        super().__init__(clock, script, run_dir)
+        self.n = n
+        self.sizes: list[int] = []
+
+    def start(self, local_world_size: int | None = None) -> None:
+        self.n = local_world_size or self.n
+        self.sizes.append(self.n)
+        super().start()
+
+    def restart(self, counts_as_retry: bool, local_world_size: int) -> None:
+        self.attempt += 1
+        self.start(local_world_size)
+
+    def ranks(self) -> dict[int, int]:
+        return {lr: lr for lr in range(self.n)}
+
+    def world_size(self) -> int:
+        return self.n
+
+    def procs(self) -> dict[int, FakeProc]:
+        return {lr: FakeProc(100 + lr) for lr in range(self.n)}
+
+
+def sim_supervisor(tmp_path: Path, clock: VirtualClock, **kw) -> Supervisor:
+    config = SupervisorConfig(
+        cmd=("python", "train.py"),
+        nproc_per_node=3,
+        standalone=True,
+        job_id="simjob",
+        runs_root=tmp_path / "runs",
+        db=tmp_path / "tg.db",
+        backend="sim",
+        monitor_interval=0.5,
+        tee=False,
+        **kw,
+    )
+    return Supervisor(config, clock=clock.time, sleep=clock.sleep)
+
+
+def test_the_preflight_before_a_restart_excludes_a_gpu_that_computes_wrong_products(tmp_path):
+    clock = VirtualClock()
+    sup = sim_supervisor(tmp_path, clock)
+    events = []
+    sup._on_event = events.append
+
+    def script(w: ShrinkingWorkers, t: float) -> dict[int, int | None]:
+        if w.attempt == 0:
+            if t >= 2.0:  # GPU 1 turns bad (no telemetry symptom), then a rank crashes
+                sup.health.fleet.now().wrong_products(gpu=1)
+                return {0: None, 1: 1, 2: None}
+            return dict.fromkeys(range(w.n))
+        return dict.fromkeys(range(w.n), 0)
+
+    workers = ShrinkingWorkers(clock, script, sup.run_dir, 3)
+    sup.started = clock.now
+    assert sup.monitor(workers) is True
+    preflights = [e.data for e in events if e.kind == "preflight"]
+    assert [p["gpus"] for p in preflights] == [[0, 1, 2], [0, 1, 2]]  # before the start and the restart
+    assert [p["verdict"] for p in preflights] == ["pass", "fail"]
+    assert workers.sizes == [3, 2]
+    assert sup.gpu_map.gpus == (0, 2)
+    crash, caught = sup.recorder.incidents
+    assert (crash.action, caught.action) == ("restart", "exclude_gpu")
+    assert (caught.gpu, caught.detected_by, caught.root_cause.value) == (
+        1,
+        "preflight",
+        "silent_data_corruption",
+    )
+    assert caught.resolved
+    stored = IncidentStore(tmp_path / "tg.db").incidents(job="simjob")[-1]
+    assert any(isinstance(e, dict) and e.get("purpose") == "preflight" for e in stored.evidence)
+    assert any(str(e).startswith("diagnostics on GPU 1: sdc fail") for e in stored.evidence)
+
+
+def test_no_preflight_runs_when_it_is_switched_off(tmp_path):
+    clock = VirtualClock()
+    sup = sim_supervisor(tmp_path, clock, preflight=False)
+    events = []
+    sup._on_event = events.append
+    sup.health.fleet.now().wrong_products(gpu=1)
+    workers = ShrinkingWorkers(clock, lambda w, t: dict.fromkeys(range(w.n), 0), sup.run_dir, 3)
+    sup.started = clock.now
+    assert sup.monitor(workers) is True
+    assert [e for e in events if e.kind == "preflight"] == []
+    assert workers.sizes == [3]
+
+
+def test_a_gpu_that_fails_the_first_preflight_is_never_started_on(tmp_path):
+    clock = VirtualClock()
+    sup = sim_supervisor(tmp_path, clock)
+    sup.health.fleet.now().wrong_products(gpu=2)
+    workers = ShrinkingWorkers(clock, lambda w, t: dict.fromkeys(range(w.n), 0), sup.run_dir, 3)
+    sup.started = clock.now
+    assert sup.monitor(workers) is True
+    assert workers.sizes == [2]
+    [incident] = sup.recorder.incidents
+    assert (incident.gpu, incident.action, incident.rank) == (2, "exclude_gpu", None)
+
+
+def test_the_diagnosis_after_a_degraded_gpu_is_stored_with_its_incident(tmp_path):
+    clock = VirtualClock()
+    sup = sim_supervisor(tmp_path, clock, health_interval=0.5)
+
+    def script(w: ShrinkingWorkers, t: float) -> dict[int, int | None]:
+        if w.attempt == 0 and t < 30.0:
+            if t >= 1.0 and not w.stuck:
+                w.stuck = True
+                sup.health.fleet.now().straggler(gpu=2)  # clocks stuck at half: telemetry degrades
+            return dict.fromkeys(range(w.n))
+        return dict.fromkeys(range(w.n), 0)
+
+    workers = ShrinkingWorkers(clock, script, sup.run_dir, 3)
+    workers.stuck = False
+    sup.started = clock.now
+    assert sup.monitor(workers) is True
+    [incident] = [i for i in sup.recorder.incidents if i.gpu == 2 and i.detected_by == "telemetry"]
+    lines = [str(e) for e in incident.evidence if str(e).startswith("diagnostics on GPU 2: ")]
+    assert any(
+        line.startswith("diagnostics on GPU 2: compute fail") and "% of peers" in line for line in lines
+    )
+    assert any(line.startswith("diagnostics on GPU 2: sdc pass") for line in lines)
+    assert incident.action == "exclude_gpu"  # measured at half its peers' speed
+    report = next(
+        e for e in incident.evidence if isinstance(e, dict) and e.get("purpose") == "after_incident"
+    )
+    assert report["suspect_gpu"] == 2

@@ -120,6 +120,12 @@ def register(subparsers: Any) -> None:
         "wrote no output for this long (default 600; 0: never)",
     )
     g.add_argument("--backend", default="none", choices=["none", "nvml", "sim"], help="node-health telemetry")
+    g.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the diagnostics (level 1 + a short SDC round) on the GPUs before each start; "
+        "they run only with --backend nvml or sim",
+    )
     g.add_argument("--kernel-log", type=Path, default=None, help="kernel log the health agent follows")
     add_config_args(g)
     g.add_argument(
@@ -178,6 +184,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         hang_step_factor=args.hang_step_factor,
         startup_timeout=args.startup_timeout,
         idle_timeout=args.idle_timeout,
+        preflight=not args.no_preflight,
         backend=args.backend,
         kernel_log=args.kernel_log,
         chaos=args.chaos,

@@ -100,6 +100,7 @@ def assemble(
         "attempts": result.attempts,
         "final_step": result.final_step,
         "recoveries": list(result.recoveries),
+        "diagnostics": list(result.diagnostics),
     }
     return build_report(
         plan,

@@ -12,7 +12,8 @@ The rule (also printed in the demo's JSON as ``matching_rule``)::
     one fault. A left-over incident that is a candidate of matched faults is "related" to the
     latest of them (the same fault seen by a second detector).
 
-A fault is OK when it matched an incident whose root cause is one of the expected ones.
+A fault is OK when it matched an incident whose root cause is one of the expected ones and
+whose action is one of the expected ones (an exclusion: of the GPU the fault hit).
 """
 
 from __future__ import annotations
@@ -62,12 +63,9 @@ def match(
         best = min(pool, key=lambda i: _preference(i, spec))
         assert best.id is not None
         taken.add(best.id)
-        ok = best.root_cause.value in spec.expected_causes
-        reason = (
-            f"root cause {best.root_cause.value}"
-            if ok
-            else f"root cause {best.root_cause.value}, expected {' or '.join(spec.expected_causes)}"
-        )
+        reason = _judge(best, spec, inj)
+        ok = reason is None
+        reason = reason or f"root cause {best.root_cause.value}, action {best.action}"
         results[inj.id] = Outcome(inj.id, best.id, ok, reason, round(best.time - inj.time, 3))
     # Second pass: the same fault seen again by another detector; a left-over incident belongs
     # to the latest matched fault before it.
@@ -112,6 +110,18 @@ def unmatched(outcomes: list[Outcome], incidents: list[Incident]) -> list[Incide
     """Incidents no fault claimed (neither matched nor related): false alarms, or real trouble."""
     used = {o.incident_id for o in outcomes} | {r for o in outcomes for r in o.related}
     return [i for i in incidents if i.id not in used]
+
+
+def _judge(inc: Incident, spec: DemoFault, inj: InjectedFault) -> str | None:
+    """What is wrong with the matched incident (None: nothing)."""
+    problems = []
+    if inc.root_cause.value not in spec.expected_causes:
+        problems.append(f"root cause {inc.root_cause.value}, expected {' or '.join(spec.expected_causes)}")
+    if spec.expected_actions and inc.action not in spec.expected_actions:
+        problems.append(f"action {inc.action}, expected {' or '.join(spec.expected_actions)}")
+    elif inc.action == "exclude_gpu" and inj.gpu is not None and inc.gpu != inj.gpu:
+        problems.append(f"excluded GPU {inc.gpu}, not GPU {inj.gpu} that the fault hit")
+    return "; ".join(problems) or None
 
 
 def _preference(inc: Incident, spec: DemoFault) -> tuple[int, int, float]:

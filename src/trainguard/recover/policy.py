@@ -6,7 +6,8 @@ decides, the supervisor acts. Read `decide` top to bottom; the first rule that m
     stopped by a crash loop?      the same application error N times in a row -> STOP_CRASH_LOOP
     a GPU we use is FAILED?       -> EXCLUDE_GPU (continue on fewer; not a retry)
                                      or STOP_NO_CAPACITY when nothing would be left
-    hardware-looking but unproven (CUDA ECC / launch failure text, degraded GPU, app Xid burst)?
+    hardware-looking but unproven (CUDA ECC / launch failure text, degraded GPU, app Xid burst,
+    a NaN one GPU produced)?
                                   -> DIAGNOSE the suspect GPU first (then the supervisor calls
                                      `decide` again with the diagnosis filled in)
     only a warning (straggler, degraded GPU, NaN the trainer handled)?  -> CONTINUE
@@ -155,6 +156,8 @@ def _is_crash_loop(trouble: Trouble, state: PolicyState) -> bool:
 
 def _looks_like_hardware(trouble: Trouble) -> bool:
     if trouble.kind is TroubleKind.GPU_DEGRADED or trouble.gpu_health is Health.DEGRADED:
+        return True
+    if trouble.kind is TroubleKind.NUMERICS:  # one GPU's own NaN: a silent data corruption suspect
         return True
     return trouble.category in HARDWARE_CATEGORIES
 

@@ -50,6 +50,7 @@ class SupervisorConfig:
     hang_step_factor: float = 5.0  # ... nor sooner than this many slowest recent steps
     startup_timeout: float = 300.0  # first heartbeat of an attempt must come within this
     idle_timeout: float = 600.0  # no heartbeats: hung when every rank shows no work this long
+    preflight: bool = True  # diagnostics (level 1 + SDC) on the GPUs before each (re)start
     backend: str = "none"  # node health telemetry: nvml | sim | none
     kernel_log: Path | None = None  # kernel log for the agent (sim: the fleet's own file)
     health_interval: float = 0.5  # seconds between node-health ticks

@@ -126,8 +126,11 @@ class GuardedAgent(LocalElasticAgent):
 
     # -- what the Supervisor's loop uses -------------------------------------------------------
 
-    def start(self) -> None:
-        """Rendezvous, then start this node's workers (torch's own _initialize_workers)."""
+    def start(self, local_world_size: int | None = None) -> None:
+        """Rendezvous, then start this node's workers (torch's own _initialize_workers); fewer
+        than torchrun's ``--nproc-per-node`` when the pre-flight excluded GPUs."""
+        if local_world_size is not None:
+            self._worker_group.spec.local_world_size = local_world_size
         self._initialize_workers(self._worker_group)
 
     def restart(self, counts_as_retry: bool, local_world_size: int) -> None:

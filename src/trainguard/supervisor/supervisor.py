@@ -25,9 +25,9 @@ import shlex
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from trainguard.chaos import ChaosExecutor, Injected, load_plan
 from trainguard.chaos.plan import refusal, step_triggered
@@ -36,9 +36,10 @@ from trainguard.incidents import Incident, IntervalKind, RootCause
 from trainguard.records import Health
 from trainguard.recover.policy import Decision, Trouble, TroubleKind, Verb, decide, with_diagnosis
 from trainguard.rundir import ATTEMPT_ENV, RUN_DIR_ENV
-from trainguard.supervisor.assess import assess, numerics_verdicts, workers_done
+from trainguard.supervisor.assess import assess, drill_started, numerics_verdicts, workers_done
 from trainguard.supervisor.attempt import Attempt, History, Pending
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
+from trainguard.supervisor.diagnostics import Diagnostics, measured, preflight_off, preflight_troubles
 from trainguard.supervisor.health import Diagnose, GpuMap, NodeHealth
 from trainguard.supervisor.idle import IdleWatch
 from trainguard.supervisor.logs import LogTail, default_classifier, make_logs_specs
@@ -48,6 +49,9 @@ from trainguard.supervisor.oom import oom_kills
 from trainguard.supervisor.record import JobRecorder, node_name
 from trainguard.supervisor.resume import resume_point
 from trainguard.supervisor.watch import ProgressWatch, watchers
+
+if TYPE_CHECKING:
+    from trainguard.diagnose import Report
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +70,8 @@ _STATUS = {
 @dataclass(frozen=True, slots=True)
 class RunEvent:
     """One thing that happened, for live displays: kind is job_started | attempt_started |
-    progress | chaos | incident | diagnosis | recovered | teardown_abort | finished | watchers
-    (what is watched, at start in ``job_started`` and again when heartbeats appear)."""
+    progress | chaos | incident | diagnosis | preflight | recovered | teardown_abort | finished |
+    watchers (what is watched, at start in ``job_started`` and again when heartbeats appear)."""
 
     kind: str
     time: float
@@ -87,12 +91,13 @@ class RunResult:
     goodput: dict[str, Any] = field(default_factory=dict)
     recoveries: tuple[dict[str, Any], ...] = ()  # per restart: failure time, first step after, mttr
     world_sizes: tuple[int, ...] = ()  # per attempt: the job's world size after rendezvous
+    diagnostics: tuple[dict[str, Any], ...] = ()  # per pre-flight / diagnosis: verdict, summary, file
 
 
 class Launcher(Protocol):
     """The workers as the loop drives them (`elastic.GuardedAgent`; a fake one in tests)."""
 
-    def start(self) -> None: ...
+    def start(self, local_world_size: int | None = None) -> None: ...
 
     def restart(self, counts_as_retry: bool, local_world_size: int) -> None: ...
 
@@ -162,6 +167,11 @@ class Supervisor:
                 load_plan(config.chaos), self.run_dir, 0.0, self.health.fleet, self.checkpoint_dir
             )
         self.history = History()
+        # Active diagnostics need GPUs to test: the simulated fleet's or NVML's.
+        self.diagnostics: Diagnostics | None = None
+        if config.backend in ("sim", "nvml"):
+            self.diagnostics = Diagnostics(config.backend, self.health.fleet, self.run_dir)
+        self._preflight_on = self.diagnostics is not None and preflight_off(config) is None
         self.gpu_map = GpuMap(tuple(range(config.nproc_per_node)))  # what the next start uses
         self.attempt_number = 0  # of the next (or current) start
         self.attempt: Attempt | None = None
@@ -249,7 +259,9 @@ class Supervisor:
 
     def monitor(self, workers: Launcher) -> bool:
         """Watch the workers until they finish (True) or the policy stops the job (False)."""
-        workers.start()
+        if not self._preflight(None):
+            return False
+        workers.start(len(self.gpu_map.gpus))
         attempt = self._begin_attempt(workers)
         if self._lost is not None:
             lost = self.recorder.lost_run(self._lost, attempt.started, attempt.resume_step)
@@ -291,19 +303,69 @@ class Supervisor:
         state = self.history.policy_state(self.config, len(self.gpu_map.gpus), trouble.fatal)
         decision = decide(trouble, state)
         if decision.verb is Verb.DIAGNOSE and decision.gpu is not None:
-            health = self._diagnose(decision.gpu)
-            self._emit("diagnosis", gpu=decision.gpu, health=health.value)
+            health, lines, report = self._diagnose(decision.gpu)
+            summary = report.summary() if report is not None else None
+            self._emit(
+                "diagnosis", gpu=decision.gpu, health=health.value, summary=summary, measured=list(lines)
+            )
             trouble = with_diagnosis(trouble, health)
+            extra = (
+                {**trouble.extra, "diagnostics": summary, "report": report.to_dict()}
+                if report
+                else trouble.extra
+            )
+            trouble = replace(trouble, evidence=(*trouble.evidence, *lines), extra=extra)
             decision = decide(trouble, state)
         return trouble, decision
 
-    def _diagnose(self, gpu: int) -> Health:
-        hook = self._diagnose_hook or self.health.diagnose_builtin
+    def _diagnose(self, gpu: int) -> tuple[Health, tuple[str, ...], Report | None]:
+        """The GPU's health after diagnostics, the figures measured and the report:
+        the caller's hook, else the compute and SDC tests against the job's other GPUs, else
+        (no GPU backend) a fresh look at the node's telemetry."""
         try:
-            return hook(gpu)
+            if self._diagnose_hook is None and self.diagnostics is not None:
+                report = self.diagnostics.after_incident(gpu, self.gpu_map.gpus, self.attempt_number)
+                return report.gpu_health(gpu), measured(report, gpu), report
+            return (self._diagnose_hook or self.health.diagnose_builtin)(gpu), (), None
         except Exception as exc:
             log.warning("diagnostics on GPU %s failed: %s", gpu, exc)
-            return Health.UNKNOWN
+            return Health.UNKNOWN, (f"diagnostics on GPU {gpu} could not run: {exc}",), None
+
+    def _preflight(self, ending: Attempt | None) -> bool:
+        """Diagnostics on the GPUs the next start uses; each GPU that fails them is an incident,
+        and excluded (the policy's call). False when the policy stops the job instead."""
+        if not self._preflight_on or self.diagnostics is None:
+            return True
+        try:
+            report = self.diagnostics.preflight(self.gpu_map.gpus, self.attempt_number)
+        except Exception as exc:  # a broken test must not keep training from starting
+            log.warning("pre-flight diagnostics could not run: %s", exc)
+            return True
+        self._emit(
+            "preflight",
+            attempt=self.attempt_number,
+            gpus=list(self.gpu_map.gpus),
+            verdict=report.verdict.value,
+            summary=report.summary(),
+            seconds=round(report.seconds, 3),
+        )
+        rank_of_gpu = ending.rank_of_gpu if ending is not None else (lambda g: None)
+        for trouble in preflight_troubles(report, self.gpu_map.gpus, self.clock(), rank_of_gpu):
+            if ending is not None:  # a drill's fault: its injection is when it started
+                trouble = drill_started(trouble, ending, self.history)
+            decision = decide(trouble, self.history.policy_state(self.config, len(self.gpu_map.gpus), True))
+            incident = self._record_incident(trouble, decision, self.attempt_number)
+            if decision.verb.stops:
+                self.history.stopping = (
+                    int(_STOP_CODES.get(decision.verb, ExitCode.FAILED)),
+                    decision.reason,
+                )
+                return False
+            if decision.verb is Verb.EXCLUDE_GPU and decision.gpu is not None:
+                self.gpu_map = self.gpu_map.without(decision.gpu)
+                resolution = f"GPU {decision.gpu} excluded before attempt {self.attempt_number} started"
+                self.recorder.update(incident, resolved=True, resolution=resolution)
+        return True
 
     # -- acting: the one place that changes the workers, the store and the history ---------------
 
@@ -311,7 +373,9 @@ class Supervisor:
         self, workers: Launcher, attempt: Attempt, obs: Observation, trouble: Trouble, decision: Decision
     ) -> Attempt:
         history = self.history
-        incident = self._record_incident(trouble, decision, attempt)
+        incident = self._record_incident(trouble, decision, attempt.number)
+        if trouble.kind is TroubleKind.STRAGGLER:
+            attempt.straggler_reported = True
         if decision.verb is Verb.CONTINUE:
             return attempt
         self._close_attempt(attempt, trouble.time, "failed", trouble)
@@ -336,6 +400,8 @@ class Supervisor:
         history.pending.append(Pending(incident, trouble.started, obs.progress.max_step))
         restart_at = self.clock()
         self.attempt_number += 1
+        if not self._preflight(attempt):
+            return attempt
         workers.restart(decision.counts_as_retry, len(self.gpu_map.gpus))
         log.info(
             "restart: decided %.3fs after detection, group started in %.3fs",
@@ -347,7 +413,7 @@ class Supervisor:
         )
         return self._begin_attempt(workers)
 
-    def _record_incident(self, trouble: Trouble, decision: Decision, attempt: Attempt) -> Incident:
+    def _record_incident(self, trouble: Trouble, decision: Decision, attempt: int) -> Incident:
         history = self.history
         continuing = decision.verb is Verb.CONTINUE
         incident = self.recorder.add(
@@ -359,11 +425,16 @@ class Supervisor:
                 summary=trouble.summary,
                 started=trouble.started,
                 category=trouble.category or trouble.kind.value,
-                evidence=(decision.reason, *trouble.evidence),
+                # A diagnostics report is stored whole, after the lines that say what it measured.
+                evidence=(
+                    decision.reason,
+                    *trouble.evidence,
+                    *[r for r in [trouble.extra.get("report")] if r],
+                ),
                 gpu=trouble.gpu,
                 node=self.node,
                 rank=trouble.rank,
-                attempt=attempt.number,
+                attempt=attempt,
                 detected_by=trouble.detected_by,
                 detection_delay_s=max(0.0, trouble.time - trouble.started),
                 resolved=continuing,
@@ -377,9 +448,8 @@ class Supervisor:
             history.numerics_incidents[trouble.extra["step"]] = incident
         if trouble.kind is TroubleKind.GPU_DEGRADED:
             history.degraded_reported = True
-        if trouble.kind is TroubleKind.STRAGGLER:
-            attempt.straggler_reported = True
-        self._emit("incident", **incident.to_dict(), kind=trouble.kind.value, extra=trouble.extra)
+        extra = {k: v for k, v in trouble.extra.items() if k != "report"}  # in the evidence already
+        self._emit("incident", **incident.to_dict(), kind=trouble.kind.value, extra=extra)
         log.warning(
             "incident %s: %s -> %s (%s)", incident.id, trouble.summary, decision.verb.value, decision.reason
         )
@@ -598,6 +668,7 @@ class Supervisor:
             summary.to_dict(),
             tuple(history.recoveries),
             tuple(history.world_sizes),
+            tuple(self.diagnostics.reports) if self.diagnostics is not None else (),
         )
         self.recorder.close()
         self._emit("finished", exit_code=int(code), reason=reason, ettr=summary.ettr, final_step=final_step)
