@@ -260,3 +260,45 @@ def test_a_hang_is_an_nccl_watchdog_timeout_only_when_nccl_says_so():
     line = Event(EventKind.TRAINING, "Watchdog caught collective operation timeout", time=5.0,
                  category=Category.NCCL_TIMEOUT_HANG)  # fmt: skip
     assert hang_cause(HangReport((), {}, (), "none"), [line])[0].value == "nccl_watchdog_timeout"
+
+
+WATCHDOG = [
+    "[rank3]:[E1124 10:14:02.100 1 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective "
+    "operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600042 milliseconds before timing out.",
+    "[rank3]:[E1124 10:14:02.200 1 ProcessGroupNCCL.cpp:630] [Rank 3] Some NCCL operations have failed or "
+    "timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
+    "corrupted/incomplete data.",
+    "[rank3]:[E1124 10:14:02.300 1 ProcessGroupNCCL.cpp:636] [Rank 3] To avoid data inconsistency, we are "
+    "taking the entire process down.",
+    "[rank3]:[E1124 10:14:02.400 1 ProcessGroupNCCL.cpp:1595] [PG 0 Rank 3] Process group watchdog thread "
+    "terminated with exception: [Rank 3] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600042 milliseconds before timing out.",
+]
+
+
+def test_one_nccl_watchdog_timeout_in_a_ranks_output_is_one_event_per_rank(tmp_path):
+    from trainguard.supervisor.logs import LogTail
+
+    files = {}
+    for rank in (2, 3):
+        path = tmp_path / f"rank{rank}.stderr"
+        path.write_text("step 10\n" + "\n".join(w.replace("rank3", f"rank{rank}") for w in WATCHDOG) + "\n")
+        files[(rank, "stderr")] = path
+    tail = LogTail(tee=False)
+    tail.follow(files)
+    lines = tail.poll()
+    assert len(lines) == 2 * (1 + len(WATCHDOG))  # every line is still read (and teed) ...
+    events = [ln for ln in lines if ln.event is not None]
+    assert sorted(ln.rank for ln in events) == [2, 3]  # ... but each rank's timeout is one event
+    assert all("Watchdog caught collective" in ln.text for ln in events)
+
+
+def test_the_same_failure_again_later_is_a_new_event(tmp_path):
+    from trainguard.supervisor.logs import LogTail
+
+    path = tmp_path / "rank3.stderr"
+    later = WATCHDOG[0].replace("10:14:02.100", "10:24:02.100")
+    path.write_text(WATCHDOG[0] + "\n" + "ok\n" * 60 + later + "\n")
+    tail = LogTail(tee=False)
+    tail.follow({(3, "stderr"): path})
+    assert len([ln for ln in tail.poll() if ln.event is not None]) == 2
