@@ -250,4 +250,5 @@ def result_to_dict(result: Any) -> dict[str, Any]:
         "injected": [i.to_dict() for i in result.injected],
         "recoveries": list(result.recoveries),
         "world_sizes": list(result.world_sizes),
+        "diagnostics": list(result.diagnostics),
     }
