@@ -23,7 +23,7 @@ from trainguard.telemetry.sim import pci_address, write_xid_line
 
 def kernel_incidents(db: Path) -> list[str]:
     with IncidentStore(db) as store:
-        return [i.summary for i in store.list() if i.evidence and i.evidence[0] == "xid"]
+        return [i.summary for i in store.incidents() if i.evidence and i.evidence[0] == "xid"]
 
 
 def test_a_finding_is_counted_when_it_appears_not_while_it_lasts() -> None:
@@ -59,7 +59,7 @@ def test_a_fault_becomes_one_incident_however_many_ticks_it_lasts(tmp_path: Path
             snap = daemon.step()
         assert snap.verdict is not None and snap.verdict.health is Health.FAILED
         with IncidentStore(tmp_path / "tg.db") as store:
-            incidents = store.list()
+            incidents = store.incidents()
         rules = Counter(i.evidence[0] for i in incidents)
         assert rules and max(rules.values()) == 1
         assert all(i.gpu == 2 and i.node == "node-a" and i.job == "node:node-a" for i in incidents)
@@ -140,7 +140,7 @@ def test_a_condition_that_still_holds_after_a_restart_is_not_reported_again(tmp_
         daemon.step()
         daemon.close()
     with IncidentStore(tmp_path / "tg.db") as store:
-        assert len(store.list()) == 1
+        assert len(store.incidents()) == 1
 
 
 def test_a_locked_store_keeps_incidents_until_it_can_write(tmp_path: Path) -> None:
@@ -158,7 +158,7 @@ def test_a_locked_store_keeps_incidents_until_it_can_write(tmp_path: Path) -> No
         snap = daemon.step()
         assert snap.health is Health.OK
         with IncidentStore(tmp_path / "tg.db") as store:
-            assert {i.gpu for i in store.list()} == {3}
+            assert {i.gpu for i in store.incidents()} == {3}
         assert daemon.tally.copy().errors["store"] == 1
     finally:
         daemon.close()

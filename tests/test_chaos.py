@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from trainguard import rundir
-from trainguard.rundir import ExitCode
-from trainguard.torch.chaos import FIRED_DIR, Chaos, FaultKind, load_faults
+from trainguard.chaos import FaultKind
+from trainguard.rundir import WorkerExit
+from trainguard.torch.chaos import FIRED_DIR, Chaos, load_faults
 from trainguard.torch.guard import Guard
 
 WORKER = Path(__file__).with_name("test_guard_worker.py")
@@ -136,7 +137,7 @@ def test_hang_blocks_the_rank_until_the_watchdog_ends_it_once(tmp_path):
     _chaos_file(tmp_path, {"kind": "hang", "rank": 0, "step": 6})
     started = time.monotonic()
     first = _run_worker(tmp_path, "--hang-floor", "1.0", "--step-sleep", "0.01")
-    assert first.returncode == ExitCode.HANG == 84
+    assert first.returncode == WorkerExit.HANG == 84
     assert time.monotonic() - started < 40 and "hang detected" in first.stderr
     [dump] = rundir.dumps_dir(tmp_path).glob("rank0-*.txt")
     text = dump.read_text()

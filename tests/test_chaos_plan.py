@@ -117,3 +117,22 @@ def test_step_triggered_faults_are_named_with_what_to_do_instead():
     text = refusal(plan, (1, 2))
     assert "#2 (kill rank 0, step = 40)" in text and "#3 (nan rank 0, step = 7)" in text
     assert "#1" not in text and "at_s" in text and "Guard" in text
+
+
+def test_wrong_products_make_the_rank_gpu_fail_the_sdc_test_and_nothing_else(tmp_path):
+    from trainguard.agent import Agent
+    from trainguard.diagnose import preflight
+    from trainguard.records import Health
+    from trainguard.telemetry.sim import SimFleet
+
+    fleet = SimFleet(n_gpus=3, load=0.0)
+    plan = parse_plan('[[fault]]\nkind = "wrong_products"\nrank = 0\nat_s = 5\nrate = 1.0\n')
+    ex = ChaosExecutor(plan, tmp_path, started=0.0, fleet=fleet)
+    assert ex.tick(4.0, None, {0: 1}, lambda r: 2) == []
+    [fired] = ex.tick(5.0, None, {0: 1}, lambda r: 2)  # rank 0 runs on GPU 2
+    assert fired.gpu == 2 and "wrong matrix products" in fired.detail
+    verdict = Agent(fleet).tick()
+    assert all(g.health is Health.OK for g in verdict.gpus)  # no telemetry symptom
+    report = preflight([0, 1, 2], backend="sim", fleet=fleet)
+    assert [report.gpu_health(g) for g in (0, 1, 2)] == [Health.OK, Health.OK, Health.FAILED]
+    assert report.gpu(2).test("sdc").verdict.value == "fail"

@@ -1,5 +1,6 @@
 """`trainguard demo --quick` end to end, as CI runs it (stdout is a pipe: plain lines): six real
-faults on a simulated 4-GPU node, each matched to its incident with the expected root cause."""
+faults on a simulated 4-GPU node and one only an active test finds, each matched to its incident
+with the expected root cause and action."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-KINDS = {"nan", "xid", "crash", "hang", "straggler", "corrupt_checkpoint"}
+KINDS = {"nan", "xid", "crash", "hang", "straggler", "corrupt_checkpoint", "wrong_products"}
 
 
 @pytest.mark.timeout(240)
@@ -45,7 +46,18 @@ def test_quick_demo_matches_every_injected_fault_to_its_incident_and_trains_abov
         assert 0 <= fault["detection_delay_s"] < 30
     assert (injected["nan"]["rank"], injected["nan"]["gpu"]) == (0, 0)
     assert injected["xid"]["gpu"] == 3 and incidents[injected["xid"]["matched_incident"]]["gpu"] == 3
+    nan = incidents[injected["nan"]["matched_incident"]]
+    assert (nan["rank"], nan["gpu"]) == (injected["nan"]["rank"], injected["nan"]["gpu"]) == (0, 0)
     assert injected["hang"]["detection_delay_s"] < 20  # the heartbeat watchdog, not gloo's 30 min
+    sdc = incidents[injected["wrong_products"]["matched_incident"]]
+    assert (sdc["detected_by"], sdc["action"], sdc["gpu"]) == ("preflight", "exclude_gpu", 1)
+    assert any(d.startswith("sdc fail") for d in injected["wrong_products"]["diagnostics"])
+    # The NaN's and the straggler's GPUs were tested; the figures are in their incidents.
+    assert any(d.startswith("compute pass") for d in injected["nan"]["diagnostics"])
+    assert any(
+        d.startswith("compute fail") and "% of peers" in d for d in injected["straggler"]["diagnostics"]
+    )
+    assert "pre-flight diagnostics before each start" in proc.stdout
     assert 0 < report["ettr"] < 1
     assert Path(report["plot"]).is_file() and Path(report["db"]).is_file()
     # Not a terminal: plain lines, no cursor movement, and the report at the end.

@@ -43,7 +43,8 @@ def all_faults() -> list[InjectedFault]:
         inj("F3", 40),
         inj("F4", 60, rank=None, gpu=None, checkpoint_step=80),
         inj("F5", 61),
-        inj("F6", 90),
+        inj("F7", 62, gpu=1),
+        inj("F6", 90, gpu=2),  # rank 1 runs on GPU 2 once GPU 1 is excluded (F7)
     ]
 
 
@@ -64,8 +65,16 @@ def all_incidents() -> list[Incident]:
             detected_by="checkpoint_verify",
             evidence=("checksum mismatch", {"skipped_step": 80, "resume_step": 70}),
         ),
-        good(6, "F6", 90.3, 2),
-        inc(7, 91.0, RootCause.UNKNOWN, "continue", 2),
+        good(6, "F6", 90.3, 1, gpu=2),
+        inc(7, 91.0, RootCause.UNKNOWN, "continue", 1, gpu=2),
+        good(
+            8, "F7", 67.0, 1,
+            detected_by="preflight",
+            evidence=(
+                "GPU 1 failed: continue without it",
+                "diagnostics on GPU 1: sdc fail, 2 of 2 rounds differ from the golden checksum",
+            ),
+        ),
     ]  # fmt: skip
 
 
@@ -108,17 +117,17 @@ def test_a_wrong_root_cause_fails_the_fault_even_when_the_incident_matches():
 
 
 def test_one_incident_never_matches_two_faults():
-    faults = [inj("F5", 61), inj("F6", 62)]  # both on rank 2
+    faults = [inj("F5", 61), inj("F6", 62, rank=2, gpu=2)]  # both on rank 2
     incidents = [inc(4, 65.0, RootCause.NCCL_WATCHDOG_TIMEOUT, "restart", 2)]
     outcomes = match(list(PLAN.faults), faults, incidents)
     assert [o.incident_id for o in outcomes] == [4, None]
 
 
 def test_the_incident_with_the_expected_root_cause_wins_over_an_earlier_one():
-    faults = [inj("F6", 90)]
+    faults = [inj("F6", 90, gpu=2)]
     incidents = [
-        inc(6, 90.1, RootCause.UNKNOWN, "continue", 2),
-        inc(5, 90.5, RootCause.FAULTY_GPU, "continue", 2),
+        inc(6, 90.1, RootCause.UNKNOWN, "continue", 1, gpu=2),
+        inc(5, 90.5, RootCause.FAULTY_GPU, "continue", 1, gpu=2),
     ]
     [outcome] = match(list(PLAN.faults), faults, incidents)
     assert outcome.incident_id == 5 and outcome.ok and outcome.related == (6,)
@@ -152,7 +161,7 @@ def test_the_expected_root_cause_with_the_wrong_action_fails_the_fault():
 
 
 def test_a_fault_with_no_incident_of_its_own_does_not_take_a_later_faults_right_incident():
-    faults = [inj("F5", 61), inj("F6", 90)]  # both on rank 2, within one window
+    faults = [inj("F5", 61), inj("F6", 90, rank=2, gpu=2)]  # both on rank 2, within one window
     job_wide_hang = good(4, "F5", 65.0, None)  # names no rank: not evidence about rank 2
     incidents = [job_wide_hang, good(6, "F6", 90.3, 2)]
     hang, straggler = match(list(PLAN.faults), faults, incidents)
@@ -250,7 +259,7 @@ def report_for(accuracy: float | None, incidents: list[Incident] | None = None, 
 def test_the_report_passes_only_with_every_fault_matched_and_accuracy_above_90_percent():
     good = report_for(0.96)
     assert good["passed"] and good["all_matched"] and good["problems"] == []
-    assert [f["matched_incident"] for f in good["injected"]] == [1, 2, 3, 5, 4, 6]
+    assert [f["matched_incident"] for f in good["injected"]] == [1, 2, 3, 5, 4, 6, 8]
     assert good["incidents"][1]["matched_fault"] == "F2"
     assert good["incidents"][6]["related_to_fault"] == "F6"
     assert verdict(report_for(0.89)) == ["accuracy 89.0% is not above 90%"]
@@ -263,7 +272,7 @@ def test_the_report_passes_only_with_every_fault_matched_and_accuracy_above_90_p
 def test_the_rendered_report_fits_80_columns_and_names_each_fault_and_verdict():
     text = render(report_for(0.96))
     assert max(len(line) for line in text.splitlines()) <= 80
-    for fid in ("F1", "F2", "F3", "F4", "F5", "F6"):
+    for fid in ("F1", "F2", "F3", "F4", "F5", "F6", "F7"):
         assert f" {fid} " in text
     assert "ETTR 50.0%" in text and "96.0% under chaos vs 97.5% fault-free" in text
     assert "PASSED" in text and "timeline plot: /tmp/t.png" in text
@@ -334,7 +343,7 @@ def test_the_live_view_marks_a_fault_detected_when_its_incident_arrives():
     assert live.incident(torn.to_dict()) == ["F4"]
 
 
-MATCHED = {"F1": 1, "F2": 2, "F3": 3, "F4": 5, "F5": 4, "F6": 6}
+MATCHED = {"F1": 1, "F2": 2, "F3": 3, "F4": 5, "F5": 4, "F6": 6, "F7": 8}
 
 
 def misattributed(fid: str, how: str) -> Incident:
@@ -342,10 +351,11 @@ def misattributed(fid: str, how: str) -> Incident:
     right = next(i for i in all_incidents() if i.id == MATCHED[fid])
     spec = PLAN.fault(fid)
     other = ((spec.rank or 0) + 1) % PLAN.nproc
+    wrong_gpu = next(g for g in range(PLAN.nproc) if g not in (right.gpu, right.rank))
     if how == "rank":
-        return replace(right, rank=other, gpu=other)
+        return replace(right, rank=other, gpu=None if right.gpu is None else wrong_gpu)
     if how == "gpu":
-        return replace(right, rank=None, gpu=other)
+        return replace(right, rank=None, gpu=wrong_gpu)
     if how == "action":
         return replace(right, action="restart" if "restart" not in spec.expected_actions else "continue")
     return replace(right, root_cause=RootCause.UNKNOWN)
@@ -371,3 +381,25 @@ def test_the_json_report_names_rank_gpu_action_and_match_of_every_fault_and_inci
         assert {"id", "rank", "gpu", "action", "root_cause"} <= set(i)
     f1 = report["injected"][0]
     assert (f1["rank"], f1["gpu"], f1["matched_incident"]) == (0, 0, 1)
+
+
+def test_a_gpu_that_computes_wrong_products_fails_unless_its_gpu_is_excluded():
+    faults = [inj("F7", 62, gpu=1)]
+    excluded = inc(8, 67.0, RootCause.SILENT_DATA_CORRUPTION, "exclude_gpu", 1, detected_by="preflight")
+    kept = inc(8, 67.0, RootCause.SILENT_DATA_CORRUPTION, "restart", 1, detected_by="preflight")
+    other_gpu = inc(
+        8, 67.0, RootCause.SILENT_DATA_CORRUPTION, "exclude_gpu", 1, gpu=0, detected_by="preflight"
+    )
+    assert match(list(PLAN.faults), faults, [excluded])[0].ok
+    [not_excluded] = match(list(PLAN.faults), faults, [kept])
+    assert not not_excluded.ok and "action restart, expected exclude_gpu" in not_excluded.reason
+    [wrong_gpu] = match(list(PLAN.faults), faults, [other_gpu])  # excluding GPU 0 is not about GPU 1
+    assert not wrong_gpu.ok and wrong_gpu.incident_id is None
+
+
+def test_the_built_in_plan_injects_wrong_products_between_the_torn_checkpoint_and_the_hang():
+    # The pre-flight before the hang's restart is what catches it: nothing else can.
+    for plan in (build_plan(), build_plan(quick=True)):
+        step = {f.kind: f.step for f in plan.faults}
+        assert step["corrupt_checkpoint"] < step["wrong_products"] < step["hang"]
+        assert plan.fault("F7").expected_actions == ("exclude_gpu",)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from trainguard import rundir
-from trainguard.rundir import ExitCode, read_findings, read_heartbeats, read_last_heartbeat
+from trainguard.rundir import WorkerExit, read_findings, read_heartbeats, read_last_heartbeat
 from trainguard.torch.guard import Guard, StepAction
 
 WORKER = Path(__file__).with_name("test_guard_worker.py")
@@ -144,7 +144,7 @@ def test_nan_under_stop_exits_with_numerics_stop(tmp_path):
         Guard(None, state, run_dir=tmp_path, on_nan="stop", watchdog=False) as guard,
     ):
         _train(guard, state, 0, 10, lambda s, loss: loss * math.inf if s == 2 else loss)
-    assert exit_info.value.code == ExitCode.NUMERICS_STOP == 85
+    assert exit_info.value.code == WorkerExit.NUMERICS_STOP == 85
     assert read_last_heartbeat(rundir.heartbeat_path(tmp_path, 0)).phase == "exit"  # type: ignore[union-attr]
 
 
@@ -214,7 +214,7 @@ def test_sigterm_saves_at_the_next_step_boundary_and_exits_preempted(tmp_path):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
-    assert proc.returncode == ExitCode.PREEMPTED == 83
+    assert proc.returncode == WorkerExit.PREEMPTED == 83
     last = read_last_heartbeat(beats)
     assert last is not None and last.phase == "exit"
     saved = sorted(ckpt_dir.glob("step*.pt"))  # resuming from it: test_example_digits.py
@@ -304,7 +304,7 @@ def test_numerics_stop_under_lazy_checks_exits_within_the_window(tmp_path):
         ) as guard,
     ):
         _train(guard, state, 0, 20, lambda s, loss: loss * math.nan if s == 6 else loss)
-    assert exit_info.value.code == ExitCode.NUMERICS_STOP
+    assert exit_info.value.code == WorkerExit.NUMERICS_STOP
     assert guard.last_step == 8  # window 4..7 read at step 8
     assert read_findings(tmp_path)[0][1] == 6
 
@@ -368,6 +368,14 @@ def test_ddp_ranks_agree_on_a_nan_of_one_rank_and_roll_back_at_the_same_step(tmp
         (13, "numerics.transient"),
     ]
     assert "to the checkpoint of step 10" in by_rank[0][1][2]
+    assert by_rank[0][0][2].endswith("from rank 1")  # whose own loss it was, on every rank
+    nan_beats = {
+        b.rank
+        for r in (0, 1)
+        for b in read_heartbeats(rundir.heartbeat_path(run, r))
+        if b.phase == "train" and b.loss is not None and b.loss != b.loss
+    }
+    assert nan_beats == {1}  # only the rank that produced the NaN reports it in its step heartbeats
     [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][:1]
     assert json.loads(line)["steps_run"] == [*range(15), *range(10, 30)]
 

@@ -69,10 +69,10 @@ def test_list_filters_by_job_and_time_and_limit_keeps_the_newest(tmp_path):
         for i in range(5):
             store.add(make("a", 100.0 + i))
         store.add(make("b", 50.0))
-        assert [i.time for i in store.list(job="a")] == [100, 101, 102, 103, 104]
-        assert [i.time for i in store.list(job="a", since=103)] == [103, 104]
-        assert [i.time for i in store.list(limit=2)] == [103, 104]
-        assert store.list()[0].job == "b"
+        assert [i.time for i in store.incidents(job="a")] == [100, 101, 102, 103, 104]
+        assert [i.time for i in store.incidents(job="a", since=103)] == [103, 104]
+        assert [i.time for i in store.incidents(limit=2)] == [103, 104]
+        assert store.incidents()[0].job == "b"
 
 
 def test_stats_count_causes_and_mtbf_over_the_jobs_wall_time(tmp_path):
@@ -207,7 +207,7 @@ def test_two_processes_writing_at_once_lose_no_incident(tmp_path):
         ids += [int(x) for x in out.split()]
     assert len(ids) == 400 and len(set(ids)) == 400
     with IncidentStore(path) as store:
-        assert len(store.list(job="job0")) == 200 and len(store.list(job="job1")) == 200
+        assert len(store.incidents(job="job0")) == 200 and len(store.incidents(job="job1")) == 200
         assert len(store.progress("job0")) == 200
 
 
@@ -230,10 +230,10 @@ def test_a_writer_killed_mid_write_loses_no_committed_incident(tmp_path):
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     conn.close()
     with IncidentStore(path) as store:
-        stored = {i.id for i in store.list(job="victim")}
+        stored = {i.id for i in store.incidents(job="victim")}
         assert set(committed) <= stored
         store.add(make("after-crash"))  # and the store still takes writes
-        assert store.list(job="after-crash")
+        assert store.incidents(job="after-crash")
 
 
 def test_a_forked_child_opens_its_own_connection(tmp_path):
@@ -252,4 +252,4 @@ def test_a_forked_child_opens_its_own_connection(tmp_path):
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         store.add(make("parent", 3.0))
-        assert [i.job for i in store.list()] == ["parent", "child", "parent"]
+        assert [i.job for i in store.incidents()] == ["parent", "child", "parent"]

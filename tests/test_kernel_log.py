@@ -104,7 +104,7 @@ def test_sxid_is_never_a_gpu_xid():
         ("from 0x0 (None) to 0x1 (GPU Reset Required)", Action.RESET_GPU),
         ("from 0x0 (None) to 0x2 (Node Reboot Required)", Action.REBOOT_NODE),
         ("from 0x1 (GPU Reset Required) to 0x0 (None)", Action.NONE),
-        ("from None to Drain and Reset", Action.RESET_GPU),
+        ("from None to Drain and Reset", Action.DRAIN),  # as the NVML recovery-action rule says
     ],
 )
 def test_xid_154_takes_the_action_the_driver_names(tail, action):

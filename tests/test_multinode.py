@@ -81,7 +81,7 @@ def test_killed_workers_on_one_node_rejoin_and_both_nodes_finish(tmp_path):
             p.kill()
     ra, rb = result(tmp_path, "a"), result(tmp_path, "b")
     assert ra["final_step"] == rb["final_step"] == 29
-    incidents = IncidentStore(tmp_path / "tg.db").list(job="mn")
+    incidents = IncidentStore(tmp_path / "tg.db").incidents(job="mn")
     killed = [i for i in incidents if any("killed by SIGKILL" in str(e) for e in i.evidence)]
     assert len(killed) == 1 and killed[0].rank == 1, incidents  # on the node that lost it
     assert all(i.action == "restart" for i in incidents)

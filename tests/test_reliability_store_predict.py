@@ -17,7 +17,7 @@ from trainguard.cli import main
 from trainguard.clock import VirtualClock
 from trainguard.errors import InputError
 from trainguard.incidents import Incident, IncidentStore, RootCause
-from trainguard.supervisor.assess import gpu_trouble
+from trainguard.supervisor.exits import gpu_trouble
 from trainguard.telemetry.sim import SimFleet, faults
 
 pytest.importorskip("lifelines")
@@ -45,14 +45,14 @@ def _incident(job: str, t: float, node: str, gpu: int, fault: type) -> Incident:
         job=job,
         time=t,
         root_cause=trouble.root_cause,
-        category=trouble.failure.category,
+        category=trouble.category,
         summary=trouble.summary,
         evidence=tuple(trouble.evidence),
         gpu=gpu,
         node=node,
         rank=gpu,
         detected_by=trouble.detected_by,
-        resolved=not trouble.failure.fatal,
+        resolved=not trouble.fatal,
     )
 
 

@@ -8,8 +8,8 @@ import signal
 from pathlib import Path
 
 from trainguard.rundir import ErrorRecord, Heartbeat, heartbeat_path
-from trainguard.supervisor.assess import Exited, aborted_after_finishing, exit_trouble
 from trainguard.supervisor.config import checkpoint_dir_from_cmd
+from trainguard.supervisor.exits import Exited, aborted_after_finishing, exit_trouble
 from trainguard.supervisor.hang import analyze
 from trainguard.supervisor.warm import _script_argv
 from trainguard.supervisor.watch import ProgressWatch
@@ -105,16 +105,25 @@ def test_the_earliest_causal_failure_is_the_root_cause_not_the_peers_symptoms():
     peer_error = ErrorRecord(0, 100.2, "RuntimeError", "Connection reset by peer", attempt=0)
     t = exit_trouble(101.0, [killed, peer], [peer_error], [], [], {0: 0, 1: 1}, {})
     assert t.rank == 1
-    assert t.root_cause.value == "host"
     assert "SIGKILL" in t.summary
-    assert t.failure.signature is None  # a kill is not an application bug: no crash-loop count
+    assert t.signature is None  # a kill is not an application bug: no crash-loop count
+
+
+def test_a_sigkill_is_the_hosts_only_with_oom_killer_evidence():
+    killed = Exited(rank=1, local_rank=1, code=-9, seen=100.0)
+    unproven = exit_trouble(101.0, [killed], [], [], [], {1: 1}, {})
+    assert unproven.root_cause.value == "unknown"
+    assert unproven.evidence[0].startswith("unknown; suspects: host (")
+    oom = exit_trouble(101.0, [killed], [], [], [], {1: 1}, {}, oom_killed=True)
+    assert oom.root_cause.value == "host"
+    assert "OOM killer" in oom.evidence[0]
 
 
 def test_an_application_error_carries_a_crash_loop_signature():
     err = ErrorRecord(1, 50.0, "ValueError", "bad batch at step 7", 'File "/x/train.py", line 3, in run\n')
     t = exit_trouble(51.0, [Exited(1, 1, 1, 50.1)], [err], [], [], {1: 1}, {})
     assert t.root_cause.value == "software_bug"
-    assert t.failure.signature == "ValueError: bad batch at step <n> @ train.py:run"
+    assert t.signature == "ValueError: bad batch at step <n> @ train.py:run"
 
 
 def test_checkpoint_dir_and_script_are_found_in_the_worker_command(tmp_path):
@@ -153,3 +162,143 @@ def test_an_abort_is_a_failure_unless_the_rank_finished_and_python_was_done():
     assert not aborted_after_finishing(
         -signal.SIGABRT, None, False, TEARDOWN_ABORT
     )  # no heartbeat this attempt
+
+
+# -- attribution: the rank and GPU that produced a fault, and causes that follow from evidence --
+
+
+def _attempt():
+    from trainguard.supervisor.attempt import Attempt
+    from trainguard.supervisor.health import GpuMap
+
+    return Attempt(number=0, started=0.0, rank_of={0: 0, 1: 1, 2: 2, 3: 3}, gpu_map=GpuMap((0, 1, 2, 3)),
+                   resume_step=0, world_size=4)  # fmt: skip
+
+
+def _look(**fields):
+    from trainguard.supervisor.observe import Observation
+    from trainguard.supervisor.watch import ProgressView
+
+    prog = fields.pop("progress", ProgressView(20, 20, 1.0, 1.0, 30.0, False, (), 0.1, 1.0))
+    return Observation(time=10.0, codes={0: None, 1: None, 2: None, 3: None}, progress=prog, **fields)
+
+
+def _nan_findings(source: int, writers=(0, 1, 2, 3), step=20):
+    from trainguard.detect.numerics import with_sources
+    from trainguard.records import Action, Category, Finding, Health
+
+    f = Finding("numerics.nonfinite_loss", Health.DEGRADED, Action.NONE, f"non-finite loss at step {step}",
+                time=9.0, category=Category.NUMERICS)  # fmt: skip
+    f = with_sources(f, (source,))
+    return tuple(((r, step, f.rule, f.time), r, step, f) for r in writers)  # every rank reports it
+
+
+def test_a_nan_of_one_rank_names_that_rank_and_its_gpu_whichever_rank_reported_first():
+    from trainguard.supervisor.assess import assess
+    from trainguard.supervisor.attempt import History
+
+    for writers in ((0, 1, 2, 3), (3, 2, 1, 0), (2, 0)):
+        t = assess(_look(findings=_nan_findings(0, writers)), _attempt(), History())
+        assert t is not None and (t.rank, t.gpu, t.ranks) == (0, 0, (0,))
+        assert "rank 0 (GPU 0)" in t.summary
+        assert t.root_cause.value == "unknown"  # SDC or the program's: the replay tells
+        assert t.evidence[0].startswith("unknown; suspects: silent_data_corruption")
+
+
+def test_the_heartbeat_path_names_the_ranks_whose_own_loss_was_nan():
+    from trainguard.supervisor.assess import assess
+    from trainguard.supervisor.attempt import History
+    from trainguard.supervisor.watch import ProgressView
+
+    prog = ProgressView(20, 20, 1.0, 1.0, 30.0, False, (2,), 0.1, None)
+    t = assess(_look(progress=prog, nan_steps={2: 20}), _attempt(), History())
+    assert t is not None and (t.rank, t.gpu, t.detected_by) == (2, 2, "heartbeat")
+
+
+def test_a_rollback_and_its_replay_verdict_update_the_numerics_incident():
+    from trainguard.incidents import Incident, RootCause
+    from trainguard.records import Action, Finding, Health
+    from trainguard.supervisor.assess import numerics_verdicts
+    from trainguard.supervisor.attempt import History
+
+    history = History()
+    history.numerics_incidents[20] = Incident(job="j", time=1.0, root_cause=RootCause.UNKNOWN, action="continue",
+                                              summary="x", evidence=("unknown; suspects: ...",))  # fmt: skip
+    rollback = Finding(
+        "numerics.rollback", Health.OK, Action.NONE, "rolled back from step 21 to 15", time=9.5
+    )
+    transient = Finding(
+        "numerics.transient", Health.DEGRADED, Action.NONE, "gone after the rollback", time=9.8
+    )
+    rows = (((0, 21, "r", 9.5), 0, 21, rollback), ((0, 20, "t", 9.8), 0, 20, transient))
+    updates = numerics_verdicts(_look(findings=rows), history)
+    assert [u.step for u in updates] == [20, 20]  # the rollback of step 21 undid the NaN of step 20
+    changes = [u.changes for u in updates]
+    assert changes[0]["action"] == "rollback"
+    assert changes[1]["root_cause"] is RootCause.SILENT_DATA_CORRUPTION
+    assert not any(str(e).startswith("unknown;") for e in changes[1]["evidence"])
+
+
+def test_a_stopped_laggard_is_the_hosts_and_a_laggard_outside_a_collective_is_no_network_fault():
+    from trainguard.supervisor.assess import hang_cause
+    from trainguard.supervisor.hang import HangReport
+
+    stopped = HangReport((2,), {2: "process stopped (state T)"}, (), "proc_state")
+    assert hang_cause(stopped, [])[0].value == "host"
+    outside = HangReport((2,), {2: "stack is not inside a collective"}, (), "stacks")
+    cause, why = hang_cause(outside, [])
+    assert cause.value == "unknown" and "network" not in why[0]
+    nobody = HangReport((), {}, (), "none")
+    assert hang_cause(nobody, [])[0].value == "unknown"  # gloo or NCCL: no library said timeout
+
+
+def test_a_hang_is_an_nccl_watchdog_timeout_only_when_nccl_says_so():
+    from trainguard.records import Category, Event, EventKind
+    from trainguard.supervisor.assess import hang_cause
+    from trainguard.supervisor.hang import HangReport
+
+    line = Event(EventKind.TRAINING, "Watchdog caught collective operation timeout", time=5.0,
+                 category=Category.NCCL_TIMEOUT_HANG)  # fmt: skip
+    assert hang_cause(HangReport((), {}, (), "none"), [line])[0].value == "nccl_watchdog_timeout"
+
+
+WATCHDOG = [
+    "[rank3]:[E1124 10:14:02.100 1 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective "
+    "operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600042 milliseconds before timing out.",
+    "[rank3]:[E1124 10:14:02.200 1 ProcessGroupNCCL.cpp:630] [Rank 3] Some NCCL operations have failed or "
+    "timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
+    "corrupted/incomplete data.",
+    "[rank3]:[E1124 10:14:02.300 1 ProcessGroupNCCL.cpp:636] [Rank 3] To avoid data inconsistency, we are "
+    "taking the entire process down.",
+    "[rank3]:[E1124 10:14:02.400 1 ProcessGroupNCCL.cpp:1595] [PG 0 Rank 3] Process group watchdog thread "
+    "terminated with exception: [Rank 3] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600042 milliseconds before timing out.",
+]
+
+
+def test_one_nccl_watchdog_timeout_in_a_ranks_output_is_one_event_per_rank(tmp_path):
+    from trainguard.supervisor.logs import LogTail
+
+    files = {}
+    for rank in (2, 3):
+        path = tmp_path / f"rank{rank}.stderr"
+        path.write_text("step 10\n" + "\n".join(w.replace("rank3", f"rank{rank}") for w in WATCHDOG) + "\n")
+        files[(rank, "stderr")] = path
+    tail = LogTail(tee=False)
+    tail.follow(files)
+    lines = tail.poll()
+    assert len(lines) == 2 * (1 + len(WATCHDOG))  # every line is still read (and teed) ...
+    events = [ln for ln in lines if ln.event is not None]
+    assert sorted(ln.rank for ln in events) == [2, 3]  # ... but each rank's timeout is one event
+    assert all("Watchdog caught collective" in ln.text for ln in events)
+
+
+def test_the_same_failure_again_later_is_a_new_event(tmp_path):
+    from trainguard.supervisor.logs import LogTail
+
+    path = tmp_path / "rank3.stderr"
+    later = WATCHDOG[0].replace("10:14:02.100", "10:24:02.100")
+    path.write_text(WATCHDOG[0] + "\n" + "ok\n" * 60 + later + "\n")
+    tail = LogTail(tee=False)
+    tail.follow({(3, "stderr"): path})
+    assert len([ln for ln in tail.poll() if ln.event is not None]) == 2

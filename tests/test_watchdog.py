@@ -1,4 +1,4 @@
-"""The hang watchdog: a learned timeout, stack dumps and the flight recorder, ExitCode.HANG."""
+"""The hang watchdog: a learned timeout, stack dumps and the flight recorder, WorkerExit.HANG."""
 
 from __future__ import annotations
 

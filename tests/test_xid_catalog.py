@@ -42,7 +42,24 @@ def test_descriptions_are_our_own_words_not_nvidias():
     assert copied == []
 
 
-def test_action_follows_the_immediate_bucket():
+# Where a training fleet acts differently from NVIDIA's immediate bucket (tools/gen_xid_catalog.py).
+POLICY_ACTIONS = {
+    46: Action.RESET_GPU,
+    63: Action.RESET_GPU,  # the remap is recorded; it takes effect at the next GPU reset
+    64: Action.CONTACT_SUPPORT,
+    74: Action.RUN_DIAGNOSTICS,
+    92: Action.CONTACT_SUPPORT,
+    94: Action.RESET_GPU,
+    109: Action.RESET_GPU,
+    110: Action.RESET_GPU,
+    136: Action.RESET_GPU,
+    154: Action.NONE,
+    155: Action.RESET_GPU,
+    156: Action.RESET_GPU,
+}
+
+
+def test_action_follows_the_immediate_bucket_unless_the_fleet_policy_says_otherwise():
     by_bucket = {
         "RESTART_APP": Action.RESTART_APP,
         "RESET_GPU": Action.RESET_GPU,
@@ -51,7 +68,9 @@ def test_action_follows_the_immediate_bucket():
         "IGNORE": Action.IGNORE,
     }
     for info in xid_catalog().values():
-        if info.immediate in by_bucket:
+        if info.code in POLICY_ACTIONS:
+            assert info.action is POLICY_ACTIONS[info.code], info.code
+        elif info.immediate in by_bucket:
             assert info.action is by_bucket[info.immediate], info.code
     assert xid_info(48).action is Action.RESET_GPU  # WORKFLOW_XID_48
     assert xid_info(45).action is Action.RESTART_APP  # solo; a sympathetic 45 is downgraded by the scanner
@@ -116,3 +135,29 @@ def test_packaged_catalog_is_what_the_generator_produces():
         "utf-8"
     )
     assert module.render(REFERENCE) == packaged, "run: python tools/gen_xid_catalog.py"
+
+
+@pytest.mark.parametrize("code", sorted(xid_catalog()))
+def test_the_parser_the_xid_rules_and_the_root_cause_read_one_table(code):
+    from trainguard.detect.kernel_log import parse_kernel_line
+    from trainguard.detect.xid_rules import xid_policy
+    from trainguard.incidents import xid_root_cause
+
+    info = xid_info(code)
+    event = parse_kernel_line(f"NVRM: Xid (PCI:0000:3b:00): {code}, pid=7, name=python, something")
+    assert event is not None and event.action is info.action and event.category is info.category
+    health, action = xid_policy(code, event, app_xids=())
+    if info.health is not None:
+        assert (health, action) == (info.health, info.action)
+    cause = xid_root_cause(code)
+    assert (cause.value if cause else info.root_cause) in (info.root_cause, "symptom", "")
+
+
+def test_xid_94_fails_the_gpu_everywhere_and_xid_63_asks_for_a_reset():
+    from trainguard.detect.xid_rules import xid_policy
+    from trainguard.incidents import RootCause, xid_root_cause
+    from trainguard.records import Health
+
+    assert xid_info(94).action is Action.RESET_GPU and xid_policy(94) == (Health.FAILED, Action.RESET_GPU)
+    assert xid_root_cause(94) is RootCause.GPU_HBM_MEMORY
+    assert xid_policy(63) == (Health.OK, Action.RESET_GPU)  # healthy, but the remap waits for a reset

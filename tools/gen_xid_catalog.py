@@ -3,8 +3,10 @@
     python tools/gen_xid_catalog.py [../shared/reference/xid/xid_catalog.csv]
 
 Facts (code, mnemonic, resolution buckets, GPU generations) are copied from the reference; the
-class, severity, category, action and the one-line description are trainguard's own judgement,
-kept in the tables below. Writes ``src/trainguard/detect/data/xid_catalog.csv``.
+class, severity, category, action, health, root cause and the one-line description are
+trainguard's own judgement, kept in the tables below. Writes
+``src/trainguard/detect/data/xid_catalog.csv``, the one Xid table the detectors (health and
+action of one occurrence), the parser and the root-cause rule all read.
 """
 
 from __future__ import annotations
@@ -84,6 +86,40 @@ ACTION_NO_BUCKET = {
     170: "reset_gpu",
     171: "reset_gpu",
     172: "reset_gpu",
+}
+
+# Where a training fleet must act differently from NVIDIA's immediate bucket: (health, action) of
+# one occurrence seen alone. Every other code: health from its severity, action from its bucket.
+POLICY = {
+    46: ("failed", "reset_gpu"),  # GPU timeout
+    63: ("ok", "reset_gpu"),  # a row remap / page retirement recorded: reset the GPU to activate it
+    64: ("failed", "contact_support"),  # out of spare rows: replace the GPU
+    74: ("degraded", "run_diagnostics"),  # NVLink error
+    92: ("failed", "contact_support"),  # excessive single-bit errors: the memory is wearing out
+    94: ("failed", "reset_gpu"),  # contained ECC error: the job died, and a remap waits for a reset
+    109: ("failed", "reset_gpu"),  # context-switch timeout
+    110: ("failed", "reset_gpu"),  # security engine fault
+    136: ("failed", "reset_gpu"),  # link training failure
+    154: ("ok", "none"),  # the driver's recovery action changed: read from the line's own text
+    155: ("failed", "reset_gpu"),  # NVLink software-defined error
+    156: ("degraded", "reset_gpu"),  # a resource was retired: reset to apply
+}
+HEALTH_BY_SEVERITY = {"fatal": "failed", "error": "degraded", "warning": "ok", "info": "ok"}
+TEXT_DECIDES = frozenset(range(144, 151))  # NVLink5: the line's Fatal/Nonfatal word decides (health "")
+
+# The root cause an Xid points to, in the Llama 3 interruption taxonomy (incidents.RootCause).
+# "symptom": cleanup or a restatement after an earlier error, never the cause; no entry: decided
+# from the event's category and text.
+ROOT_CAUSE = {
+    **dict.fromkeys((48, 63, 64, 92, 94, 95, 140, 171), "gpu_hbm_memory"),
+    172: "gpu_sram",
+    **dict.fromkeys((46, 74, 79, 109, 136, 143, 155, 158, 167), "faulty_gpu"),
+    **dict.fromkeys(range(144, 151), "faulty_gpu"),  # NVLink5 errors
+    **dict.fromkeys((61, 62, 110, 119, 120, 169), "gpu_system_processor"),
+    **dict.fromkeys((13, 31, 32, 43, 69), "software_bug"),  # application-class Xids
+    54: "host",  # auxiliary power not connected
+    45: "symptom",  # preemptive cleanup after an earlier error
+    154: "symptom",  # the driver restating the action an earlier error needs
 }
 
 # Severity: fatal = the GPU is unusable until reset/reboot/repair; error = a fault that needs an
@@ -222,7 +258,7 @@ def render(ref: Path) -> str:
     buf = io.StringIO()
     out = csv.writer(buf, lineterminator="\n")
     out.writerow(["code", "mnemonic", "immediate", "investigatory", "generations", "class", "severity",
-                  "category", "action", "description"])  # fmt: skip
+                  "category", "action", "health", "root_cause", "description"])  # fmt: skip
     for row in rows:
         code = int(row["Code"])
         mnemonic = row["Mnemonic"].strip()
@@ -230,10 +266,13 @@ def render(ref: Path) -> str:
         gens = [g for g in GENERATIONS if row[f"Applies to {g}"].strip().upper() == "YES"]
         in_use = bool(gens)
         cls = classify(code, mnemonic)
+        level = severity(code, bucket, in_use)
         action = ACTION_NO_BUCKET.get(code) or ACTION.get(bucket, "contact_support")
+        health, action = POLICY.get(code, (HEALTH_BY_SEVERITY[level], action))
+        health = "" if code in TEXT_DECIDES else health
         category = CATEGORY_OVERRIDE.get(code, CATEGORY[cls])
         out.writerow([code, mnemonic, bucket, row["Resolution Bucket (Investigatory Action)"].strip(),
-                      ";".join(gens), cls, severity(code, bucket, in_use), category, action,
+                      ";".join(gens), cls, level, category, action, health, ROOT_CAUSE.get(code, ""),
                       describe(code, mnemonic, in_use)])  # fmt: skip
     return buf.getvalue()
 

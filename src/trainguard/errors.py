@@ -13,8 +13,9 @@ these are for the tool itself not being able to do what it was asked.
     │   ├── CheckpointCorrupt              a checkpoint failed verification (skipped on load)
     │   └── NoValidCheckpoint              nothing valid to resume from
     ├── StoreError(RuntimeError)           the incident store
-    └── SupervisorError(RuntimeError)      launching or watching training
-        └── CrashLoop                      the same application error keeps repeating
+    ├── SupervisorError(RuntimeError)      launching or watching training
+    │   └── CrashLoop                      the same application error keeps repeating
+    └── MissingDependency(ImportError)     an optional extra is not installed: pip install 'trainguard[x]'
 
 Third-party errors (every pynvml NVMLError_*, sqlite3 errors...) are mapped at the boundary
 where they occur, so callers only ever see this tree.
@@ -77,3 +78,7 @@ class SupervisorError(TrainguardError, RuntimeError):
 
 class CrashLoop(SupervisorError):
     """The same application error repeated: restarting again would only loop."""
+
+
+class MissingDependency(TrainguardError, ImportError):
+    """A feature needs an optional extra that is not installed; the message names the pip command."""

@@ -69,6 +69,19 @@ class RecoveryAction(str, Enum):
     DRAIN_AND_RESET = "drain_and_reset"
 
 
+# NVML_GPU_RECOVERY_ACTION_* codes, which Xid 154 lines print too ("... to 0x2 (Node Reboot
+# Required)"). 5 (recover the IMEX domain) has no node-local equivalent: unknown.
+RECOVERY_ACTION_CODES = {
+    0: RecoveryAction.NONE,
+    1: RecoveryAction.GPU_RESET,
+    2: RecoveryAction.NODE_REBOOT,
+    3: RecoveryAction.DRAIN_P2P,
+    4: RecoveryAction.DRAIN_AND_RESET,
+    6: RecoveryAction.GPU_RESET,  # bus reset
+    7: RecoveryAction.NODE_REBOOT,  # system reboot
+}
+
+
 class Throttle(str, Enum):
     """Clock throttle (event) reasons that matter for health; idle/app-clock reasons are left out."""
 
@@ -154,7 +167,7 @@ class EventKind(str, Enum):
 
 
 class Category(str, Enum):
-    """What a log line says went wrong (the training-log taxonomy of the node-health issue)."""
+    """What a log line says went wrong (the training-log taxonomy, `trainguard.detect.training_log`)."""
 
     GPU_HARDWARE = "gpu_hardware"
     GPU_MEMORY_ECC = "gpu_memory_ecc"
@@ -168,6 +181,10 @@ class Category(str, Enum):
     THERMAL_POWER = "thermal_power"
     INFO = "info"  # a line worth keeping (e.g. a GPU map) that says nothing is wrong
     NUMERICS = "numerics"  # NaN/Inf or a spike in the loss or gradients (trainguard.detect.numerics)
+
+
+# Categories whose evidence alone points at the GPU, not the program.
+HARDWARE_CATEGORIES = frozenset({Category.GPU_HARDWARE, Category.GPU_MEMORY_ECC, Category.INTERCONNECT})
 
 
 class Severity(str, Enum):

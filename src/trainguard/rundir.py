@@ -20,7 +20,7 @@ Torch-free and documented so that any trainer (PyTorch, JAX, a shell script) can
                                  "category", "evidence"}  (records.Finding plus rank and step)
 
 The supervisor sets TRAINGUARD_RUN_DIR and TRAINGUARD_ATTEMPT for every worker it starts.
-A worker that leaves on purpose says why with its exit code (``ExitCode``; see docs/guard.md).
+A worker that leaves on purpose says why with its exit code (``WorkerExit``; see docs/guard.md).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 from trainguard.records import Action, Category, Finding, Health
 
 
-class ExitCode(IntEnum):
+class WorkerExit(IntEnum):
     """Exit codes of a worker that leaves on purpose (trainguard.torch.guard.Guard), so the
     supervisor can tell a decision from a crash. Chosen clear of shells' 126-165 and sysexits."""
 

@@ -151,6 +151,8 @@ class ChaosExecutor:
             detail = sim_xid(self.fleet, fault.xid, gpu) + f"; rank raised {fault.cuda_message()!r}"
         elif fault.kind is FaultKind.SLOW:
             detail = sim_straggler(self.fleet, gpu) + f"; rank sleeps {fault.delay_s}s per step"
+        elif fault.kind is FaultKind.WRONG_PRODUCTS:
+            detail = sim_wrong_products(self.fleet, gpu, fault.rate)
         else:
             detail = f"{fault.kind.value} fired inside rank {rank} at step {step}"
         return Injected(i, fault, now, step, rank, gpu, pid, detail)
@@ -221,6 +223,17 @@ def sim_straggler(fleet: Any, gpu: int | None) -> str:
     except Exception as exc:
         return f"sim fleet refused straggler: {exc}"
     return f"GPU {gpu} clocks stuck low"
+
+
+def sim_wrong_products(fleet: Any, gpu: int | None, rate: float) -> str:
+    """Make the simulated GPU return wrong matrix products from now on (no telemetry symptom)."""
+    if fleet is None or gpu is None:
+        return "no simulated fleet: no GPU made to compute wrong products (use --backend sim)"
+    try:
+        fleet.now().wrong_products(gpu=gpu, rate=rate)
+    except Exception as exc:
+        return f"sim fleet refused wrong_products: {exc}"
+    return f"GPU {gpu} returns wrong matrix products ({rate:.0%} of them); no telemetry symptom"
 
 
 def corrupt_newest_checkpoint(checkpoint_dir: Path | None, n_bytes: int = 64) -> str:

@@ -13,7 +13,7 @@
     step = 60
 
 Kinds (docs/chaos.md has the evidence each one produces): kill, stop, hang, nan, slow, xid,
-raise, exit, corrupt_checkpoint. Every fault has exactly one trigger: ``at_s`` (seconds since
+raise, exit, corrupt_checkpoint, wrong_products. Every fault has exactly one trigger: ``at_s`` (seconds since
 start) or ``step`` (when the furthest local rank reached that step); faults that happen inside
 the worker (hang, nan, slow, raise, exit, xid) take ``step``. Errors name the bad field.
 
@@ -43,6 +43,9 @@ class FaultKind(str, Enum):
     RAISE = "raise"  # in-process: raise `exc`(`message`) (a software crash)
     EXIT = "exit"  # in-process: exit with `code`
     CORRUPT_CHECKPOINT = "corrupt_checkpoint"  # external: flip bytes in the newest checkpoint
+    # external, sim fleet: `rate` of the rank's GPU's matrix products come back wrong (silent data
+    # corruption: no telemetry symptom; the pre-flight's SDC round finds it)
+    WRONG_PRODUCTS = "wrong_products"
 
     @property
     def needs_rank(self) -> bool:
@@ -78,6 +81,7 @@ _FIELDS: dict[FaultKind, dict[str, type | tuple[type, ...]]] = {
     FaultKind.RAISE: {"exc": str, "message": str},
     FaultKind.EXIT: {"code": int},
     FaultKind.CORRUPT_CHECKPOINT: {"bytes": int},
+    FaultKind.WRONG_PRODUCTS: {"rate": (int, float)},
 }
 
 
@@ -96,6 +100,7 @@ class Fault:
     message: str = ""
     code: int = 1
     bytes: int = 64  # how many bytes corrupt_checkpoint flips
+    rate: float = 1.0  # wrong_products: the share of the GPU's matrix products that are wrong
 
     @property
     def label(self) -> str:

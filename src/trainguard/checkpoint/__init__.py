@@ -34,7 +34,7 @@ from trainguard.checkpoint.manifest import (
     encode_manifest,
 )
 from trainguard.checkpoint.retention import apply_retention, plan_deletions
-from trainguard.checkpoint.verify import VerifyResult, newest_valid, verify
+from trainguard.checkpoint.verify import ResumeChoice, VerifyResult, choose_resume, newest_valid, verify
 
 __all__ = [
     "FORMAT_VERSION",
@@ -44,8 +44,10 @@ __all__ = [
     "ChecksumFile",
     "FileEntry",
     "Manifest",
+    "ResumeChoice",
     "VerifyResult",
     "apply_retention",
+    "choose_resume",
     "clean_stale",
     "commit",
     "damage",

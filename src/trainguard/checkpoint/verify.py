@@ -69,15 +69,36 @@ def verify(path: str | os.PathLike[str], deep: bool = True) -> VerifyResult:
     return VerifyResult(True, "ok", manifest.step, manifest)
 
 
-def newest_valid(
+@dataclass(frozen=True, slots=True)
+class ResumeChoice:
+    """What a resume finds: the newest checkpoint that verifies, and the newer ones it skips."""
+
+    info: CheckpointInfo | None  # None: no valid checkpoint
+    manifest: Manifest | None = None
+    skipped: tuple[tuple[int, str], ...] = ()  # (step, why) of newer checkpoints, newest first
+
+
+def choose_resume(
     directory: str | os.PathLike[str], deep: bool = True, max_step: int | None = None
-) -> CheckpointInfo | None:
-    """The newest checkpoint that verifies, skipping (and logging) invalid ones; None if none."""
+) -> ResumeChoice:
+    """Verify checkpoints newest first until one is valid: the one walk every resume makes (the
+    Checkpointer's, the supervisor's and ``trainguard checkpoints``)."""
+    skipped: list[tuple[int, str]] = []
     for info in reversed(list_checkpoints(directory)):
         if max_step is not None and info.step > max_step:
             continue
         result = verify(info.path, deep=deep)
-        if result.ok:
-            return info
-        log.warning("skipping invalid checkpoint %s: %s", info.path, result.reason)
-    return None
+        if result.ok and result.manifest is not None:
+            return ResumeChoice(info, result.manifest, tuple(skipped))
+        skipped.append((int(info.step), result.reason))
+    return ResumeChoice(None, None, tuple(skipped))
+
+
+def newest_valid(
+    directory: str | os.PathLike[str], deep: bool = True, max_step: int | None = None
+) -> CheckpointInfo | None:
+    """The newest checkpoint that verifies, skipping (and logging) invalid ones; None if none."""
+    choice = choose_resume(directory, deep, max_step)
+    for step, reason in choice.skipped:
+        log.warning("skipping invalid checkpoint step %d in %s: %s", step, directory, reason)
+    return choice.info

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -43,9 +42,6 @@ def register(subparsers: Any) -> None:
 
 def _rows(directory: Path, quick: bool) -> list[dict[str, Any]]:
     from trainguard.checkpoint import list_checkpoints, read_latest, verify
-
-    # This command reports every invalid checkpoint itself; the resume path's warning would repeat it.
-    logging.getLogger("trainguard.checkpoint.verify").setLevel(logging.ERROR)
 
     if not directory.is_dir():
         raise InputError(f"{directory}: no such directory (pass the --checkpoint-dir your training used)")
@@ -96,7 +92,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from trainguard.checkpoint import newest_valid, parse_step, verify
+    from trainguard.checkpoint import choose_resume, parse_step, verify
 
     path: Path = args.path
     if parse_step(path.name) is None:  # a checkpoint directory: verify its newest checkpoint
@@ -109,7 +105,7 @@ def _verify(args: argparse.Namespace) -> int:
     result = verify(target, deep=not args.quick)
     fallback = None
     if not result.ok and target != path:
-        info = newest_valid(path, deep=not args.quick)
+        info = choose_resume(path, deep=not args.quick).info  # this command reports what it skips
         fallback = info.step if info else None
     if args.json:
         print(

@@ -77,7 +77,7 @@ def open_store(path: str | None) -> IncidentStore:
 
 def run_list(args: argparse.Namespace) -> int:
     with open_store(args.db) as store:
-        incidents = store.list(job=args.job, since=args.since, limit=args.limit or None)
+        incidents = store.incidents(job=args.job, since=args.since, limit=args.limit or None)
     if args.json:
         print(json.dumps([i.to_dict() for i in incidents], indent=1, default=str))
         return 0

@@ -20,6 +20,34 @@ from typing import Any
 
 from trainguard.cli.options import add_config_args, thresholds
 
+# torchrun's other options, handed to torchrun's own parser as given (docs/supervisor.md). The
+# worker command after ``--`` is always the full command line (torchrun's --no-python), so -m,
+# --no-python and --run-path do not apply; worker output always goes to the run directory's log
+# files, copied to the console unless --no-tee, so torchrun's log options do not apply either.
+TORCHRUN_PASSTHROUGH: list[tuple[tuple[str, ...], str]] = [
+    (("--start-method", "--start_method"), "{spawn,fork,forkserver}"),
+    (("--event-log-handler", "--event_log_handler"), "HANDLER"),
+    (("--role",), "ROLE"),
+    (("--node-rank", "--node_rank"), "N"),
+    (("--master-addr", "--master_addr"), "HOST"),
+    (("--master-port", "--master_port"), "PORT"),
+    (("--local-addr", "--local_addr"), "HOST"),
+    (("--numa-binding", "--numa_binding"), "MODE"),
+    (("--signals-to-handle", "--signals_to_handle"), "SIGNALS"),
+    (("--shutdown-timeout", "--shutdown_timeout"), "S"),
+    (("--duplicate-stdout-filters", "--duplicate_stdout_filters"), "FILTERS"),
+    (("--duplicate-stderr-filters", "--duplicate_stderr_filters"), "FILTERS"),
+]
+
+
+class _PassThrough(argparse.Action):
+    """Collects a torchrun option as it was written, for torchrun's parser."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        given = list(getattr(namespace, self.dest, None) or [])
+        given += [str(option_string)] + ([] if self.nargs == 0 else [str(values)])
+        setattr(namespace, self.dest, given)
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -44,6 +72,16 @@ def register(subparsers: Any) -> None:
         help="restart budget; GPU exclusions and membership changes are free (default 3)",
     )
     t.add_argument("--monitor-interval", "--monitor_interval", type=float, default=0.1, metavar="S")
+    for names, metavar in TORCHRUN_PASSTHROUGH:
+        t.add_argument(*names, action=_PassThrough, dest="torchrun_args", metavar=metavar, help="as torchrun")
+    t.add_argument(
+        "--virtual-local-rank",
+        "--virtual_local_rank",
+        action=_PassThrough,
+        nargs=0,
+        dest="torchrun_args",
+        help="as torchrun",
+    )
     g = p.add_argument_group("trainguard options")
     g.add_argument("--job-id", default="", help="default: --rdzv-id, else a timestamp")
     g.add_argument(
@@ -82,6 +120,12 @@ def register(subparsers: Any) -> None:
         "wrote no output for this long (default 600; 0: never)",
     )
     g.add_argument("--backend", default="none", choices=["none", "nvml", "sim"], help="node-health telemetry")
+    g.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the diagnostics (level 1 + a short SDC round) on the GPUs before each start; "
+        "they run only with --backend nvml or sim",
+    )
     g.add_argument("--kernel-log", type=Path, default=None, help="kernel log the health agent follows")
     add_config_args(g)
     g.add_argument(
@@ -131,6 +175,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         rdzv_conf=args.rdzv_conf,
         max_restarts=args.max_restarts,
         monitor_interval=args.monitor_interval,
+        extra_torchrun_args=tuple(getattr(args, "torchrun_args", None) or ()),
         job_id=args.job_id,
         runs_root=args.runs_dir,
         db=args.db,
@@ -139,6 +184,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         hang_step_factor=args.hang_step_factor,
         startup_timeout=args.startup_timeout,
         idle_timeout=args.idle_timeout,
+        preflight=not args.no_preflight,
         backend=args.backend,
         kernel_log=args.kernel_log,
         chaos=args.chaos,
@@ -204,4 +250,5 @@ def result_to_dict(result: Any) -> dict[str, Any]:
         "injected": [i.to_dict() for i in result.injected],
         "recoveries": list(result.recoveries),
         "world_sizes": list(result.world_sizes),
+        "diagnostics": list(result.diagnostics),
     }

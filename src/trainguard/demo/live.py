@@ -159,8 +159,10 @@ class Display:
                 f"the failure (resumed at step {d.get('resume_step') or 0})"
             )
         elif ev.kind == "diagnosis":
-            # The built-in diagnose hook re-reads the (simulated) telemetry; no active test runs yet.
-            self.line(f"telemetry re-check of GPU {d.get('gpu')}: {d.get('health')}")
+            said = f" ({d['summary'][:90]})" if d.get("summary") else ""
+            self.line(f"diagnostics on GPU {d.get('gpu')}: {d.get('health')}{said}")
+        elif ev.kind == "preflight" and d.get("verdict") == "fail":  # a clean one is no news
+            self.line(f"pre-flight before attempt {d.get('attempt')}: {str(d.get('summary'))[:100]}")
 
     def progressed(self) -> None:
         """Called after each progress event (plain mode prints every tenth of the run)."""

@@ -88,7 +88,7 @@ def assemble(
     run_dir = Path(result.run_dir)
     db = workdir / "trainguard.db"
     with IncidentStore(db) as store:
-        incidents = store.list(job=job)
+        incidents = store.incidents(job=job)
         goodput = store.goodput(job).to_dict()
         plot = _plot(store, job, workdir / "timeline.png")
     injected = ground_truth(plan, run_dir, [i.to_dict() for i in result.injected], chaos.gpus_by_attempt)
@@ -100,6 +100,7 @@ def assemble(
         "attempts": result.attempts,
         "final_step": result.final_step,
         "recoveries": list(result.recoveries),
+        "diagnostics": list(result.diagnostics),
     }
     return build_report(
         plan,

@@ -7,7 +7,7 @@ chaos executor carries out; examples/chaos/demo.toml is the same plan as a file.
 
     >>> plan = build_plan(quick=True)
     >>> [f.kind for f in plan.faults]
-    ['nan', 'xid', 'crash', 'corrupt_checkpoint', 'hang', 'straggler']
+    ['nan', 'xid', 'crash', 'corrupt_checkpoint', 'hang', 'straggler', 'wrong_products']
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ class DemoFault:
     checkpoint's incident says "skip_torn_checkpoint": the resume went on from an older one).
     """
 
-    id: str  # "F1".."F6": the key the report and the JSON use
-    kind: str  # straggler | nan | xid | crash | corrupt_checkpoint | hang
+    id: str  # "F1".."F7": the key the report and the JSON use
+    kind: str  # straggler | nan | xid | crash | corrupt_checkpoint | hang | wrong_products
     label: str
     step: int
     rank: int | None = None
@@ -38,6 +38,7 @@ class DemoFault:
     xid: int = 79
     delay_s: float = 0.5  # straggler: extra seconds per step ...
     slow_steps: int = 6  # ... for this many steps
+    rate: float = 1.0  # wrong_products: the share of the GPU's matrix products that are wrong
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,13 +64,19 @@ def build_plan(quick: bool = False, steps: int | None = None, speed: float = 1.0
     # The torn checkpoint comes a few steps after a checkpoint (so that one is committed and is the
     # newest), a few heartbeats (~0.25 s each) before the hang, and the hang comes before the next
     # checkpoint: the restart after the hang must skip the torn one.
+    # The wrong products (F7) start between the torn checkpoint and the hang: nothing shows them
+    # until the pre-flight before the hang's restart runs its SDC round and excludes GPU 1. From
+    # then on rank 1 runs on GPU 2, where the straggler (F6) strikes; diagnostics measure GPU 2 at
+    # half its peers' speed, so it is excluded too, and the run ends on GPU 0.
     if quick:
         base = DemoPlan(steps=130, checkpoint_every=15, step_delay=0.06, warm_standby=False)
         at = {"nan": 20, "xid": 35, "crash": 55, "corrupt_checkpoint": 82, "hang": 89, "straggler": 105}
+        at["wrong_products"] = 85
         slow_steps = 4
     else:
         base = DemoPlan(steps=220, checkpoint_every=20, step_delay=0.1)
         at = {"nan": 35, "xid": 60, "crash": 95, "corrupt_checkpoint": 148, "hang": 156, "straggler": 180}
+        at["wrong_products"] = 151
         slow_steps = 6
     scale = 1.0
     if steps is not None:
@@ -99,11 +106,18 @@ def build_plan(quick: bool = False, steps: int | None = None, speed: float = 1.0
         ),
         DemoFault(
             "F5", "hang", "hang: rank 2 stops before a collective", s("hang"), rank=2,
-            expected_causes=("nccl_watchdog_timeout",), expected_actions=("restart",),
+            # The laggard sits outside any collective: not a network fault, and nothing tells its
+            # code from its host apart (the incident lists both as suspects).
+            expected_causes=("unknown",), expected_actions=("restart",),
         ),
         DemoFault(
-            "F6", "straggler", "straggler: GPU 2 clocks stuck low", s("straggler"), rank=2,
-            expected_causes=("faulty_gpu",), expected_actions=("continue",), slow_steps=slow_steps,
+            "F6", "straggler", "straggler: GPU 2 clocks stuck low", s("straggler"), rank=1,
+            expected_causes=("faulty_gpu",), expected_actions=("exclude_gpu",), slow_steps=slow_steps,
+        ),
+        DemoFault(
+            "F7", "wrong_products", "GPU 1 returns wrong matrix products", s("wrong_products"), rank=1,
+            # No telemetry symptom: only the pre-flight's SDC round before the next restart sees it.
+            expected_causes=("silent_data_corruption",), expected_actions=("exclude_gpu",),
         ),
     )  # fmt: skip
     return replace(base, faults=faults)
@@ -131,5 +145,7 @@ def chaos_toml(plan: DemoPlan) -> str:
             out += ['kind = "corrupt_checkpoint"']
         elif f.kind == "hang":
             out += ['kind = "hang"', f"rank = {f.rank}"]
+        elif f.kind == "wrong_products":
+            out += ['kind = "wrong_products"', f"rank = {f.rank}", f"rate = {f.rate}"]
         out.append(f"step = {f.step}")
     return "\n".join(out) + "\n"

@@ -16,9 +16,11 @@ from trainguard.demo.match import MATCHING_RULE, WINDOW_S, Outcome, unmatched
 from trainguard.demo.plan import DemoPlan
 from trainguard.demo.truth import InjectedFault
 from trainguard.incidents import Incident
+from trainguard.records import Health
 from trainguard.rundir import read_heartbeats
 
 ACCURACY_THRESHOLD = 0.90
+_HEALTH = {h.value for h in Health}
 
 
 def median_step_time(run_dir: Path) -> float | None:
@@ -88,6 +90,7 @@ def build_report(
                 "time_lost_s": lost,
                 "time_lost_estimated": estimated,
                 "related_incidents": list(o.related) if o else [],
+                "diagnostics": _diagnostics(inc),
             }
         )
     rows = []
@@ -141,6 +144,14 @@ def verdict(report: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _diagnostics(inc: Incident | None) -> list[str]:
+    """What the active tests measured for this incident (pre-flight or after it), in words."""
+    if inc is None:
+        return []
+    said = [str(e).split(": ", 1)[1] for e in inc.evidence if str(e).startswith("diagnostics on GPU ")]
+    return [d for d in said if d not in _HEALTH]  # the bare verdict repeats what the tests say
+
+
 def _time_lost(
     inj: InjectedFault,
     inc: Incident | None,
@@ -191,6 +202,8 @@ def render(report: dict[str, Any]) -> str:
             else:
                 lines.append("        no incident recorded for it")
             lines.append(f"        action {f['action']}; time lost {lost}")
+        for d in f.get("diagnostics", []):
+            lines += textwrap.wrap(d, 78, initial_indent="        measured: ", subsequent_indent=" " * 18)
         if not f["matched"]:
             lines.append(f"        problem: {f['reason']}")
     others = [i for i in report["incidents"] if i["matched_fault"] is None]
@@ -203,6 +216,15 @@ def render(report: dict[str, Any]) -> str:
             )
             if i["summary"]:
                 lines.append(f"      {_clip(i['summary'], 72)}")
+    runs = [d for d in report["supervisor"].get("diagnostics", []) if d.get("purpose") == "preflight"]
+    if runs:
+        failed = [d for d in runs if d.get("verdict") == "fail"]
+        secs = sum(d.get("seconds") or 0.0 for d in runs)
+        lines += ["", f"pre-flight diagnostics before each start: {len(runs)} runs, {secs:.1f}s in all"]
+        for d in failed:
+            lines += textwrap.wrap(
+                f"attempt {d['attempt']}: {d['summary']}", 78, initial_indent="  ", subsequent_indent="    "
+            )
     g = report["goodput"]
     lines += [""]
     if g:

@@ -21,12 +21,23 @@ import re
 import time as _time
 from datetime import UTC, datetime
 
+from trainguard.detect.rules import RECOVERY_VERDICTS
 from trainguard.detect.xid import xid_info
-from trainguard.records import Action, Category, Event, EventKind, Severity, normalize_pci
+from trainguard.records import (
+    RECOVERY_ACTION_CODES,
+    Action,
+    Category,
+    Event,
+    EventKind,
+    Health,
+    RecoveryAction,
+    Severity,
+    normalize_pci,
+)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["line_time", "parse_kernel_line"]
+__all__ = ["line_time", "parse_kernel_line", "recovery_action_of"]
 
 _BUS = r"(?:[0-9a-fA-F]{1,8}:)?[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}(?:\.[0-7])?"
 _XID = re.compile(r"NVRM:\s*Xid\s*\((?P<inner>[^)]{0,80})\)\s*:?\s*(?P<code>\d{1,6})\b\s*,?\s*(?P<rest>.*)")
@@ -61,14 +72,14 @@ _MONTHS = {
         ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"], 1
     )
 }
-_RA = {
-    0: (Action.NONE, Severity.INFO),
-    1: (Action.RESET_GPU, Severity.FATAL),
-    2: (Action.REBOOT_NODE, Severity.FATAL),
-    3: (Action.DRAIN, Severity.ERROR),
-    4: (Action.RESET_GPU, Severity.FATAL),
-}
-_RA_WORDS = (("drain and reset", 4), ("drain p2p", 3), ("reboot", 2), ("reset", 1), ("none", 0))
+_RA_WORDS = (
+    ("drain and reset", RecoveryAction.DRAIN_AND_RESET),
+    ("drain p2p", RecoveryAction.DRAIN_P2P),
+    ("reboot", RecoveryAction.NODE_REBOOT),
+    ("reset", RecoveryAction.GPU_RESET),
+    ("none", RecoveryAction.NONE),
+)
+_SEVERITY_OF = {Health.FAILED: Severity.FATAL, Health.DEGRADED: Severity.ERROR}
 
 
 def _wall(date: str, clock: str, frac: str | None, zone: str | None) -> float | None:
@@ -119,15 +130,26 @@ def line_time(prefix: str, now: float | None = None, boot_time: float | None = N
     return None
 
 
-def _recovery(rest: str) -> tuple[Action, Severity] | None:
-    """Xid 154 names the action the driver needs: "... changed from 0x0 (None) to 0x1 (GPU Reset Required)"."""
-    m = _RA_TO.search(rest)
+def recovery_action_of(text: str) -> RecoveryAction | None:
+    """The action an Xid 154 line announces: "... changed from 0x0 (None) to 0x1 (GPU Reset Required)"."""
+    m = _RA_TO.search(text)
     if not m:
         return None
     if m["hex"]:
-        return _RA.get(int(m["hex"], 16))
+        return RECOVERY_ACTION_CODES.get(int(m["hex"], 16))
     words = m["words"].lower()
-    return next((_RA[code] for key, code in _RA_WORDS if key in words), None)
+    return next((ra for key, ra in _RA_WORDS if key in words), None)
+
+
+def _recovery(rest: str) -> tuple[Action, Severity] | None:
+    """The action and severity of an Xid 154 line: the verdict of the action it announces."""
+    ra = recovery_action_of(rest)
+    if ra is None:
+        return None
+    if ra is RecoveryAction.NONE:
+        return Action.NONE, Severity.INFO
+    health, action, _ = RECOVERY_VERDICTS[ra]
+    return action, _SEVERITY_OF.get(health, Severity.WARNING)
 
 
 def _xid_event(m: re.Match[str], line: str, when: float | None) -> Event | None:

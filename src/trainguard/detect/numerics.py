@@ -3,7 +3,7 @@
 Pure and torch-free (the Guard in ``trainguard.torch.guard`` feeds it floats; the supervisor and
 the agent can reuse it on heartbeat losses). Where it sits::
 
-    Guard.step(loss) -> NumericsMonitor.observe(step, loss) -> Decision(action, findings)
+    Guard.step(loss) -> NumericsMonitor.observe(step, loss) -> Ruling(action, findings)
 
 A spike is a loss whose robust z-score against the last ``window`` accepted losses,
 ``(x - median) / (1.4826 * MAD)``, exceeds ``threshold``, and that sits at least ``min_rel_jump``
@@ -29,7 +29,7 @@ import math
 import sys
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from statistics import median
 
@@ -45,7 +45,7 @@ class Policy(str, Enum):
     WARN = "warn"  # report, but apply the update anyway
     SKIP = "skip"  # drop this update
     ROLLBACK = "rollback"  # restore the last good checkpoint and replay
-    STOP = "stop"  # save nothing, exit with ExitCode.NUMERICS_STOP
+    STOP = "stop"  # save nothing, exit with WorkerExit.NUMERICS_STOP
 
 
 class Anomaly(str, Enum):
@@ -94,10 +94,37 @@ class LossCheck:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class Ruling:
     action: Policy
     check: LossCheck
     findings: tuple[Finding, ...] = ()
+
+
+_SOURCES = "source ranks: "
+
+
+def with_sources(finding: Finding, ranks: tuple[int, ...]) -> Finding:
+    """The finding, naming the ranks whose own loss was non-finite (every rank reports the agreed
+    value; these produced it)."""
+    if not ranks:
+        return finding
+    named = ", ".join(map(str, ranks))
+    return replace(
+        finding,
+        reason=f"{finding.reason}, from rank {named}",
+        evidence=(f"{_SOURCES}{named}", *finding.evidence),
+    )
+
+
+def sources_of(finding: Finding) -> tuple[int, ...]:
+    """The ranks `with_sources` named; () when the finding does not say."""
+    for item in finding.evidence:
+        if item.startswith(_SOURCES):
+            try:
+                return tuple(int(r) for r in item[len(_SOURCES) :].split(","))
+            except ValueError:
+                return ()
+    return ()
 
 
 def robust_stats(history: Iterable[float], log_scale: bool = True) -> RobustStats | None:
@@ -213,7 +240,7 @@ class NumericsMonitor:
 
     def observe(
         self, step: int, loss: float | None, *, grads_finite: bool = True, time: float | None = None
-    ) -> Decision:
+    ) -> Ruling:
         self._refresh()
         check = check_loss(step, loss, self._stats, self.config)
         if check.anomaly is Anomaly.NONE and not grads_finite:
@@ -226,14 +253,14 @@ class NumericsMonitor:
                 self._stale += 1
             if first is not None:
                 findings.append(self._transient(first, check, time))
-            return Decision(Policy.PROCEED, check, tuple(findings))
+            return Ruling(Policy.PROCEED, check, tuple(findings))
         findings.append(self._anomaly(check, time))
         policy = self.on_nan if check.anomaly is Anomaly.NONFINITE else self.on_spike
         if first is not None:
             findings.append(self._data_problem(first, check, time))
             if policy is Policy.ROLLBACK:
                 policy = Policy.SKIP  # rolling back again would replay the same bad batch forever
-        return Decision(policy, check, tuple(findings))
+        return Ruling(policy, check, tuple(findings))
 
     def rolled_back(self, check: LossCheck) -> None:
         """The state was restored to before ``check.step``: watch that step when it replays."""

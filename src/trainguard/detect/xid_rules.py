@@ -24,8 +24,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from trainguard.detect.kernel_log import recovery_action_of
 from trainguard.detect.rules import RECOVERY_VERDICTS
 from trainguard.detect.thresholds import Thresholds
+from trainguard.detect.xid import xid_info
 from trainguard.records import (
     Action,
     Category,
@@ -41,21 +43,6 @@ from trainguard.records import (
 _EPOCH_2001 = 978_307_200.0  # any later time is wall-clock time, not an uptime
 _MAX_KEPT = 256  # records per GPU; a log storm must not grow memory without bound
 _NOISE = re.compile(r"^.*?\bS?Xid\b\s*(?:\([^)]*\))?:?\s*\d+,?\s*(?:pid=[^,]*,\s*)?(?:name=[^,]*,\s*)?", re.I)
-_RA_CODE = re.compile(r"to\s+0x([0-9a-f]+)", re.I)
-_RA_BY_CODE = {
-    0: RecoveryAction.NONE,
-    1: RecoveryAction.GPU_RESET,
-    2: RecoveryAction.NODE_REBOOT,
-    3: RecoveryAction.DRAIN_P2P,
-    4: RecoveryAction.DRAIN_AND_RESET,
-}
-_RA_BY_WORDS = (
-    ("drain and reset", RecoveryAction.DRAIN_AND_RESET),
-    ("drain p2p", RecoveryAction.DRAIN_P2P),
-    ("node reboot", RecoveryAction.NODE_REBOOT),
-    ("gpu reset", RecoveryAction.GPU_RESET),
-    ("none", RecoveryAction.NONE),
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +55,6 @@ class _Rec:
     seen: float
     health: Health
     action: Action
-
-
-def recovery_action_of(text: str) -> RecoveryAction | None:
-    """The action an Xid 154 line announces ("... changed from 0x0 (None) to 0x1 (GPU Reset Required)")."""
-    m = _RA_CODE.search(text)
-    if m:
-        return _RA_BY_CODE.get(int(m.group(1), 16))
-    tail = text.lower().rsplit(" to ", 1)[-1]
-    return next((ra for words, ra in _RA_BY_WORDS if words in tail), None)
 
 
 def _message(ev: Event) -> str:
@@ -312,35 +290,6 @@ def _recovery_finding(index: int | None, r: _Rec) -> Finding | None:
     )
 
 
-# The project's verdict per Xid, where NVIDIA's catalog bucket alone would be too weak or too
-# strong for a training fleet. Fatal hardware Xids fail the GPU; the action is the catalog's.
-_FAILED_RESET = (Health.FAILED, Action.RESET_GPU)
-_XID_POLICY: dict[int, tuple[Health, Action]] = {
-    45: (Health.OK, Action.RESTART_APP),  # alone: the channel was torn down; see XidState
-    46: _FAILED_RESET,  # GPU timeout
-    48: _FAILED_RESET,  # double-bit ECC error
-    62: _FAILED_RESET,  # PMU halt
-    63: (Health.OK, Action.IGNORE),  # row remap / page retirement recorded (telemetry says if pending)
-    64: (Health.FAILED, Action.CONTACT_SUPPORT),  # row remap / retirement failure: replace the GPU
-    74: (Health.DEGRADED, Action.RUN_DIAGNOSTICS),  # NVLink error
-    79: (Health.FAILED, Action.REBOOT_NODE),  # fallen off the bus
-    92: (Health.FAILED, Action.CONTACT_SUPPORT),  # excessive single-bit errors
-    94: _FAILED_RESET,  # contained ECC error: the app died, a remap waits for reset
-    95: _FAILED_RESET,  # uncontained ECC error
-    109: _FAILED_RESET,  # context-switch timeout
-    110: _FAILED_RESET,  # security fault
-    119: _FAILED_RESET,  # GSP RPC timeout
-    120: _FAILED_RESET,  # GSP error
-    136: _FAILED_RESET,  # link training failure
-    140: _FAILED_RESET,  # ECC error escaped containment
-    143: _FAILED_RESET,  # GPU init error
-    154: (Health.OK, Action.NONE),  # recovery action changed: handled from its text
-    155: _FAILED_RESET,  # NVLink software-defined error
-    156: (Health.DEGRADED, Action.RESET_GPU),  # resource retirement: reset to apply
-    158: _FAILED_RESET,  # GPU fatal timeout
-    171: _FAILED_RESET,  # uncorrectable DRAM error
-    172: _FAILED_RESET,  # uncorrectable SRAM error
-}
 _APP_XIDS = Thresholds().app_xids
 _BY_SEVERITY = {
     Severity.FATAL: Health.FAILED,
@@ -353,12 +302,14 @@ _BY_SEVERITY = {
 def xid_policy(
     code: int, ev: Event | None = None, app_xids: tuple[int, ...] = _APP_XIDS
 ) -> tuple[Health, Action]:
-    """Health and action for one Xid seen alone: the table above, else the parser's classification."""
-    found = _XID_POLICY.get(code)
-    if found is not None:
-        return found
-    if code in app_xids:
+    """Health and action for one Xid seen alone: the Xid catalog's (``detect.xid``), the
+    configured application Xids', or, where the line's own text decides (NVLink5 Fatal/Nonfatal, a
+    code newer than the catalog), the parser's classification of the line."""
+    info = xid_info(code)
+    if code in app_xids and info.health in (Health.OK, None):
         return Health.OK, Action.RESTART_APP
+    if info.known and info.health is not None:
+        return info.health, info.action
     if ev is None:
         return Health.DEGRADED, Action.RUN_DIAGNOSTICS
     return _BY_SEVERITY.get(ev.severity, Health.DEGRADED), ev.action

@@ -40,6 +40,7 @@ from trainguard.incidents.taxonomy import (
     RootCause,
     as_evidence,
     numerics_root_cause,
+    suspects,
     xid_root_cause,
 )
 
@@ -68,5 +69,6 @@ __all__ = [
     "incident_stats",
     "numerics_root_cause",
     "root_cause_for",
+    "suspects",
     "xid_root_cause",
 ]

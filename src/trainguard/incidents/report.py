@@ -36,7 +36,7 @@ def job_report(store: IncidentStore, job: str, now: float | None = None) -> dict
     """Everything `trainguard report` shows about one job. Times are absolute (as recorded);
     each incident also gets ``t_s``, seconds since the job started."""
     info = store.get_job(job)
-    incidents = store.list(job=job)
+    incidents = store.incidents(job=job)
     intervals = store.intervals(job)
     progress = store.progress(job)
     if info is None and not incidents and not intervals:

@@ -184,7 +184,7 @@ class IncidentStore:
         rows = self._read("SELECT * FROM incidents WHERE id = ?", (incident_id,))
         return _incident_from_row(rows[0]) if rows else None
 
-    def list(
+    def incidents(
         self, job: str | None = None, since: float | None = None, limit: int | None = None
     ) -> _Incidents:
         """Incidents oldest first; ``limit`` keeps the most recent ones."""
@@ -197,7 +197,7 @@ class IncidentStore:
     def stats(self, job: str | None = None) -> IncidentStats:
         """Counts by root cause / category / action, time lost and MTBF over the jobs' wall time."""
         jobs = [j for j in self.list_jobs() if job is None or j.job == job]
-        incidents = self.list(job=job)
+        incidents = self.incidents(job=job)
         observed = 0.0
         for j in jobs:
             end = (

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from trainguard.detect.xid import xid_info
 from trainguard.records import Category, Event, EventKind, Finding
 from trainguard.rundir import ErrorRecord
 
@@ -44,19 +45,6 @@ class RootCause(str, Enum):
     SILENT_DATA_CORRUPTION = "silent_data_corruption"  # numerics wrong, not reproducible
     UNKNOWN = "unknown"
 
-
-# Xid code -> cause; codes not listed fall back to the event's category. None = a symptom.
-_XID_CAUSE: dict[int, RootCause | None] = {
-    **dict.fromkeys((48, 63, 64, 92, 94, 95, 140, 171), RootCause.GPU_HBM_MEMORY),
-    172: RootCause.GPU_SRAM,
-    **dict.fromkeys((46, 74, 79, 109, 136, 143, 155, 158, 167), RootCause.FAULTY_GPU),
-    **dict.fromkeys(range(144, 151), RootCause.FAULTY_GPU),  # NVLink5 errors
-    **dict.fromkeys((61, 62, 110, 119, 120, 169), RootCause.GPU_SYSTEM_PROCESSOR),
-    **dict.fromkeys((13, 31, 32, 43, 69), RootCause.SOFTWARE_BUG),  # application-class Xids
-    54: RootCause.HOST,  # auxiliary power not connected
-    45: None,  # preemptive cleanup after an earlier error
-    154: None,  # the driver restating the action an earlier error needs
-}
 
 _CATEGORY_CAUSE: dict[Category, RootCause] = {
     Category.GPU_HARDWARE: RootCause.FAULTY_GPU,
@@ -120,8 +108,16 @@ EvidenceLike = Evidence | Event | Finding | ErrorRecord
 
 
 def xid_root_cause(code: int) -> RootCause | None:
-    """The cause an Xid points to; None for sympathetic Xids and codes the table leaves out."""
-    return _XID_CAUSE.get(code)
+    """The cause an Xid points to (the Xid catalog's ``root_cause``, `trainguard.detect.xid`);
+    None for sympathetic Xids and codes whose category decides."""
+    cause = xid_info(code).root_cause
+    return RootCause(cause) if cause and cause != "symptom" else None
+
+
+def suspects(*candidates: tuple[RootCause, str]) -> str:
+    """The evidence line of a cause that the evidence cannot pin down: ``unknown; suspects: ...``
+    (recorded with root cause UNKNOWN, so no confident label is claimed)."""
+    return "unknown; suspects: " + "; ".join(f"{cause.value} ({why})" for cause, why in candidates)
 
 
 def numerics_root_cause(reproduced_after_rollback: bool) -> RootCause:
@@ -152,11 +148,11 @@ def _from_event(ev: Event) -> Evidence | None:
         return replace(base, cause=RootCause.FAULTY_GPU)
     if ev.kind is EventKind.SXID:
         return replace(base, cause=RootCause.NETWORK_SWITCH_CABLE)
-    if ev.kind is EventKind.XID and ev.xid is not None and ev.xid in _XID_CAUSE:
-        cause = _XID_CAUSE[ev.xid]
-        if cause is None:
-            return replace(base, cause=_category_cause(ev.category, ev.text), symptom=True)
-        return replace(base, cause=cause)
+    named = xid_info(ev.xid).root_cause if ev.kind is EventKind.XID and ev.xid is not None else ""
+    if named == "symptom":
+        return replace(base, cause=_category_cause(ev.category, ev.text), symptom=True)
+    if named:
+        return replace(base, cause=RootCause(named))
     if ev.category is Category.INFO:
         return None
     cause = _category_cause(ev.category, ev.text)

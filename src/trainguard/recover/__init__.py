@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from trainguard.recover.policy import (
     Decision,
-    Failure,
-    FailureKind,
     PolicyState,
+    Trouble,
+    TroubleKind,
     Verb,
     backoff_s,
     decide,
@@ -17,9 +17,9 @@ from trainguard.recover.policy import (
 
 __all__ = [
     "Decision",
-    "Failure",
-    "FailureKind",
     "PolicyState",
+    "Trouble",
+    "TroubleKind",
     "Verb",
     "backoff_s",
     "decide",

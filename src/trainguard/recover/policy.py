@@ -1,4 +1,4 @@
-"""The recovery policy: given one failure and the run's history, what the supervisor does next.
+"""The recovery policy: given one trouble and the run's history, what the supervisor does next.
 
 Pure and small on purpose (functional core): the supervisor gathers the evidence, this module
 decides, the supervisor acts. Read `decide` top to bottom; the first rule that matches wins::
@@ -6,7 +6,8 @@ decides, the supervisor acts. Read `decide` top to bottom; the first rule that m
     stopped by a crash loop?      the same application error N times in a row -> STOP_CRASH_LOOP
     a GPU we use is FAILED?       -> EXCLUDE_GPU (continue on fewer; not a retry)
                                      or STOP_NO_CAPACITY when nothing would be left
-    hardware-looking but unproven (CUDA ECC / launch failure text, degraded GPU, app Xid burst)?
+    hardware-looking but unproven (CUDA ECC / launch failure text, degraded GPU, app Xid burst,
+    a NaN one GPU produced)?
                                   -> DIAGNOSE the suspect GPU first (then the supervisor calls
                                      `decide` again with the diagnosis filled in)
     only a warning (straggler, degraded GPU, NaN the trainer handled)?  -> CONTINUE
@@ -14,8 +15,8 @@ decides, the supervisor acts. Read `decide` top to bottom; the first rule that m
     otherwise                     -> RESTART with exponential backoff, if budget is left,
                                      else STOP_BUDGET
 
-    >>> f = Failure(kind=FailureKind.PROCESS_EXIT, signature="ValueError: bad batch @ train.py:step")
-    >>> decide(f, PolicyState(max_restarts=3)).verb.value
+    >>> t = Trouble(kind=TroubleKind.PROCESS_EXIT, signature="ValueError: bad batch @ train.py:step")
+    >>> decide(t, PolicyState(max_restarts=3)).verb.value
     'restart'
 """
 
@@ -24,11 +25,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Any
 
-from trainguard.records import Health
+from trainguard.incidents.taxonomy import RootCause
+from trainguard.records import HARDWARE_CATEGORIES, Health
 
 
-class FailureKind(str, Enum):
+class TroubleKind(str, Enum):
     PROCESS_EXIT = "process_exit"  # a worker exited non-zero or was killed by a signal
     HANG = "hang"  # no rank made progress within the learned timeout
     GPU_FAILED = "gpu_failed"  # the node agent says a GPU we use is FAILED
@@ -52,21 +55,31 @@ class Verb(str, Enum):
         return self in (Verb.STOP_CRASH_LOOP, Verb.STOP_BUDGET, Verb.STOP_NO_CAPACITY)
 
 
-# Categories (records.Category values) whose text alone points at the GPU, not the program.
-HARDWARE_CATEGORIES = frozenset({"gpu_hardware", "gpu_memory_ecc", "interconnect"})
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trouble:
+    """One problem the supervisor assessed: what the policy decides on and the incident records.
 
+    The first block is what `decide` reads; the second is the record of how it was seen.
+    """
 
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """What the supervisor saw, reduced to what the policy needs."""
-
-    kind: FailureKind
+    kind: TroubleKind
     signature: str | None = None  # normalised application error (see `error_signature`)
     category: str | None = None  # records.Category value of the root-cause evidence
     gpu: int | None = None  # suspect physical GPU index on this node
     gpu_health: Health | None = None  # the agent's verdict for that GPU
     diagnosis: Health | None = None  # result of diagnostics, once run
     fatal: bool = True  # False: the workers are still running (a warning)
+
+    detected_by: str = ""  # exit_code | error_file | kernel_log | heartbeat | numerics | telemetry ...
+    time: float = 0.0  # when the supervisor detected it
+    started: float = 0.0  # earliest evidence
+    summary: str = ""
+    root_cause: RootCause = RootCause.UNKNOWN
+    rank: int | None = None  # the global rank it started on
+    ranks: tuple[int, ...] = ()  # every rank that produced it (rank is the first), when several
+    gpus: tuple[int, ...] = ()  # their GPUs
+    evidence: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,36 +107,36 @@ class Decision:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-def decide(failure: Failure, state: PolicyState) -> Decision:
-    """The one decision for one failure (see the module docstring for the rule order)."""
-    if failure.kind is FailureKind.PROCESS_EXIT and failure.signature and _is_crash_loop(failure, state):
+def decide(trouble: Trouble, state: PolicyState) -> Decision:
+    """The one decision for one trouble (see the module docstring for the rule order)."""
+    if trouble.kind is TroubleKind.PROCESS_EXIT and trouble.signature and _is_crash_loop(trouble, state):
         n = state.crash_loop_after
-        return Decision(Verb.STOP_CRASH_LOOP, f"the same error {n} times in a row: {failure.signature}")
+        return Decision(Verb.STOP_CRASH_LOOP, f"the same error {n} times in a row: {trouble.signature}")
 
-    gpu_dead = failure.gpu_health is Health.FAILED or failure.diagnosis is Health.FAILED
-    if failure.gpu is not None and gpu_dead:
+    gpu_dead = trouble.gpu_health is Health.FAILED or trouble.diagnosis is Health.FAILED
+    if trouble.gpu is not None and gpu_dead:
         if state.gpus_in_use - 1 < state.min_gpus:
             return Decision(
-                Verb.STOP_NO_CAPACITY, f"GPU {failure.gpu} failed and no GPU is left to continue on"
+                Verb.STOP_NO_CAPACITY, f"GPU {trouble.gpu} failed and no GPU is left to continue on"
             )
-        return Decision(Verb.EXCLUDE_GPU, f"GPU {failure.gpu} failed: continue without it", gpu=failure.gpu)
+        return Decision(Verb.EXCLUDE_GPU, f"GPU {trouble.gpu} failed: continue without it", gpu=trouble.gpu)
 
-    if failure.gpu is not None and failure.diagnosis is None and _looks_like_hardware(failure):
+    if trouble.gpu is not None and trouble.diagnosis is None and _looks_like_hardware(trouble):
         return Decision(
-            Verb.DIAGNOSE, f"evidence points at GPU {failure.gpu} but is not conclusive", gpu=failure.gpu
+            Verb.DIAGNOSE, f"evidence points at GPU {trouble.gpu} but is not conclusive", gpu=trouble.gpu
         )
 
-    if not failure.fatal:
-        return Decision(Verb.CONTINUE, f"{failure.kind.value}: workers still running, recorded")
+    if not trouble.fatal:
+        return Decision(Verb.CONTINUE, f"{trouble.kind.value}: workers still running, recorded")
 
-    if failure.kind is FailureKind.MEMBERSHIP:
+    if trouble.kind is TroubleKind.MEMBERSHIP:
         return Decision(Verb.RESTART, "membership changed: re-form the group (not a retry)")
 
     if state.restarts_used >= state.max_restarts:
         return Decision(Verb.STOP_BUDGET, f"restart budget of {state.max_restarts} used up")
-    reason = f"{failure.kind.value}: restart from the newest valid checkpoint"
-    if failure.diagnosis is Health.OK:
-        reason = f"GPU {failure.gpu} passed diagnostics; " + reason
+    reason = f"{trouble.kind.value}: restart from the newest valid checkpoint"
+    if trouble.diagnosis is Health.OK:
+        reason = f"GPU {trouble.gpu} passed diagnostics; " + reason
     return Decision(Verb.RESTART, reason, counts_as_retry=True, backoff_s=backoff_s(state))
 
 
@@ -135,21 +148,24 @@ def backoff_s(state: PolicyState) -> float:
     return float(min(state.backoff_max_s, state.backoff_base_s * 2 ** (n - 2)))
 
 
-def _is_crash_loop(failure: Failure, state: PolicyState) -> bool:
-    history = (*state.recent_signatures, failure.signature)
+def _is_crash_loop(trouble: Trouble, state: PolicyState) -> bool:
+    history = (*state.recent_signatures, trouble.signature)
     tail = history[-state.crash_loop_after :]
-    return len(tail) >= state.crash_loop_after and all(s == failure.signature for s in tail)
+    return len(tail) >= state.crash_loop_after and all(s == trouble.signature for s in tail)
 
 
-def _looks_like_hardware(failure: Failure) -> bool:
-    if failure.kind is FailureKind.GPU_DEGRADED or failure.gpu_health is Health.DEGRADED:
+def _looks_like_hardware(trouble: Trouble) -> bool:
+    if trouble.kind is TroubleKind.GPU_DEGRADED or trouble.gpu_health is Health.DEGRADED:
         return True
-    return failure.category in HARDWARE_CATEGORIES
+    if trouble.kind is TroubleKind.NUMERICS:  # one GPU's own NaN: a silent data corruption suspect
+        return True
+    return trouble.category in HARDWARE_CATEGORIES
 
 
-def with_diagnosis(failure: Failure, health: Health) -> Failure:
-    """The same failure once diagnostics ran (the supervisor then calls `decide` again)."""
-    return replace(failure, diagnosis=health)
+def with_diagnosis(trouble: Trouble, health: Health) -> Trouble:
+    """The same trouble once diagnostics ran on its GPU (the supervisor then calls `decide` again)."""
+    note = f"diagnostics on GPU {trouble.gpu}: {health.value}"
+    return replace(trouble, diagnosis=health, evidence=(*trouble.evidence, note))
 
 
 _HEX = re.compile(r"0x[0-9a-fA-F]+")

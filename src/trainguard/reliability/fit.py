@@ -86,7 +86,7 @@ def store_lifetimes(store: Any) -> tuple[list[float], list[bool], list[str], lis
     causes: list[str] = []
     jobs: list[str] = []
     for job in store.list_jobs():
-        incidents = [i for i in store.list(job=job.job) if i.time is not None]
+        incidents = [i for i in store.incidents(job=job.job) if i.time is not None]
         times = sorted((i.time, i.root_cause.value) for i in incidents)
         start = job.started if job.started is not None else (times[0][0] if times else None)
         if start is None:

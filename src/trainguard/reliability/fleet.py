@@ -145,7 +145,7 @@ def fleet_report(incidents: Sequence[Incident], jobs: Sequence[JobInfo], bins: i
 
 
 def fleet_from_store(store: Any) -> dict[str, Any]:
-    return fleet_report(store.list(), store.list_jobs())
+    return fleet_report(store.incidents(), store.list_jobs())
 
 
 def render_fleet(r: dict[str, Any], top: int = 10) -> str:

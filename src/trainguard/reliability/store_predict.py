@@ -253,7 +253,7 @@ def claims(gpus: dict[str, Any]) -> str:
 def predict_store(store: Any, seed: int = 0, windows: int = 4) -> dict[str, Any]:
     if windows < 2:
         raise ConfigError(f"--windows {windows}: at least 2 (the first part is history only)")
-    incidents, jobs = store.list(), store.list_jobs()
+    incidents, jobs = store.incidents(), store.list_jobs()
     gpus = predict_units(incidents, jobs, "gpu", seed, windows)
     try:
         nodes: dict[str, Any] = predict_units(incidents, jobs, "node", seed, windows)

@@ -6,7 +6,6 @@ supervisor's. Precedence: flag > TRAINGUARD_* environment > default.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -51,6 +50,7 @@ class SupervisorConfig:
     hang_step_factor: float = 5.0  # ... nor sooner than this many slowest recent steps
     startup_timeout: float = 300.0  # first heartbeat of an attempt must come within this
     idle_timeout: float = 600.0  # no heartbeats: hung when every rank shows no work this long
+    preflight: bool = True  # diagnostics (level 1 + SDC) on the GPUs before each (re)start
     backend: str = "none"  # node health telemetry: nvml | sim | none
     kernel_log: Path | None = None  # kernel log for the agent (sim: the fleet's own file)
     health_interval: float = 0.5  # seconds between node-health ticks
@@ -74,9 +74,9 @@ class SupervisorConfig:
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the workers
 
     def resolved_db(self) -> Path:
-        if self.db is not None:
-            return self.db
-        return Path(os.environ.get("TRAINGUARD_DB", "trainguard.db"))
+        from trainguard.incidents.store import default_db_path
+
+        return self.db if self.db is not None else default_db_path()
 
     def resolved_job_id(self) -> str:
         if self.job_id:

@@ -1,15 +1,18 @@
-"""The seam into PyTorch's elastic launcher: a `LocalElasticAgent` whose monitor loop is ours.
+"""The seam into PyTorch's elastic launcher: torchrun's own code path, with our monitor loop.
 
-torch.distributed.elastic keeps doing what it does well and what every torchrun user relies on:
-the c10d rendezvous (membership, MIN:MAX nodes, re-rendezvous on restart), rank assignment, the
-worker environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR...), process start and teardown.
-We override three seams:
+`launch` parses the torchrun options with torchrun's parser and runs torch's ``launch_agent``
+(what ``torchrun`` itself runs), so every option means what it means there: rendezvous,
+``--master-addr/--master-port``, ``--start-method``, NUMA binding, log line prefixes,
+``--shutdown-timeout``, the local watchdog and health check, ``--signals-to-handle``. The agent
+it builds is a `GuardedAgent`, a ``LocalElasticAgent`` with these hooks:
 
-- ``_invoke_run``: the monitor loop, handed to the `Supervisor` (heartbeats, logs, node health,
-  policy) instead of "restart on any failure until max_restarts";
-- ``_start_workers``: the same environment torch builds, plus TRAINGUARD_RUN_DIR,
-  TRAINGUARD_ATTEMPT and the GPU mapping after exclusions (CUDA_VISIBLE_DEVICES); processes come
-  from a warm standby pool when one is configured;
+- ``_invoke_run``: the monitor loop is the `Supervisor`'s (heartbeats, logs, node health, policy)
+  instead of "restart on any failure until max_restarts";
+- ``_set_local_rank_env``: after torch's worker environment, ours (run directory, attempt, the
+  GPU mapping after exclusions);
+- the process start inside torch's ``_start_workers``: a warm standby takes the rank when one
+  can, and every worker gets a parent-death signal (it dies with the supervisor, even a SIGKILLed
+  one);
 - ``_stop_workers``: failed workers are killed at once (their state is rolled back to the last
   checkpoint anyway) instead of a 30 s SIGTERM grace that a rank stuck in a collective ignores;
   it returns only once they are reaped, so no worker of the stopped attempt outlives it.
@@ -17,41 +20,80 @@ We override three seams:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
-from collections.abc import Callable
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from torch.distributed.elastic.agent.server import local_elastic_agent
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import start_processes
-from torch.distributed.elastic.utils import macros
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.launcher import api as launcher_api
+from torch.distributed.run import config_from_args, get_args_parser
 
 from trainguard.supervisor.ports import private_port
 
 log = logging.getLogger(__name__)
 
 REAP_TIMEOUT_S = 30.0  # after torch's SIGKILL: how long a stopped worker may take to be reaped
-Loop = Callable[["GuardedAgent"], RunResult]
+EXIT_BARRIER_TIMEOUT_S = 60.0
+
+Monitor = Callable[["GuardedAgent"], bool]  # the loop: True when every worker finished
 EnvHook = Callable[[int, dict[str, str]], None]  # (local_rank, env) -> None, edits env in place
+
+# Run before the worker's own program: ask the kernel to SIGKILL this process when the thread
+# that started it exits (PR_SET_PDEATHSIG = 1), give up if the supervisor is already gone, then
+# become the worker (exec keeps the pid, torch's handle and the death signal).
+_PDEATHSIG_EXEC = (
+    "import ctypes,os,sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)\n"
+    "os.getppid() == int(sys.argv[1]) or os._exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+class Stopped(Exception):
+    """The supervisor's policy stopped the job (crash loop, budget, capacity)."""
 
 
 class GuardedAgent(LocalElasticAgent):
-    def __init__(
-        self, spec: Any, logs_specs: Any, loop: Loop, env_hook: EnvHook, pool: Any = None, **kwargs: Any
-    ) -> None:
-        super().__init__(spec, logs_specs, **kwargs)
-        self._loop = loop
+    def __init__(self, *, monitor: Monitor, env_hook: EnvHook, pool: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._monitor = monitor
         self._env_hook = env_hook
         self._pool = pool  # WarmPool or None
         self.stop_grace_s: float = 0.0
+        self._store_port: int | None = None  # this start's MASTER_PORT when not torch's
 
-    # -- the three seams ---------------------------------------------------------------------
+    # -- torch's hooks -------------------------------------------------------------------------
 
     def _invoke_run(self, role: str = "default") -> RunResult:
-        return self._loop(self)
+        if not self._monitor(self):
+            raise Stopped
+        self._exit_barrier()
+        return RunResult(
+            WorkerState.SUCCEEDED, dict.fromkeys(w.global_rank for w in self._worker_group.workers)
+        )
+
+    def _set_local_rank_env(self, worker_env: dict[str, str | None], local_rank: int, spec: Any) -> None:
+        super()._set_local_rank_env(worker_env, local_rank, spec)
+        if self._store_port is not None:
+            worker_env["MASTER_PORT"] = str(self._store_port)
+        self._env_hook(local_rank, worker_env)  # type: ignore[arg-type]
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        self._store_port = None
+        if worker_group.group_world_size == 1 and os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
+            self._store_port = private_port()  # one node: only its own workers use their store
+        with _swapped(local_elastic_agent, "start_processes", self._start_processes):
+            return super()._start_workers(worker_group)
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         if self.stop_grace_s > 0:  # SIGTERM, then torch's own SIGKILL after the grace
@@ -68,83 +110,52 @@ class GuardedAgent(LocalElasticAgent):
                     "local rank %s (pid %s) survived SIGKILL; starting without it", local_rank, proc.pid
                 )
 
-    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        spec = worker_group.spec
-        if worker_group.store is None:
-            raise AssertionError("rendezvous did not produce a store")
-        restart_count = spec.max_restarts - self._remaining_restarts
-        master_port = worker_group.master_port
-        if worker_group.group_world_size == 1 and os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
-            master_port = private_port()  # one node: only its own workers use their store
-        args: dict[int, tuple[Any, ...]] = {}
-        envs: dict[int, dict[str, str]] = {}
-        for worker in worker_group.workers:
-            local_rank = worker.local_rank
-            # The same variables LocalElasticAgent._start_workers sets (torch 2.x).
-            env: dict[str, Any] = {
-                "RANK": str(worker.global_rank),
-                "GROUP_RANK": str(worker_group.group_rank),
-                "ROLE_RANK": str(worker.role_rank),
-                "ROLE_NAME": spec.role,
-                "LOCAL_WORLD_SIZE": str(spec.local_world_size),
-                "WORLD_SIZE": str(worker.world_size),
-                "GROUP_WORLD_SIZE": str(worker_group.group_world_size),
-                "ROLE_WORLD_SIZE": str(worker.role_world_size),
-                "MASTER_ADDR": worker_group.master_addr,
-                "MASTER_PORT": str(master_port),
-                "TORCHELASTIC_RESTART_COUNT": str(restart_count),
-                "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
-                "TORCHELASTIC_RUN_ID": spec.rdzv_handler.get_run_id(),
-                "TORCHELASTIC_USE_AGENT_STORE": str(spec.rdzv_handler.use_agent_store),
-                "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    def _start_processes(self, **kwargs: Any) -> Any:
+        """torch's ``start_processes`` with every argument torch resolved; a warm standby takes
+        the ranks when it can run them as torch would (no NUMA binding, no line prefixes)."""
+        entrypoint, args = kwargs["entrypoint"], kwargs["args"]
+        plain = kwargs.get("numa_options") is None and not kwargs.get("log_line_prefixes")
+        if self._pool is not None and plain and self._pool.can_run(entrypoint, args[0]):
+            return self._pool.start(kwargs["name"], entrypoint, args, kwargs["envs"], kwargs["logs_specs"])
+        if isinstance(entrypoint, str) and sys.platform == "linux":
+            wrapped = {
+                lr: ("-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), entrypoint, *a) for lr, a in args.items()
             }
-            self._set_local_rank_env(env, local_rank, spec)
-            if "OMP_NUM_THREADS" in os.environ:
-                env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
-            self._env_hook(local_rank, env)
-            envs[local_rank] = env
-            args[local_rank] = tuple(macros.substitute(list(spec.args), str(local_rank)))
-        if self._pool is not None and self._pool.can_run(spec.entrypoint, args[0]):
-            self._pcontext = self._pool.start(spec.role, spec.entrypoint, args, envs, self._logs_specs)
-        else:
-            self._pcontext = start_processes(
-                name=spec.role,
-                entrypoint=spec.entrypoint,
-                args=args,
-                envs=envs,
-                logs_specs=self._logs_specs,
-                start_method=self._start_method,
-            )
-        return self._pcontext.pids()
+            kwargs = {**kwargs, "entrypoint": sys.executable, "args": wrapped}
+        return start_processes(**kwargs)
 
-    # -- primitives the Supervisor's loop uses -------------------------------------------------
+    # -- what the Supervisor's loop uses -------------------------------------------------------
 
-    @property
-    def group(self) -> WorkerGroup:
-        return self._worker_group
-
-    def start_group(self) -> None:
-        """Rendezvous, then start this node's workers (torch's own _initialize_workers)."""
+    def start(self, local_world_size: int | None = None) -> None:
+        """Rendezvous, then start this node's workers (torch's own _initialize_workers); fewer
+        than torchrun's ``--nproc-per-node`` when the pre-flight excluded GPUs."""
+        if local_world_size is not None:
+            self._worker_group.spec.local_world_size = local_world_size
         self._initialize_workers(self._worker_group)
 
-    def restart_group(self, counts_as_retry: bool) -> None:
-        """Stop, re-rendezvous and start again. Only counted retries use torch's restart budget
-        (and bump TORCHELASTIC_RESTART_COUNT); membership changes and exclusions are free."""
+    def restart(self, counts_as_retry: bool, local_world_size: int) -> None:
+        """Re-rendezvous and start again with ``local_world_size`` workers. Only counted retries
+        use torch's restart budget (and bump TORCHELASTIC_RESTART_COUNT)."""
         if counts_as_retry and self._remaining_restarts > 0:
             self._remaining_restarts -= 1
+        self._worker_group.spec.local_world_size = local_world_size
         self._restart_workers(self._worker_group)
 
-    def stop_group(self) -> None:
+    def stop(self) -> None:
         self._stop_workers(self._worker_group)
         self._worker_group.state = WorkerState.STOPPED
 
+    def ranks(self) -> dict[int, int]:
+        """local rank -> global rank of the running group."""
+        return {w.local_rank: w.global_rank for w in self._worker_group.workers}
+
+    def world_size(self) -> int:
+        workers = self._worker_group.workers
+        return workers[0].world_size if workers else 0
+
     def exit_codes(self) -> dict[int, int | None]:
         """Exit code per local rank (None while running; negative = killed by that signal)."""
-        ctx = self._pcontext
-        if ctx is None:
-            return {}
-        handlers = getattr(ctx, "subprocess_handlers", {})
-        return {lr: h.proc.poll() for lr, h in handlers.items()}
+        return {lr: proc.poll() for lr, proc in self.procs().items()}
 
     def procs(self) -> dict[int, Any]:
         """Process handle (a Popen) per local rank: signal workers through these, never by pid."""
@@ -153,8 +164,7 @@ class GuardedAgent(LocalElasticAgent):
         return {lr: h.proc for lr, h in handlers.items()}
 
     def pids(self) -> dict[int, int]:
-        """pid per local rank."""
-        return dict(self._pcontext.pids()) if self._pcontext is not None else {}
+        return {lr: proc.pid for lr, proc in self.procs().items()}
 
     def nodes_waiting(self) -> int:
         try:
@@ -162,5 +172,66 @@ class GuardedAgent(LocalElasticAgent):
         except Exception:  # the store may be gone while the job shuts down
             return 0
 
-    def exit_barrier(self) -> None:
-        self._exit_barrier()
+
+def launch(
+    torchrun_argv: list[str],
+    monitor: Monitor,
+    env_hook: EnvHook,
+    logs_specs: Any,
+    pool: Any = None,
+    stop_grace_s: float = 0.0,
+) -> str | None:
+    """Run the job as ``torchrun TORCHRUN_ARGV`` would, with a `GuardedAgent`. Returns None when
+    the agent's run ended (finished or stopped by the policy), else the signal that ended it."""
+    args = get_args_parser().parse_args(torchrun_argv)
+    if args.master_port is None:  # what torchrun's run() does
+        args.master_port = 29500
+    config, entrypoint, cmd_args = config_from_args(args)
+    config.logs_specs = logs_specs
+
+    def make_agent(**kwargs: Any) -> GuardedAgent:
+        agent = GuardedAgent(monitor=monitor, env_hook=env_hook, pool=pool, **kwargs)
+        agent._exit_barrier_timeout = EXIT_BARRIER_TIMEOUT_S
+        agent.stop_grace_s = stop_grace_s
+        return agent
+
+    # launch_agent is torchrun's own: it builds the WorkerSpec and agent from every option. Its
+    # agent class is the one name we swap, for the duration of this call.
+    try:
+        with _swapped(launcher_api, "LocalElasticAgent", make_agent), _signals_raise():
+            launcher_api.launch_agent(config, entrypoint, list(cmd_args))
+    except SignalException as exc:
+        return exc.sigval.name
+    except Stopped:
+        pass
+    return None
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM/SIGINT/SIGHUP raise torch's SignalException in the main thread, so the agent stops
+    the workers (torch registers the same only when it starts processes itself; warm standbys
+    bypass that)."""
+
+    def _raise(signum: int, _frame: Any) -> None:
+        raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, _raise)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _swapped(module: Any, name: str, value: Any) -> Iterator[None]:
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)

@@ -3,6 +3,9 @@
 Workers write straight into files (torch's own redirection, so a dying worker loses nothing);
 the supervisor's monitor loop tails those files, copies new lines to the console as
 ``[rank R] ...`` and runs each line through the training-log classifier (NCCL, CUDA, OOM...).
+The lines of one failure are one event (`detect.merge.EventMerger`): torch prints one NCCL
+watchdog timeout as four to six lines, one CUDA error as the exception, the watchdog's copy and
+``what():``; only the first line of each carries the event, so it is one piece of evidence.
 
     <run_dir>/logs/<node>/attempt<A>/rank<R>.stdout|.stderr|.error.json
 """
@@ -12,10 +15,11 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
+from trainguard.detect.merge import EventMerger
 from trainguard.records import Event
 
 log = logging.getLogger(__name__)
@@ -24,11 +28,9 @@ Classifier = Callable[[str], Event | None]
 
 
 def default_classifier() -> Classifier:
-    """The node-health issue's training-log classifier; a no-op until it is installed."""
-    try:
-        from trainguard.detect.training_log import classify_training_line
-    except ImportError:  # built in parallel; the supervisor works without it
-        return lambda _line: None
+    """The training-log classifier (`trainguard.detect.training_log`)."""
+    from trainguard.detect.training_log import classify_training_line
+
     return classify_training_line
 
 
@@ -37,7 +39,7 @@ class LogLine:
     rank: int
     stream: str  # stdout | stderr
     text: str
-    event: Event | None  # the classifier's finding, if the line is one
+    event: Event | None  # the classifier's finding, if the line starts one
 
 
 class LogTail:
@@ -52,6 +54,8 @@ class LogTail:
         self._files: dict[tuple[int, str], Path] = {}
         self._offsets: dict[tuple[int, str], int] = {}
         self._partial: dict[tuple[int, str], bytes] = {}
+        self._line_no: dict[tuple[int, str], int] = {}
+        self._merger = EventMerger()
         self._classify = classify or default_classifier()
         self._console = console
         self._tee = tee
@@ -62,6 +66,8 @@ class LogTail:
         self._files = dict(files)
         self._offsets = dict.fromkeys(files, 0)
         self._partial = dict.fromkeys(files, b"")
+        self._line_no = dict.fromkeys(files, 0)
+        self._merger = EventMerger()
 
     def poll(self, final: bool = False) -> list[LogLine]:
         out: list[LogLine] = []
@@ -97,6 +103,12 @@ class LogTail:
         except Exception:  # a classifier bug must not take the supervisor down
             log.debug("classifier failed on %r", text, exc_info=True)
             event = None
+        self._line_no[key] = self._line_no.get(key, 0) + 1
+        if event is not None:
+            path = self._files.get(key)
+            event = replace(event, path=str(path) if path else None, line_no=self._line_no[key])
+            if not self._merger.is_new(event):
+                event = None  # a further line of the failure the event already stands for
         return LogLine(rank, stream, text, event)
 
 

@@ -21,26 +21,16 @@ class ResumePoint:
 
 
 def resume_point(directory: Path | None) -> ResumePoint:
-    """Verify checkpoints newest first until one is valid (the same walk a resume makes)."""
+    """Where a resume from ``directory`` lands (`trainguard.checkpoint.choose_resume`)."""
     if directory is None:
         return ResumePoint(None)
     if not directory.is_dir():
         return ResumePoint(0)
     try:
-        from trainguard.checkpoint import list_checkpoints, verify
+        from trainguard.checkpoint import choose_resume
 
-        skipped: list[tuple[int, str]] = []
-        for info in reversed(list_checkpoints(directory)):
-            result = verify(info.path)
-            if result.ok:
-                return ResumePoint(int(info.step), tuple(skipped))
-            skipped.append((int(info.step), result.reason))
+        choice = choose_resume(directory)
     except Exception as exc:  # a broken checkpoint tree must not stop the supervisor
         log.warning("cannot scan checkpoints in %s: %s", directory, exc)
         return ResumePoint(0)
-    return ResumePoint(0, tuple(skipped))
-
-
-def newest_valid_step(directory: Path | None) -> int | None:
-    """Step of the newest valid checkpoint; 0 when there is none yet; None without a directory."""
-    return resume_point(directory).step
+    return ResumePoint(int(choice.info.step) if choice.info is not None else 0, choice.skipped)

@@ -267,7 +267,15 @@ def watchers(config: SupervisorConfig, heartbeats: bool) -> str:
     else:
         hangs = "no heartbeats yet (the Guard writes them), and --idle-timeout 0: no hang detection"
 
-    return f"watching {seen}; {hangs}"
+    from trainguard.supervisor.diagnostics import preflight_off
+
+    off = preflight_off(config)
+    checks = (
+        f"no pre-flight diagnostics ({off})"
+        if off
+        else "pre-flight diagnostics (level 1 + SDC) before each start"
+    )
+    return f"watching {seen}; {hangs}; {checks}"
 
 
 def _parse_beat(line: bytes) -> Heartbeat | None:

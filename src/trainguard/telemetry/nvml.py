@@ -21,7 +21,16 @@ from typing import Any
 
 from trainguard.clock import Clock, RealClock
 from trainguard.errors import BackendError, BackendUnavailable, GpuLost, NoPermission, NotSupported
-from trainguard.records import DriverInfo, Gpu, GpuModes, RecoveryAction, Sample, Throttle, normalize_pci
+from trainguard.records import (
+    RECOVERY_ACTION_CODES,
+    DriverInfo,
+    Gpu,
+    GpuModes,
+    RecoveryAction,
+    Sample,
+    Throttle,
+    normalize_pci,
+)
 
 try:
     import pynvml as _pynvml
@@ -84,16 +93,6 @@ _THROTTLE_BITS = {
     0x80: Throttle.HW_POWER_BRAKE,
 }
 
-# NVML_GPU_RECOVERY_ACTION_*; 5 (recover the IMEX domain) has no node-local equivalent: unknown.
-_RECOVERY = {
-    0: RecoveryAction.NONE,
-    1: RecoveryAction.GPU_RESET,
-    2: RecoveryAction.NODE_REBOOT,
-    3: RecoveryAction.DRAIN_P2P,
-    4: RecoveryAction.DRAIN_AND_RESET,
-    6: RecoveryAction.GPU_RESET,  # bus reset
-    7: RecoveryAction.NODE_REBOOT,  # system reboot
-}
 
 # NVML_FI_DEV_NVLINK_{CRC_FLIT,CRC_DATA,REPLAY,RECOVERY}_ERROR_COUNT_TOTAL: the fallback when
 # per-link counters are not supported (newer GPUs report NVLink errors only as fields).
@@ -359,7 +358,7 @@ class NvmlBackend:
         if field_id is None:  # nvidia-ml-py older than R565
             return None
         value = self._field_value(h, field_id)
-        return None if value is None else _RECOVERY.get(int(value))
+        return None if value is None else RECOVERY_ACTION_CODES.get(int(value))
 
 
 def _milli(value: Any) -> float | None:

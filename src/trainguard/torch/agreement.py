@@ -4,8 +4,8 @@ Part of the Guard (``trainguard.torch.guard``). Reading a CUDA loss (``item()``)
 collective is a device synchronisation: the CPU stops queueing work until the GPU has drained its
 stream. So the Guard does not read each step's loss. It keeps the steps' loss tensors (a list
 append, no kernel) and, every ``every`` steps, packs them with the gradient and preemption flags
-into one small tensor, starts one ``all_reduce`` (SUM: mean loss, "any rank" flags) and one of
-the arrival times (MAX: how long each rank waited for the slowest), and copies the result into
+into one small tensor, starts one ``all_reduce`` (SUM: mean loss, "any rank" flags, and which
+ranks' own loss was non-finite: each rank adds its own bit) and one of the arrival times (MAX: how long each rank waited for the slowest), and copies the result into
 pinned host memory with ``non_blocking=True``. ``collect`` reads it ``lag`` steps later (0: at
 once), when the GPU has normally long finished it: in steady state nothing waits on the device.
 
@@ -15,6 +15,7 @@ and takes the same decision at the same step.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 NAN = float("nan")
+MASK_BITS = 52  # ranks per float64 of a source mask: sums of distinct powers of two below 2**53 are exact
 
 
 class Window(NamedTuple):  # a NamedTuple: built on every check, it must be cheap
@@ -34,6 +36,7 @@ class Window(NamedTuple):  # a NamedTuple: built on every check, it must be chea
     step_times: tuple[float, ...]  # this rank's step times
     waits: tuple[float, ...] | None  # this rank's wait for the slowest rank; None without peers
     preempt: bool  # some rank was asked to stop
+    sources: tuple[tuple[int, ...], ...]  # per step: the ranks whose own loss was non-finite
 
 
 @dataclass(slots=True)
@@ -51,13 +54,15 @@ class Agreement:
 
     >>> a = Agreement(world=1)
     >>> w = a.collect(a.launch([(0, torch.tensor(2.0), 0.1, 0.0, None)], preempt=False))
-    >>> w.losses, w.grads_bad
-    ((2.0,), (False,))
+    >>> w.losses, w.grads_bad, w.sources
+    ((2.0,), (False,), ((),))
     """
 
-    def __init__(self, world: int = 1, backend: str | None = None) -> None:
+    def __init__(self, world: int = 1, backend: str | None = None, rank: int = 0) -> None:
         self.world = world
         self.backend = backend
+        self.rank = rank
+        self._groups = -(-world // MASK_BITS)  # floats per step in the source mask
         self.device: torch.device | None = None  # where packing happens; None: read host values
         self._device_known = False
         self._wall = time.time() - time.perf_counter()  # arrival perf_counter -> unix time
@@ -78,12 +83,18 @@ class Agreement:
             return job
         n = len(entries)
         with torch.no_grad():
+            losses = _losses(entries, device)
+            mask = torch.zeros(n, self._groups, dtype=torch.float64, device=device)
+            mask[:, self.rank // MASK_BITS] = (~torch.isfinite(losses)).to(torch.float64) * float(
+                2 ** (self.rank % MASK_BITS)
+            )
             packed = torch.cat(
                 [
-                    _losses(entries, device),
+                    losses,
                     _present(entries, device),
                     _grad_flags(entries, device),
                     torch.full((1,), 1.0 if preempt else 0.0, dtype=torch.float64, device=device),
+                    mask.reshape(-1),
                 ]
             )
             works: list[Any] = []
@@ -104,7 +115,7 @@ class Agreement:
                 job.event = torch.cuda.Event()
                 job.event.record()
         job.packed, job.arrivals, job.works = packed, arrivals, tuple(works)
-        assert packed.numel() == 3 * n + 1
+        assert packed.numel() == (3 + self._groups) * n + 1
         return job
 
     def collect(self, job: _Launched) -> Window:
@@ -115,7 +126,8 @@ class Agreement:
         if job.packed is None:
             losses = tuple([host_value(e[1]) for e in entries])
             bad = tuple([e[4] is not None and bool(e[4].item() > 0) for e in entries])
-            return Window(steps, losses, bad, dts, None, job.preempt)
+            own = tuple([(self.rank,) if v is not None and not math.isfinite(v) else () for v in losses])
+            return Window(steps, losses, bad, dts, None, job.preempt, own)
         for w in job.works:
             w.wait()
         if job.event is not None:
@@ -128,7 +140,8 @@ class Agreement:
         if job.arrivals is not None:
             latest = job.arrivals.tolist()
             waits = tuple(max(0.0, t - (e[3] + self._wall)) for t, e in zip(latest, entries, strict=True))
-        return Window(steps, losses, tuple(f > 0 for f in flags), dts, waits, values[3 * n] > 0)
+        sources = _decode_masks(values[3 * n + 1 :], n, self._groups)
+        return Window(steps, losses, tuple(f > 0 for f in flags), dts, waits, values[3 * n] > 0, sources)
 
     def _device(self, entries: list[tuple[int, Any, float, float, Any]]) -> torch.device | None:
         if self.world > 1 and self.backend == "nccl":
@@ -155,6 +168,17 @@ class Agreement:
             return t
         staged = self._host_buffer(t, name).copy_(t)  # pinned: the copy below does not sync
         return staged.to(device, non_blocking=True)
+
+
+def _decode_masks(values: list[float], n: int, groups: int) -> tuple[tuple[int, ...], ...]:
+    out = []
+    for i in range(n):
+        ranks: list[int] = []
+        for g in range(groups):
+            bits = int(values[i * groups + g])
+            ranks += [g * MASK_BITS + b for b in range(MASK_BITS) if bits >> b & 1]
+        out.append(tuple(ranks))
+    return tuple(out)
 
 
 def _losses(entries: list[tuple[int, Any, float, float, Any]], device: torch.device) -> torch.Tensor:

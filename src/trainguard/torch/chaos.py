@@ -30,9 +30,9 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
+from trainguard.chaos.plan import FaultKind
 from trainguard.rundir import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -41,16 +41,10 @@ CHAOS_FILE = "chaos.json"
 FIRED_DIR = "chaos-fired"
 
 
-class FaultKind(str, Enum):
-    NAN = "nan"
-    SLOW = "slow"
-    HANG = "hang"
-    RAISE = "raise"
-    EXIT = "exit"
-
-
 @dataclass(frozen=True, slots=True)
-class Fault:
+class InProcessFault:
+    """One entry of chaos.json armed in this rank (its kind is one of the plan's in-process ones)."""
+
     kind: FaultKind
     rank: int
     step: int
@@ -66,7 +60,7 @@ class Fault:
         return f"{self.index:03d}-{self.kind.value}-rank{self.rank}-step{self.step}"
 
 
-def load_faults(run_dir: Path, rank: int) -> list[Fault]:
+def load_faults(run_dir: Path, rank: int) -> list[InProcessFault]:
     """This rank's faults that have not fired yet, by step. A bad file or entry is logged, skipped."""
     path = run_dir / CHAOS_FILE
     try:
@@ -77,11 +71,14 @@ def load_faults(run_dir: Path, rank: int) -> list[Fault]:
         log.warning("ignoring unreadable %s: %s", path, exc)
         return []
     entries = raw.get("faults", []) if isinstance(raw, dict) else []
-    faults: list[Fault] = []
+    faults: list[InProcessFault] = []
     for index, entry in enumerate(entries if isinstance(entries, list) else []):
         try:
-            fault = Fault(
-                kind=FaultKind(entry["kind"]),
+            kind = FaultKind(entry["kind"])
+            if not kind.in_process:
+                raise ValueError(f"{kind.value} is not an in-process fault")
+            fault = InProcessFault(
+                kind=kind,
                 rank=int(entry.get("rank", 0)),
                 step=int(entry.get("step", 0)),
                 index=index,
@@ -137,7 +134,7 @@ class Chaos:
             return True
         return False
 
-    def _record(self, fault: Fault, step: int) -> None:
+    def _record(self, fault: InProcessFault, step: int) -> None:
         if self.run_dir is None:
             return
         fired = self.run_dir / FIRED_DIR
@@ -154,7 +151,7 @@ class Chaos:
         log.warning("chaos: firing %s at step %d", fault.id, step)
 
 
-def _fire(fault: Fault) -> None:
+def _fire(fault: InProcessFault) -> None:
     if fault.kind is FaultKind.HANG:
         while True:  # the rank stops participating: its peers block in the next collective
             time.sleep(3600)

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from trainguard.checkpoint import (
-    list_checkpoints,
+    choose_resume,
     step_dir_name,
     verify,
 )
@@ -336,14 +336,13 @@ class Checkpointer:
         return self.resume(state)
 
     def _choose(self) -> tuple[int, str] | None:
-        """Rank 0: the newest checkpoint that verifies and loads, as (step, kind)."""
-        for info in reversed(list_checkpoints(self.directory)):
-            result = verify(info.path)
-            if not result.ok or result.manifest is None:
-                log.warning("skipping invalid checkpoint %s: %s", info.path, result.reason)
-                continue
-            return info.step, result.manifest.kind
-        return None
+        """Rank 0: the newest checkpoint that verifies, as (step, kind)."""
+        choice = choose_resume(self.directory)
+        for step, reason in choice.skipped:
+            log.warning("skipping invalid checkpoint %s: %s", self.directory / step_dir_name(step), reason)
+        if choice.info is None or choice.manifest is None:
+            return None
+        return choice.info.step, choice.manifest.kind
 
     def _load_payload(self, path: Path) -> dict[str, Any]:
         try:

@@ -17,7 +17,7 @@ agent read, and acts on what only the trainer can see (numerics, preemption, a s
 "rollback" (the state was restored from the last good checkpoint; ``guard.range`` continues from
 ``guard.resume_step``, and ``guard.restored`` tells a data iterator to start over).
 ``guard.range`` advances between steps, after the update: that is where periodic checkpoints are
-taken and where a preemption signal turns into a synchronous save and ``ExitCode.PREEMPTED``.
+taken and where a preemption signal turns into a synchronous save and ``WorkerExit.PREEMPTED``.
 See docs/guard.md.
 """
 
@@ -39,13 +39,13 @@ import torch
 import torch.distributed as dist
 
 from trainguard import rundir
-from trainguard.detect.numerics import NumericsMonitor, Policy, SpikeConfig
+from trainguard.detect.numerics import NumericsMonitor, Policy, SpikeConfig, with_sources
 from trainguard.records import Action, Category, Finding, Health
-from trainguard.rundir import ExitCode
+from trainguard.rundir import WorkerExit
 from trainguard.torch import errorfile
-from trainguard.torch.agreement import Agreement, host_value
+from trainguard.torch.agreement import Window, host_value
 from trainguard.torch.chaos import Chaos
-from trainguard.torch.checks import StepAction, WindowChecks, check_mode
+from trainguard.torch.checks import LossWindow, StepAction
 from trainguard.torch.numerics import distributed_world, nonfinite_grads, poison
 from trainguard.torch.preemption import PreemptionHandler
 from trainguard.torch.watchdog import HangWatchdog
@@ -54,12 +54,12 @@ log = logging.getLogger(__name__)
 
 _FLOAT_MAX = sys.float_info.max
 
-__all__ = ["ExitCode", "Guard", "StepAction", "record"]
+__all__ = ["Guard", "StepAction", "WorkerExit", "record"]
 
 record = errorfile.record
 
 
-class Guard(WindowChecks):
+class Guard:
     """Heartbeats, error files, numerics policy, preemption and a hang watchdog for one rank.
 
     Without ``TRAINGUARD_RUN_DIR`` (and no ``run_dir=``) nothing is written to disk: numerics,
@@ -104,20 +104,14 @@ class Guard(WindowChecks):
             torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
         )
         self.monitor = NumericsMonitor(on_nan, on_spike, spike, gpu=gpu)
-        self._check_args = check_mode(self.monitor, check_every, check_lag)
-        self.check_every, self.check_lag = self._check_args[0] or 1, self._check_args[1] or 0
-        self._agreement = Agreement(self.world_size, dist.get_backend() if world else None)
-        self._losses: list[Any] = []  # the window: losses of the steps not yet launched
-        self._grads: dict[int, torch.Tensor] = {}  # step -> check_grads flag, in the window
-        self._arrivals: dict[int, float] = {}  # step -> arrival, where chaos delayed it
+        backend = dist.get_backend() if world else None
+        self._window = LossWindow(self.monitor, self.world_size, backend, self.rank, check_every, check_lag)
+        self._record = self._window.losses.append  # the common path's only window operation
         self._next_event = -1  # steps from here take the slow path (first step, chaos, windows)
         self._boundary_at = 0  # end_step(step) has work when step + 1 reaches this
-        self._inflight: Any = None  # the launched window, collected check_lag steps later
-        self._mode_set = False
         self._direct = False  # one process, CPU loss, every step: guard.step reads it inline
         self._lane_bound, self._lane_n = -math.inf, 0  # see NumericsMonitor.lane
         self._lane_accept = self.monitor.history.append
-        self._lazy = (self.check_every, self.check_lag)  # the mode outside rollback replays
         self.last_checked: int | None = None  # the last step whose loss was read and agreed
         self.heartbeat_interval_s = heartbeat_interval_s
         self.findings: list[Finding] = []
@@ -246,13 +240,131 @@ class Guard(WindowChecks):
                     self._beat(step, value, self.step_times[-1], "train", force=True)
                 return StepAction.PROCEED
             try:
-                self._losses.append(loss.detach())  # the value, not the autograd graph
+                self._record(loss.detach())  # the value, not the autograd graph
             except AttributeError:
-                self._losses.append(loss)
+                self._record(loss)
             if now >= self._beat_due:
                 self._beat(step, self.last_loss, self.step_times[-1], "train", force=True)
             return StepAction.PROCEED
         return self._step_slow(step, loss, now)
+
+    @property
+    def check_every(self) -> int:
+        """Steps per window: the losses are read and agreed on this often."""
+        return self._window.every
+
+    @property
+    def check_lag(self) -> int:
+        """Steps after its launch that a window is read (0: at once)."""
+        return self._window.lag
+
+    def _step_slow(self, step: int, loss: Any, now: float) -> StepAction:
+        """Chaos, check_grads, the first step, and the steps that launch or collect a window."""
+        self.restored = False
+        window = self._window
+        if self._chaos_next is not None and step >= self._chaos_next:
+            loss = self._apply_chaos(step, loss)
+            # A straggler arrives late by its delay: that is what its peers wait for.
+            window.arrived(step, time.perf_counter())
+        grads, self._grad_flag = self._grad_flag, None
+        if not window.mode_set:
+            self._direct = window.set_mode(loss)
+        try:
+            if self._direct:
+                value = host_value(loss)
+                self.last_loss = value
+                return self._read_now(step, value, grads)
+            window.record(step, loss, grads)
+            checked = False
+            for agreed in window.ready(step, self.step_times, self._t_last, self._preempt_requested()):
+                checked = True
+                action = self._evaluate(agreed, step)
+                if action is not StepAction.PROCEED:
+                    return action
+            if not checked and now >= self._beat_due:
+                self._beat(step, self.last_loss, self.step_times[-1], "train", force=True)
+            return StepAction.PROCEED
+        finally:
+            self._plan(step)
+
+    def _read_now(self, step: int, value: float | None, grads: Any) -> StepAction:
+        """Direct mode, a step that is not plainly clean (or has a gradient flag): decide now."""
+        bad = grads is not None and bool(grads.item() > 0)
+        self.last_checked = step
+        dt = self.step_times[-1]
+        if not bad and self.monitor.clean(value):
+            if time.perf_counter() >= self._beat_due:
+                self._beat(step, value, dt, "train", force=True)
+            return StepAction.PROCEED
+        self._hb_beat(step, value, dt, None)  # the supervisor sees a NaN at once
+        sources = (self.rank,) if value is not None and not math.isfinite(value) else ()
+        action = self._decide(step, value, dt, bad, step, sources=sources)
+        self._direct = self._window.set_mode(None)  # a judged replay returns to the configured mode
+        self._plan(step)
+        return action
+
+    def _evaluate(self, window: Window, current: int, applied: bool = False) -> StepAction:
+        """Act on the agreed numbers of ``window``; ``current`` is the step in progress (its
+        update not applied yet, unless ``applied``: a flush at a boundary). Applied updates can
+        be rolled back (or stopped on), not skipped."""
+        if window.preempt:
+            self._preempt_agreed, self._boundary_at = True, 0
+        for i, step in enumerate(window.steps):
+            value, bad = window.losses[i], window.grads_bad[i]
+            self.last_loss, self.last_checked = value, step
+            if not bad and self.monitor.clean(value):
+                continue
+            wait = window.waits[i] if window.waits is not None else None
+            sources = window.sources[i]
+            # The supervisor sees the NaN at once, from the ranks that produced it: the others'
+            # own loss was finite (the agreed mean is not theirs to report).
+            beat = value if not sources or self.rank in sources else None
+            self._hb_beat(step, beat, window.step_times[i], wait)
+            action = self._decide(step, value, window.step_times[i], bad, current, applied, sources)
+            if action is not StepAction.PROCEED:
+                self._window.drop()  # the steps after a rollback or skip replay anyway
+                self._next_event = -1  # the next step resets ``restored`` and the mode
+                self._direct = self._window.set_mode(None)
+                return action
+        self._direct = self._window.set_mode(None)
+        # One heartbeat per window at most, for its last step, with its slowest step and longest
+        # wait; a window with a step slower than the heartbeat interval is always reported (a
+        # straggler is news, and slow steps leave few heartbeats anyway).
+        slowest = max(window.step_times)
+        if time.perf_counter() >= self._beat_due or slowest >= self.heartbeat_interval_s:
+            last = len(window.steps) - 1
+            wait = max(window.waits) if window.waits is not None else None
+            self._hb_beat(window.steps[last], window.losses[last], slowest, wait)
+        return StepAction.PROCEED
+
+    def _flush(self, step: int) -> int | None:
+        """Check every recorded step now (before a checkpoint or the end): a checkpoint must
+        never hold an update that was not checked. Returns the step to continue from after a
+        rollback, else None. Collective: every rank flushes at the same boundaries."""
+        if not self._window.pending:
+            return None
+        for agreed in self._window.flush(step, self.step_times, self._t_last, self._preempt_requested()):
+            if self._evaluate(agreed, step, applied=True) is StepAction.ROLLBACK:
+                return self._after_rollback(step)
+        self._plan(step)
+        return None
+
+    def _pending(self) -> bool:
+        return self._window.pending
+
+    def _plan(self, step: int) -> None:
+        """The next step that cannot take the common path of ``step``."""
+        nxt = self._window.next_step(step)
+        if self._chaos_next is not None:
+            nxt = min(nxt, self._chaos_next)
+        self._next_event = nxt if self._window.mode_set and not self._rolled_back else -1
+
+    def _after_rollback(self, step: int) -> int:
+        self._rolled_back, self.restored = False, True
+        return self.resume_step if self.resume_step is not None else step + 1
+
+    def _preempt_requested(self) -> bool:
+        return self._preempt is not None and self._preempt.requested is not None
 
     def _lane_refill(self, value: float | None) -> bool:
         """The lane ran out or ``value`` left it: the monitor judges ``value``; a new lane follows
@@ -274,17 +386,25 @@ class Guard(WindowChecks):
         return self._t_last, self._n_steps, max(times, default=0.0)
 
     def _decide(
-        self, step: int, value: float | None, dt: float, grads_bad: bool, current: int, applied: bool = False
+        self,
+        step: int,
+        value: float | None,
+        dt: float,
+        grads_bad: bool,
+        current: int,
+        applied: bool = False,
+        sources: tuple[int, ...] = (),
     ) -> StepAction:
         self._lane_n = 0  # the monitor's state may change: the next clean step asks again
         decision = self.monitor.observe(step, value, grads_finite=not grads_bad, time=time.time())
         for finding in decision.findings:
-            self._report(finding, step)
+            nonfinite = finding.rule.startswith("numerics.nonfinite")
+            self._report(with_sources(finding, sources) if nonfinite else finding, step)
         action = decision.action
         if action is Policy.STOP:
             log.error("numerics stop at step %d: %s", step, decision.findings[0].reason)
             self._beat(current, value, dt, "exit", force=True)
-            raise SystemExit(ExitCode.NUMERICS_STOP)
+            raise SystemExit(WorkerExit.NUMERICS_STOP)
         if action is Policy.ROLLBACK:
             if self._rollback(current):
                 self.monitor.rolled_back(decision.check)
@@ -397,14 +517,14 @@ class Guard(WindowChecks):
         if self.checkpointer is not None and self._last_saved != done:
             self.save(done, wait=True)
         self._beat(done - 1, self.last_loss, None, "exit", force=True)
-        raise SystemExit(ExitCode.PREEMPTED)
+        raise SystemExit(WorkerExit.PREEMPTED)
 
     def _rollback(self, step: int) -> bool:
         if self.checkpointer is None or self.state is None:
             log.warning("step %d: rollback asked but there is no checkpointer/state; skipping the step", step)
             return False
         restore = getattr(self.checkpointer, "rollback", None)
-        if restore is None:  # a checkpointer with only the brief's API: wait, then resume
+        if restore is None:  # a checkpointer without rollback(): wait, then resume
             self.checkpointer.wait()
             restore = self.checkpointer.resume
         self._beat(step, self.last_loss, None, "checkpoint", force=True)
@@ -491,4 +611,4 @@ class Guard(WindowChecks):
         self._report(finding, self.last_step or 0)
         if self._hb is not None:
             self._hb.beat(self.last_step or 0, self.last_loss, None, "exit")
-        os._exit(ExitCode.HANG)
+        os._exit(WorkerExit.HANG)

@@ -2,7 +2,7 @@
 
 Part of the Guard (``trainguard.torch.guard``). A handler must not save a checkpoint itself (it
 runs between two bytecodes of the training step, possibly inside a collective), so it only sets a
-flag; the Guard saves and exits with ``ExitCode.PREEMPTED`` at the next step boundary. With
+flag; the Guard saves and exits with ``WorkerExit.PREEMPTED`` at the next step boundary. With
 several ranks the Guard first agrees on the flag, so every rank saves at the same step. A second
 signal while the first is pending ends the process at once (the default action of that signal).
 """

@@ -4,7 +4,7 @@ Part of the Guard (``trainguard.torch.guard``). The timeout is learned from the 
 far, ``max(floor_s, factor * slowest step)``, with a longer allowance before the first step
 (startup, compilation, data loading) and while a checkpoint is being taken. When it expires the
 watchdog writes every thread's Python stack and the PyTorch flight-recorder trace into
-``$TRAINGUARD_RUN_DIR/dumps/`` and ends the process with ``ExitCode.HANG``: with ``os._exit``,
+``$TRAINGUARD_RUN_DIR/dumps/`` and ends the process with ``WorkerExit.HANG``: with ``os._exit``,
 because the main thread is stuck (typically inside a collective that will never complete).
 
     >>> wd = HangWatchdog(dump_dir=None, rank=0, floor_s=30.0)
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from trainguard.rundir import ExitCode
+from trainguard.rundir import WorkerExit
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class HangWatchdog:
                     self._on_hang(reason)
                     return
                 self.dump(reason)
-                os._exit(ExitCode.HANG)
+                os._exit(WorkerExit.HANG)
 
     def dump(self, reason: str) -> list[Path]:
         """Write the stacks (and the flight-recorder trace when there is one); return the paths."""

@@ -144,7 +144,7 @@ def incidents(d: AgentDaemon, q: Query) -> dict[str, Any]:
     since, until = _float(q, "since", None), _float(q, "until", None)
     want = {k: _one(q, k) for k in ("node", "gpu", "root_cause", "category")}
     try:
-        items = d.store().list(job=_one(q, "job"), since=since)
+        items = d.store().incidents(job=_one(q, "job"), since=since)
     except StoreError as exc:
         raise Unavailable(str(exc)) from None
     rows = []

@@ -1,0 +1,108 @@
+"""The spine's import boundaries: stdlib-only cores, data flowing one way, the CLI on top."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "trainguard"
+
+# Importing these must pull in no third-party module (torch, pynvml, rich, numpy...).
+SPINE = [
+    "trainguard",
+    "trainguard.telemetry",
+    "trainguard.telemetry.sim",
+    "trainguard.detect",
+    "trainguard.incidents",
+    "trainguard.recover",
+    "trainguard.checkpoint",
+    "trainguard.agent",
+    "trainguard.chaos",
+    "trainguard.supervisor",
+    "trainguard.supervisor.supervisor",  # the monitor loop: torch only once it launches
+    "trainguard.supervisor.observe",
+    "trainguard.supervisor.assess",
+    "trainguard.supervisor.idle",
+    "trainguard.supervisor.lost",
+    "trainguard.diagnose",  # the GPU tests: torch/pynvml only when a test runs
+    "trainguard.reliability",
+    "trainguard.agentd",
+    "trainguard.web",
+    "trainguard.export",
+]
+
+_PROBE = """
+import importlib, json, sys
+before = set(sys.modules)
+importlib.import_module(sys.argv[1])
+roots = {m.split(".")[0] for m in set(sys.modules) - before}
+print(json.dumps(sorted(r for r in roots if r not in sys.stdlib_module_names and r != "trainguard")))
+"""
+
+
+@pytest.mark.parametrize("module", SPINE)
+def test_the_spine_imports_no_third_party_module(module):
+    out = subprocess.run([sys.executable, "-c", _PROBE, module], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def _modules(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.py"))
+
+
+def _forbidden(folders: list[str], prefixes: tuple[str, ...]) -> dict[str, list[str]]:
+    bad = {
+        str(p.relative_to(SRC)): sorted(n for n in _imports(p) if n.startswith(prefixes))
+        for folder in folders
+        for p in _modules(SRC / folder)
+    }
+    return {k: v for k, v in bad.items() if v}
+
+
+def test_detect_never_imports_the_supervisor():
+    assert _forbidden(["detect"], ("trainguard.supervisor",)) == {}
+
+
+def test_the_libraries_the_supervisor_uses_never_import_it():
+    # Diagnostics, incidents, telemetry and the reliability models are used by the supervisor,
+    # the node agent and the CLI alike: data flows from them, never back.
+    assert _forbidden(["diagnose", "incidents", "telemetry", "reliability"], ("trainguard.supervisor",)) == {}
+
+
+def test_the_node_agent_never_imports_what_serves_it():
+    # web/ and export/ read the agent daemon's state; the daemon runs without them.
+    assert _forbidden(["agentd"], ("trainguard.web", "trainguard.export")) == {}
+
+
+# Front ends beside the CLI: the demo's live panel shares the CLI's colours.
+FRONT_ENDS = {"cli", "demo"}
+
+
+def test_nothing_below_the_cli_imports_the_cli():
+    below = [p for p in _modules(SRC) if not FRONT_ENDS & set(p.relative_to(SRC).parts)]
+    bad = {
+        str(p.relative_to(SRC)): sorted(n for n in _imports(p) if n.startswith("trainguard.cli"))
+        for p in below
+    }
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_the_boundary_checks_see_a_forbidden_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from trainguard.supervisor.assess import assess\nimport trainguard.cli.run\n")
+    assert {"trainguard.supervisor.assess", "trainguard.cli.run"} <= _imports(bad)
