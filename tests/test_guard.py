@@ -404,4 +404,4 @@ def test_a_nan_update_that_cannot_be_undone_stops_the_run(tmp_path):
         Guard(None, state, run_dir=tmp_path, check_every=4, check_lag=1, watchdog=False) as g,
     ):
         _train(g, state, 0, 12, lambda s, loss: loss * math.nan if s == 2 else loss)
-    assert stopped.value.code == ExitCode.NUMERICS_STOP
+    assert stopped.value.code == WorkerExit.NUMERICS_STOP
