@@ -80,8 +80,8 @@ def all_incidents() -> list[Incident]:
 
 def test_every_fault_of_a_good_run_matches_its_incident_one_to_one():
     outcomes = match(list(PLAN.faults), all_faults(), all_incidents())
-    assert [o.ok for o in outcomes] == [True] * 6
-    assert [o.incident_id for o in outcomes] == [1, 2, 3, 5, 4, 6]
+    assert [o.ok for o in outcomes] == [True] * 7
+    assert [o.incident_id for o in outcomes] == [1, 2, 3, 5, 4, 6, 8]
     assert outcomes[1].detection_delay_s == 0.3
 
 
@@ -127,7 +127,7 @@ def test_the_incident_with_the_expected_root_cause_wins_over_an_earlier_one():
     faults = [inj("F6", 90, gpu=2)]
     incidents = [
         inc(6, 90.1, RootCause.UNKNOWN, "continue", 1, gpu=2),
-        inc(5, 90.5, RootCause.FAULTY_GPU, "continue", 1, gpu=2),
+        inc(5, 90.5, RootCause.FAULTY_GPU, "exclude_gpu", 1, gpu=2),
     ]
     [outcome] = match(list(PLAN.faults), faults, incidents)
     assert outcome.incident_id == 5 and outcome.ok and outcome.related == (6,)
@@ -202,6 +202,7 @@ def test_the_built_in_plan_has_the_five_required_fault_kinds_mid_run_and_parses_
             "corrupt_checkpoint",
             "hang",
             "slow",
+            "wrong_products",
         ]
 
 
@@ -259,7 +260,7 @@ def report_for(accuracy: float | None, incidents: list[Incident] | None = None, 
 def test_the_report_passes_only_with_every_fault_matched_and_accuracy_above_90_percent():
     good = report_for(0.96)
     assert good["passed"] and good["all_matched"] and good["problems"] == []
-    assert [f["matched_incident"] for f in good["injected"]] == [1, 2, 3, 5, 4, 6, 8]
+    assert [f["matched_incident"] for f in good["injected"]] == [1, 2, 3, 5, 4, 8, 6]  # F7 before F6
     assert good["incidents"][1]["matched_fault"] == "F2"
     assert good["incidents"][6]["related_to_fault"] == "F6"
     assert verdict(report_for(0.89)) == ["accuracy 89.0% is not above 90%"]
@@ -358,7 +359,8 @@ def misattributed(fid: str, how: str) -> Incident:
         return replace(right, rank=None, gpu=wrong_gpu)
     if how == "action":
         return replace(right, action="restart" if "restart" not in spec.expected_actions else "continue")
-    return replace(right, root_cause=RootCause.UNKNOWN)
+    wrong = RootCause.UNKNOWN if "unknown" not in spec.expected_causes else RootCause.NCCL_WATCHDOG_TIMEOUT
+    return replace(right, root_cause=wrong)
 
 
 @pytest.mark.parametrize("how", ["rank", "gpu", "action", "root_cause"])
