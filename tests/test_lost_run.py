@@ -110,3 +110,14 @@ def test_rerunning_a_job_id_after_kill_9_of_its_supervisor_accounts_the_first_ru
     assert g["wall_s"] > max(iv.end for iv in intervals) - min(iv.start for iv in intervals) - 1
     assert any(iv.kind is IntervalKind.DOWNTIME and iv.detail == "no supervisor" for iv in intervals)
     assert g["productive_s"] > 0 and g["lost_s"] > 0 and g["unaccounted_s"] < 0.1 * g["wall_s"]
+
+
+def test_the_step_a_resume_starts_from_may_show_only_in_its_checkpoints_beat(tmp_path):
+    beats = tmp_path / "heartbeat"
+    beats.mkdir()
+    rows = [(1000.0, 45, "train"), (1001.0, 48, "train"), (1001.5, 49, "checkpoint")]
+    (beats / "rank0.jsonl").write_text(
+        "".join(json.dumps({"time": t, "step": s, "phase": p, "attempt": 0}) + "\n" for t, s, p in rows)
+    )
+    assert step_reached_at(tmp_path, 50) == 1001.5  # the save of step-50 said so; no train beat did
+    assert step_reached_at(tmp_path, 55) is None

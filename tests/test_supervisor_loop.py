@@ -341,3 +341,18 @@ def test_the_diagnosis_after_a_degraded_gpu_is_stored_with_its_incident(tmp_path
         e for e in incident.evidence if isinstance(e, dict) and e.get("purpose") == "after_incident"
     )
     assert report["suspect_gpu"] == 2
+
+
+def test_the_watchers_line_says_whether_the_preflight_runs_and_why_not():
+    from trainguard.supervisor.watch import watchers
+
+    sim = SupervisorConfig(cmd=("python", "x.py"), backend="sim")
+    assert "pre-flight diagnostics (level 1 + SDC) before each start" in watchers(sim, heartbeats=True)
+    off = SupervisorConfig(cmd=("python", "x.py"), backend="sim", preflight=False)
+    assert "no pre-flight diagnostics (--no-preflight)" in watchers(off, heartbeats=True)
+    none = SupervisorConfig(cmd=("python", "x.py"))
+    assert "no pre-flight diagnostics (no GPU backend" in watchers(none, heartbeats=False)
+    nvml = SupervisorConfig(cmd=("python", "x.py"), backend="nvml")
+    assert "no pre-flight diagnostics (the nvml backend did not open)" in watchers(
+        nvml, True, backend_open=False
+    )

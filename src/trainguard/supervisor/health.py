@@ -71,6 +71,11 @@ class NodeHealth:
             log.warning("node health disabled (%s backend): %s", backend, exc)
             self._agent = None
 
+    @property
+    def active(self) -> bool:
+        """The node agent runs (a backend was asked for and opened)."""
+        return self._agent is not None
+
     def _open(self, backend: str, n_gpus: int, run_dir: Path) -> Any:
         from trainguard.agent import Agent
 

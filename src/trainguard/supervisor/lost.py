@@ -108,14 +108,15 @@ def lost_run_record(
 
 def step_reached_at(run_dir: Path, step: int | None) -> float | None:
     """When a rank first reported finishing ``step`` (the checkpointed step a resume starts
-    from: the work after it is redone); None without heartbeats."""
+    from: the work after it is redone); None without heartbeats. The Guard beats once per loss
+    window, so the step a checkpoint was taken at may show only in that checkpoint's own beat."""
     if step is None:
         return None
     times = [
         beat["time"]
         for path in (run_dir / "heartbeat").glob("rank*.jsonl")
         for beat in _beats(path)
-        if beat.get("phase") == "train" and beat.get("step", -1) >= step - 1  # steps count from 0
+        if beat.get("phase") in ("train", "checkpoint") and beat.get("step", -1) >= step - 1  # from 0
     ]
     return min(times, default=None)
 

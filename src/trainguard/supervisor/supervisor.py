@@ -169,9 +169,9 @@ class Supervisor:
         self.history = History()
         # Active diagnostics need GPUs to test: the simulated fleet's or NVML's.
         self.diagnostics: Diagnostics | None = None
-        if config.backend in ("sim", "nvml"):
+        if config.backend in ("sim", "nvml") and self.health.active:
             self.diagnostics = Diagnostics(config.backend, self.health.fleet, self.run_dir)
-        self._preflight_on = self.diagnostics is not None and preflight_off(config) is None
+        self._preflight_on = preflight_off(config, self.health.active) is None
         self.gpu_map = GpuMap(tuple(range(config.nproc_per_node)))  # what the next start uses
         self.attempt_number = 0  # of the next (or current) start
         self.attempt: Attempt | None = None
@@ -204,7 +204,7 @@ class Supervisor:
             job=self.job_id,
             run_dir=str(self.run_dir),
             gpus=list(self.gpu_map.gpus),
-            watchers=watchers(cfg, heartbeats=False),
+            watchers=watchers(cfg, heartbeats=False, backend_open=self.health.active),
         )
         if cfg.warm_standby:
             from trainguard.supervisor.warm import WarmPool
@@ -556,7 +556,7 @@ class Supervisor:
             history.failures_in_a_row = 0
         if obs.heartbeats_seen and not self._heartbeats_announced:
             self._heartbeats_announced = True
-            self._emit("watchers", watchers=watchers(self.config, heartbeats=True))
+            self._emit("watchers", watchers=watchers(self.config, True, self.health.active))
         if first is not None and not attempt.first_step_seen:
             attempt.first_step_seen = True
             self.recorder.interval(IntervalKind.INIT, attempt.started, first, attempt.number)

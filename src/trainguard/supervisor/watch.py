@@ -249,7 +249,7 @@ def straggler(
     return Straggler(rank, step_time, baseline)
 
 
-def watchers(config: SupervisorConfig, heartbeats: bool) -> str:
+def watchers(config: SupervisorConfig, heartbeats: bool, backend_open: bool = True) -> str:
     """What the supervisor watches in this job, said once at start and when heartbeats appear."""
     seen = "exit codes, error files, worker logs"
     if config.backend != "none":
@@ -269,7 +269,7 @@ def watchers(config: SupervisorConfig, heartbeats: bool) -> str:
 
     from trainguard.supervisor.diagnostics import preflight_off
 
-    off = preflight_off(config)
+    off = preflight_off(config, backend_open)
     checks = (
         f"no pre-flight diagnostics ({off})"
         if off
