@@ -84,6 +84,42 @@ def test_the_rank_whose_stack_is_outside_the_collective_is_the_laggard(tmp_path)
     assert report.laggards == (1,) and report.method == "stacks"
 
 
+def test_only_the_training_threads_of_a_faulthandler_dump_say_whether_a_rank_is_in_the_collective(tmp_path):
+    # Shaped like the dumps the demo's F5 leaves: the Guard's watchdog thread, the training loop
+    # (waiting in the Guard's own all-reduce, or stopped in the injected fault) and the module list.
+    def dump(rank: int, training_frames: str) -> Path:
+        path = tmp_path / f"rank{rank}-1.txt"
+        path.write_text(
+            "Fatal Python error: Aborted\n\n"
+            "Thread 0x00007f0a1b2c3640 (most recent call first):\n"
+            '  File "/usr/lib/python3.11/threading.py", line 331 in wait\n'
+            '  File "/src/trainguard/torch/watchdog.py", line 98 in _run\n\n'
+            "Current thread 0x00007f0a2d4e5740 (most recent call first):\n"
+            f"{training_frames}"
+            '  File "/work/train.py", line 40 in main\n\n'
+            "Extension modules: numpy.core._multiarray_umath, torch._C, torch._C._distributed_c10d (total: 3)\n"
+        )
+        return path
+
+    waiting = '  File "/src/trainguard/torch/agreement.py", line 61 in collect\n'
+    fired = '  File "/src/trainguard/torch/chaos.py", line 120 in _fire\n'
+    dumps = {0: [dump(0, waiting)], 1: [dump(1, waiting)], 2: [dump(2, fired)]}
+    report = analyze([0, 1, 2], {r: "S" for r in range(3)}, dumps, {})
+    assert report.laggards == (2,) and report.method == "stacks"
+
+
+def test_a_collective_frame_in_the_watchdog_thread_alone_does_not_put_a_rank_in_the_collective(tmp_path):
+    paths = {}
+    for rank, frame in ((0, "torch/distributed/distributed_c10d.py"), (1, "trainguard/torch/chaos.py")):
+        paths[rank] = [tmp_path / f"rank{rank}-1.txt"]
+        paths[rank][0].write_text(
+            "Thread 0x1 (most recent call first):\n"
+            '  File "/src/trainguard/torch/watchdog.py", line 1 in all_reduce_probe\n\n'
+            f'Current thread 0x2 (most recent call first):\n  File "/src/{frame}", line 1 in f\n'
+        )
+    assert analyze([0, 1], {0: "S", 1: "S"}, paths, {}).laggards == (1,)
+
+
 def test_the_rank_behind_in_the_flight_recorder_is_the_laggard(tmp_path):
     dumps = {}
     for rank, seq in ((0, 41), (1, 40), (2, 41)):

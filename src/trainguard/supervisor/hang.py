@@ -35,9 +35,13 @@ from trainguard.rundir import Heartbeat, dumps_dir
 
 _COLLECTIVE = re.compile(
     r"torch/distributed/|all_reduce|allreduce|all_gather|reduce_scatter|broadcast|barrier|"
-    r"all_to_all|backward|_sync_params",
+    r"all_to_all|backward|_sync_params|"
+    r"trainguard/torch/agreement\.py",  # the Guard's own all-reduce of its loss window
     re.I,
 )
+# The Guard's watchdog thread (which may write the dump itself) and faulthandler's "Extension
+# modules" list name no frame of the training loop, so they say nothing about the collective.
+_WATCHDOG_FRAME = "trainguard/torch/watchdog.py"
 _STACK_START = re.compile(r"^(?:Fatal Python error|Thread 0x|Current thread 0x)", re.M)
 
 
@@ -179,11 +183,20 @@ def _in_collective(paths: list[Path]) -> bool:
     for path in paths:
         if path.suffix == ".txt":
             try:
-                if _COLLECTIVE.search(path.read_text(errors="replace")):
-                    return True
+                text = path.read_text(errors="replace")
             except OSError:
                 continue
+            if any(_COLLECTIVE.search(stack) for stack in _training_stacks(text)):
+                return True
     return False
+
+
+def _training_stacks(dump: str) -> list[str]:
+    """The dump's thread stacks, less the watchdog's and the list of extension modules."""
+    dump = dump.split("\nExtension modules:")[0]
+    starts = [m.start() for m in _STACK_START.finditer(dump)] or [0]
+    stacks = [dump[a:b] for a, b in zip(starts, [*starts[1:], len(dump)], strict=True)]
+    return [s for s in stacks if _WATCHDOG_FRAME not in s]
 
 
 def _size(path: Path) -> int:
