@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean install
+.PHONY: demo test test-all test-integration integration-deps lint typecheck unit unit-all bench clean install
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,10 +26,27 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# `make test`: the fast suite (~6 min on 2 cores); `make test-all`: also the long end-to-end runs
+# (marked slow: the demo, the supervisor, multi-node) and the tests against a real Chromium and
+# Prometheus (marked integration), as CI runs it.
 unit: $(STAMP)
+	$(BIN)/pytest -q -m "not gpu and not slow and not integration"
+
+unit-all: $(STAMP)
 	$(BIN)/pytest -q -m "not gpu"
 
+# Debian's chromium, chromium-driver and prometheus (needs root); the tests skip, naming what is
+# missing, where apt-get cannot install them.
+integration-deps:
+	(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver prometheus) \
+		|| echo "apt-get failed: the integration tests will skip what is missing"
+
+test-integration: $(STAMP) integration-deps
+	$(BIN)/pytest -q -m integration
+
 test: lint typecheck unit
+
+test-all: lint typecheck integration-deps unit-all
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

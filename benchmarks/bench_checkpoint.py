@@ -1,7 +1,7 @@
 """Training stall of an asynchronous checkpoint vs a synchronous torch.save, on a >= 1 GB state.
 
-    python benchmarks/bench_checkpoint.py                 # 1 GB state, 5 rounds
-    python benchmarks/bench_checkpoint.py --size-gb 0.25 --rounds 2
+    python benchmarks/bench_checkpoint.py                 # 0.5 GB state, 3 rounds
+    python benchmarks/bench_checkpoint.py --size-gb 1 --rounds 5
     python benchmarks/bench_checkpoint.py --json [--dir /mnt/ckpt]
 
 The state is a model of 4096x4096 linear layers plus Adam's two moments (params x 3), saved
@@ -21,12 +21,19 @@ Measured in one run, interleaved round by round:
   floor for any snapshot that copies;
 * ``write_mb_s``: the background writer's throughput (bytes / time from temporary directory to
   durable commit, checksum included) for a save with nothing else running, as dd runs, and
-  ``dd_mb_s``: ``dd bs=64M conv=fsync`` to the same directory, in the same round (order
-  alternating); disk_ratio is the median of per-round ratios. ``step_slowdown_s`` above shows what
-  sharing the host with the writer costs the training step on this machine.
+  ``dd_mb_s``: the faster of ``dd bs=64M conv=fsync`` and ``dd bs=64M oflag=direct`` (no page
+  cache in the way) to the same directory, in the same round (order alternating); disk_ratio is the
+  median of per-round ratios. ``step_slowdown_s`` above shows what sharing the host with the writer
+  costs the training step on this machine;
+* ``loop_overhead_s``: what training really pays, the wall time of N steps with a save every K
+  steps minus the same N steps without (K steps take about twice one write), and the same for
+  ``torch.distributed.checkpoint.async_save`` with process-based writing and an async
+  shared-memory stager (``dcp_async_loop_overhead_s``; see loop_overhead.py); ``backpressure_*``:
+  the same with K steps shorter than one write, so every save waits for the previous one.
 
 Keys: stall_ratio = stall / sync save (target <= 0.04), copy_ratio = stall / copy (target
-<= 1.5), disk_ratio = write / dd throughput (target >= 0.8), plus the raw figures.
+<= 1.5), disk_ratio = write / dd throughput (target >= 0.8), overhead_vs_dcp = our loop overhead /
+DCP's (target <= 0.8), plus the raw figures.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from pathlib import Path
 
 import torch
 
+import loop_overhead
 from trainguard.torch import Checkpointer, TrainState
 
 LAYER_BYTES = 4096 * 4096 * 4
@@ -99,25 +107,30 @@ def sync_save(state: TrainState, path: Path) -> float:
     return elapsed
 
 
-def dd(path: Path, nbytes: int) -> float:
+def dd(path: Path, nbytes: int, flag: str = "conv=fsync") -> float:
+    """dd's MB/s writing ``nbytes`` of zeros; 0.0 if the filesystem refuses the flag (O_DIRECT)."""
     count = math.ceil(nbytes / (64 << 20))
     start = time.perf_counter()
-    subprocess.run(
-        ["dd", "if=/dev/zero", f"of={path}", "bs=64M", f"count={count}", "conv=fsync"],
-        check=True,
+    done = subprocess.run(
+        ["dd", "if=/dev/zero", f"of={path}", "bs=64M", f"count={count}", flag],
         capture_output=True,
     )
     elapsed = time.perf_counter() - start
-    path.unlink()
-    return count * (64 << 20) / elapsed / 1e6
+    path.unlink(missing_ok=True)
+    return count * (64 << 20) / elapsed / 1e6 if done.returncode == 0 else 0.0
+
+
+def best_dd(path: Path, nbytes: int) -> float:
+    return max(dd(path, nbytes), dd(path, nbytes, "oflag=direct"))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--size-gb", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--size-gb", type=float, default=0.5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--loop-rounds", type=int, default=5, help="rounds of the loop-overhead A/B")
     parser.add_argument("--batch", type=int, default=8, help="training batch (rows of 4096)")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--json", action="store_true")
@@ -152,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         syncs: list[float] = []
         for step in range(1, args.rounds + 1):
             if step % 2:  # alternate the order, so neither always follows the other's flush
-                dds.append(dd(root / "dd.bin", nbytes))
+                dds.append(best_dd(root / "dd.bin", nbytes))
             start = time.perf_counter()
             torch._foreach_copy_(floor, tensors)
             copies.append(time.perf_counter() - start)
@@ -176,11 +189,12 @@ def main(argv: list[str] | None = None) -> int:
             stalls_off.append(plain_ckpt.last_stall_s)
             plain_ckpt.wait()
             if step % 2 == 0:
-                dds.append(dd(root / "dd.bin", nbytes))
+                dds.append(best_dd(root / "dd.bin", nbytes))
             if step <= 2:
                 syncs.append(sync_save(state, root / "sync.pt"))
         ckpt.close()
         plain_ckpt.close()
+        loop, pressed = loop_overhead.measure_both(state, batch, root / "loop", args.loop_rounds)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -204,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         "stall_ratio": round(stall / sync, 4),
         "copy_ratio": round(stall / copy, 3),
         "disk_ratio": round(disk_ratio, 3),
+        **loop,
+        **{f"backpressure_{k}": v for k, v in pressed.items()},
         "rounds": args.rounds,
         "stalls_s": [round(s, 4) for s in stalls],
         "copies_s": [round(c, 4) for c in copies],
@@ -238,8 +254,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"background write        {write:8.1f} MB/s")
         print(
-            f"dd bs=64M conv=fsync    {dd_rate:8.1f} MB/s disk_ratio  {result['disk_ratio']:.3f}   (target >= 0.8)"
+            f"dd bs=64M best of fsync/O_DIRECT {dd_rate:8.1f} MB/s disk_ratio {result['disk_ratio']:.3f} (target >= 0.8)"
         )
+        for name, r in (("", loop), ("back-pressure: ", pressed)):
+            print(
+                f"{name}{r['loop_steps']} steps, a save every {r['loop_every']} ({r['loop_plain_s']:.2f} s "
+                f"without): trainguard +{r['loop_overhead_s']:.3f} s, DCP async_save "
+                f"+{r['dcp_async_loop_overhead_s']:.3f} s, overhead_vs_dcp {r['overhead_vs_dcp']} (target <= 0.8)"
+            )
+            print(
+                f"    training blocked in the checkpointer per loop: trainguard {r['loop_blocked_s']:.3f} s, "
+                f"DCP {r['dcp_async_loop_blocked_s']:.3f} s (blocked_vs_dcp {r['blocked_vs_dcp']})"
+            )
     return 0
 
 
