@@ -15,7 +15,9 @@ and takes the same decision at the same step.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import struct
 import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -25,6 +27,7 @@ import torch.distributed as dist
 
 NAN = float("nan")
 MASK_BITS = 52  # ranks per float64 of a source mask: sums of distinct powers of two below 2**53 are exact
+SLOT_WORLD = 64  # up to this many ranks, host windows carry each rank's arrivals in its own slots
 
 
 class Window(NamedTuple):  # a NamedTuple: built on every check, it must be cheap
@@ -47,6 +50,7 @@ class _Launched:
     works: tuple[Any, ...] = ()
     event: Any = None  # torch.cuda.Event recorded after the copy to host
     preempt: bool = False
+    slots: bool = False  # the arrivals are per-rank slots at the end of ``packed`` (host windows)
 
 
 class Agreement:
@@ -67,6 +71,7 @@ class Agreement:
         self._device_known = False
         self._wall = time.time() - time.perf_counter()  # arrival perf_counter -> unix time
         self._host: dict[tuple[int, str], torch.Tensor] = {}  # pinned buffers, reused
+        self._cpu: dict[int, tuple[Any, struct.Struct, torch.Tensor]] = {}  # host windows, by size
 
     def choose_device(self, loss: Any) -> None:
         """Where windows are packed, from the first loss: None for host values in one process."""
@@ -80,6 +85,9 @@ class Agreement:
             self.device, self._device_known = self._device(entries), True
         device = self.device
         if device is None:  # one process, host values: nothing to pack, read them at collect
+            return job
+        if device.type == "cpu":
+            self._launch_host(job)
             return job
         n = len(entries)
         with torch.no_grad():
@@ -128,8 +136,7 @@ class Agreement:
             bad = tuple([e[4] is not None and bool(e[4].item() > 0) for e in entries])
             own = tuple([(self.rank,) if v is not None and not math.isfinite(v) else () for v in losses])
             return Window(steps, losses, bad, dts, None, job.preempt, own)
-        for w in job.works:
-            w.wait()
+        self.settle(job)
         if job.event is not None:
             job.event.synchronize()  # normally long done: launched at least a step ago
         n = len(entries)
@@ -137,11 +144,69 @@ class Agreement:
         sums, present, flags = values[:n], values[n : 2 * n], values[2 * n : 3 * n]
         losses = tuple(s / p if p > 0 else None for s, p in zip(sums, present, strict=True))
         waits = None
-        if job.arrivals is not None:
+        if job.slots:
+            base, world = (3 + self._groups) * n + 1, self.world
+            waits = tuple(
+                max(0.0, max(values[base + i * world : base + (i + 1) * world]) - (e[3] + self._wall))
+                for i, e in enumerate(entries)
+            )
+        elif job.arrivals is not None:
             latest = job.arrivals.tolist()
             waits = tuple(max(0.0, t - (e[3] + self._wall)) for t, e in zip(latest, entries, strict=True))
         sources = _decode_masks(values[3 * n + 1 :], n, self._groups)
         return Window(steps, losses, tuple(f > 0 for f in flags), dts, waits, values[3 * n] > 0, sources)
+
+    def settle(self, job: _Launched) -> None:
+        """Wait for the collectives of ``job`` (before its buffer is read or reused)."""
+        for w in job.works:
+            w.wait()
+        job.works = ()
+
+    def _launch_host(self, job: _Launched) -> None:
+        """Pack a window of host values with no tensor op: the values are read (``item()`` on a
+        CPU tensor is no device sync), written into a reused buffer with one ``struct`` call,
+        and summed in one asynchronous all-reduce (gloo runs it on its own thread). Up to
+        `SLOT_WORLD` ranks, each rank writes its arrivals into its own slots of the same
+        buffer (a sum of one value and zeros: an all-gather), so no second collective is needed.
+        The window in flight is always collected (or settled) before the next launch, so one
+        buffer per size is never overwritten while gloo reads it."""
+        entries, n, groups, world, rank = job.entries, len(job.entries), self._groups, self.world, self.rank
+        slots = world <= SLOT_WORLD
+        size = (3 + groups + (world if slots else 0)) * n + 1
+        buf = self._cpu.get(size)
+        if buf is None:
+            # The tensor owns its memory and Python writes through a ctypes view of it: gloo's
+            # thread may drop the last reference to the tensor, and a tensor over a Python buffer
+            # (torch.frombuffer) would need the GIL to be freed there (a deadlock at teardown).
+            packed = torch.zeros(size, dtype=torch.float64)
+            raw = (ctypes.c_double * size).from_address(packed.data_ptr())
+            buf = self._cpu[size] = (raw, struct.Struct(f"={size}d"), packed)
+        raw, layout, packed = buf
+        values = [0.0] * size
+        own, bit = 3 * n + 1 + rank // MASK_BITS, float(2 ** (rank % MASK_BITS))
+        self._wall = time.time() - time.perf_counter()  # follow NTP slewing
+        for i, e in enumerate(entries):
+            value = host_value(e[1])
+            if value is not None:
+                values[i], values[n + i] = value, 1.0
+                if not math.isfinite(value):
+                    values[own + i * groups] = bit
+            if e[4] is not None:
+                values[2 * n + i] = 1.0 if e[4].item() > 0 else 0.0
+        values[3 * n] = 1.0 if job.preempt else 0.0
+        if slots:
+            base = (3 + groups) * n + 1 + rank
+            for i, e in enumerate(entries):
+                values[base + i * world] = e[3] + self._wall
+        layout.pack_into(raw, 0, *values)
+        works: list[Any] = []
+        arrivals = None
+        if world > 1:
+            works.append(dist.all_reduce(packed, async_op=True))
+            if not slots:
+                arrivals = torch.tensor([e[3] + self._wall for e in entries], dtype=torch.float64)
+                works.append(dist.all_reduce(arrivals, op=dist.ReduceOp.MAX, async_op=True))
+        job.packed, job.arrivals, job.works, job.slots = packed, arrivals, tuple(works), slots and world > 1
 
     def _device(self, entries: list[tuple[int, Any, float, float, Any]]) -> torch.device | None:
         if self.world > 1 and self.backend == "nccl":

@@ -94,6 +94,8 @@ class LossWindow:
     def drop(self) -> None:
         """Forget the recorded steps: after a rollback or a skip they replay anyway."""
         self.losses.clear()
+        if self._inflight is not None:  # its collective still runs (on every rank): let it land
+            self.agreement.settle(self._inflight)  # before its buffer is reused
         self._inflight = None
         self._grads.clear()
         self._arrivals.clear()

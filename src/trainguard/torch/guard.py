@@ -412,6 +412,8 @@ class Guard:
             action = Policy.SKIP
         if action is Policy.SKIP:
             if step != current or applied:
+                if any(f.rule.startswith("numerics.nonfinite") for f in decision.findings):
+                    self._poisoned(step, current, applied, value, dt, sources)
                 log.warning(
                     "step %d: cannot skip an update applied %d step(s) ago (check_lag/check_every); "
                     "use on_nan/on_spike='skip' for exact skips",
@@ -422,6 +424,33 @@ class Guard:
             self._zero_grad()
             return StepAction.SKIP
         return StepAction.PROCEED
+
+    def _poisoned(
+        self, step: int, current: int, applied: bool, value: float | None, dt: float, sources: tuple[int, ...]
+    ) -> None:
+        """A non-finite update is in the weights and there is no checkpoint to roll back to:
+        every later step would train a NaN model, so the run stops (as under ``on_nan="stop"``).
+        Every rank reads the same window, so every rank stops at the same step."""
+        ago = current - step + int(applied)
+        finding = Finding(
+            "numerics.unrecoverable",
+            Health.FAILED,
+            Action.RESTART_APP,
+            f"step {step}: a non-finite update was applied {ago} step(s) before it was checked and there "
+            "is no checkpoint to roll back to; stopping rather than training a NaN model",
+            time=time.time(),
+            category=Category.NUMERICS,
+        )
+        finding = with_sources(finding, sources)
+        self._report(finding, step)
+        log.error(
+            "rank %d: %s (save a checkpoint before training, or use check_every=1, check_lag=0 to "
+            "drop such updates before they are applied)",
+            self.rank,
+            finding.reason,
+        )
+        self._beat(current, value, dt, "exit", force=True)
+        raise SystemExit(WorkerExit.NUMERICS_STOP)
 
     def _apply_chaos(self, step: int, loss: Any) -> Any:
         if self._chaos is not None:
@@ -521,7 +550,7 @@ class Guard:
 
     def _rollback(self, step: int) -> bool:
         if self.checkpointer is None or self.state is None:
-            log.warning("step %d: rollback asked but there is no checkpointer/state; skipping the step", step)
+            log.warning("step %d: rollback asked but there is no checkpointer/state", step)
             return False
         restore = getattr(self.checkpointer, "rollback", None)
         if restore is None:  # a checkpointer without rollback(): wait, then resume
@@ -534,7 +563,7 @@ class Guard:
         else:
             resumed = int(restore(self.state) or 0)
         if resumed <= 0 or resumed > step:
-            log.warning("step %d: no checkpoint to roll back to; skipping the step instead", step)
+            log.warning("step %d: no checkpoint to roll back to", step)
             return False
         self._zero_grad()
         self.resume_step, self._rolled_back = resumed, True
