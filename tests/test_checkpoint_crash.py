@@ -17,14 +17,27 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_crash_consis
 @pytest.mark.slow
 def test_sigkilled_saves_always_resume_from_a_valid_checkpoint_and_flips_are_detected():
     out = subprocess.run(
-        [sys.executable, str(BENCH), "--kills", "10", "--flips", "40", "--async-kills", "0", "--json"],
+        [
+            sys.executable,
+            str(BENCH),
+            "--kills",
+            "10",
+            "--corruptions",
+            "10",
+            "--async-kills",
+            "1",
+            "--power-loss-saves",
+            "1",
+            "--json",
+        ],
         capture_output=True,
         text=True,
         timeout=240,
     )
     result = json.loads(out.stdout)
-    assert result["kills"] == 10
-    assert result["valid_resumes"] == 10, result["problems"]
-    assert result["flips"] == 40 and result["flips_detected"] == 40
-    assert result["truncations_detected"] == result["truncations"] == 10
+    assert result["kills"] == 11  # 10 savers, 1 background writer
+    assert result["valid_resumes"] == 11, result["problems"]
+    assert result["async_errors_raised"] == 1
+    assert all(c["detected"] == c["tried"] == 10 for c in result["corruptions"].values())
+    assert result["power_loss_bad_resumes"] == 0 and result["bad_resumes"] == 0
     assert out.returncode == 0
