@@ -1,6 +1,6 @@
 """Training stall of an asynchronous checkpoint vs a synchronous torch.save, on a >= 1 GB state.
 
-    python benchmarks/bench_checkpoint.py                 # 0.5 GB state, 3 rounds
+    python benchmarks/bench_checkpoint.py                 # 0.5 GB state, 3 rounds, 7 loop rounds
     python benchmarks/bench_checkpoint.py --size-gb 1 --rounds 5
     python benchmarks/bench_checkpoint.py --json [--dir /mnt/ckpt]
 
@@ -29,7 +29,12 @@ Measured in one run, interleaved round by round:
   steps minus the same N steps without (K steps take about twice one write), and the same for
   ``torch.distributed.checkpoint.async_save`` with process-based writing and an async
   shared-memory stager (``dcp_async_loop_overhead_s``; see loop_overhead.py); ``backpressure_*``:
-  the same with K steps shorter than one write, so every save waits for the previous one.
+  the same with K steps shorter than one write, so every save waits for the previous one. Rounds
+  are interleaved (plain, ours, DCP; order reversed every other round) and every figure is a
+  median of per-round paired differences with a distribution-free 95% confidence interval from
+  its order statistics (``*_ci95_s``; 6 rounds at least); ``ours_minus_dcp_s`` pairs our loop
+  with DCP's in the same round. ``overhead_vs_dcp`` is reported only when both overheads are
+  resolved (CI above zero); otherwise it is null and ``overhead_vs_dcp_note`` says why.
 
 Keys: stall_ratio = stall / sync save (target <= 0.04), copy_ratio = stall / copy (target
 <= 1.5), disk_ratio = write / dd throughput (target >= 0.8), overhead_vs_dcp = our loop overhead /
@@ -130,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--size-gb", type=float, default=0.5)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--loop-rounds", type=int, default=5, help="rounds of the loop-overhead A/B")
+    parser.add_argument(
+        "--loop-rounds", type=int, default=7, help="rounds of the loop-overhead A/B (>= 6 for a 95%% CI)"
+    )
     parser.add_argument("--batch", type=int, default=8, help="training batch (rows of 4096)")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--json", action="store_true")
@@ -259,8 +266,15 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in (("", loop), ("back-pressure: ", pressed)):
             print(
                 f"{name}{r['loop_steps']} steps, a save every {r['loop_every']} ({r['loop_plain_s']:.2f} s "
-                f"without): trainguard +{r['loop_overhead_s']:.3f} s, DCP async_save "
-                f"+{r['dcp_async_loop_overhead_s']:.3f} s, overhead_vs_dcp {r['overhead_vs_dcp']} (target <= 0.8)"
+                f"without), medians of {r['loop_rounds']} paired rounds [95% CI]:"
+            )
+            print(
+                f"    trainguard {r['loop_overhead_s']:+.3f} s {r['loop_overhead_ci95_s']}, DCP async_save "
+                f"{r['dcp_async_loop_overhead_s']:+.3f} s {r['dcp_async_loop_overhead_ci95_s']}, "
+                f"ours - DCP {r['ours_minus_dcp_s']:+.3f} s {r['ours_minus_dcp_ci95_s']}"
+            )
+            print(
+                f"    overhead_vs_dcp {r['overhead_vs_dcp']} (target <= 0.8) {r['overhead_vs_dcp_note'] or ''}"
             )
             print(
                 f"    training blocked in the checkpointer per loop: trainguard {r['loop_blocked_s']:.3f} s, "

@@ -14,6 +14,7 @@ the optimizer's next update waits for the staging copy of the tensors it changes
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import shutil
 import socket
@@ -26,6 +27,25 @@ from typing import Any
 import torch
 
 from trainguard.torch import Checkpointer, TrainState
+
+
+def median_ci95(values: list[float]) -> tuple[float, float] | None:
+    """A distribution-free confidence interval of at least 95% for the median: the order
+    statistics x(k) and x(n+1-k) with the largest k whose binomial tail P(Bin(n, 1/2) < k) stays
+    <= 2.5% (rounds are independent: each is its own paired A/B). None below 6 rounds."""
+    n, k = len(values), 0
+    while sum(math.comb(n, i) for i in range(k + 1)) / 2**n <= 0.025:
+        k += 1
+    if k == 0:
+        return None
+    ranked = sorted(values)
+    return ranked[k - 1], ranked[n - k]
+
+
+def summarise(diffs: list[float]) -> tuple[float, tuple[float, float] | None, bool]:
+    """(median, its 95% CI, resolved): resolved when the CI lies wholly above zero."""
+    ci = median_ci95(diffs)
+    return statistics.median(diffs), ci, ci is not None and ci[0] > 0
 
 
 def init_single_rank_group() -> None:
@@ -221,21 +241,42 @@ def measure(
                 save = lambda: dcp.save(next(count), state)  # noqa: E731
                 dcp_wall.append(run_loop(state, batch, steps, every, save, dcp.before_update))
                 dcp.wait()
-    ours_over = statistics.median(t - p for t, p in zip(ours_wall, plain, strict=True))
-    dcp_over = statistics.median(d - p for d, p in zip(dcp_wall, plain, strict=True))
+    ours_d = [t - p for t, p in zip(ours_wall, plain, strict=True)]
+    dcp_d = [d - p for d, p in zip(dcp_wall, plain, strict=True)]
+    ours_over, ours_ci, ours_ok = summarise(ours_d)
+    dcp_over, dcp_ci, dcp_ok = summarise(dcp_d)
+    # ours - DCP in the same round: no plain loop in it, so less noise than either overhead
+    gap, gap_ci, _ = summarise([t - d for t, d in zip(ours_wall, dcp_wall, strict=True)])
     blocked = {"ours": tg.blocked_s / rounds, "dcp": dcp.blocked_s / rounds}
     dcp.blocked_s = 0.0
+    note = None
+    if not (ours_ok and dcp_ok):
+        unresolved = [n for n, ok in (("trainguard", ours_ok), ("DCP", dcp_ok)) if not ok]
+        note = (
+            f"{' and '.join(unresolved)} overhead not resolved from noise (95% CI of the median "
+            f"reaches 0 or below, or fewer than 6 rounds): overhead_vs_dcp undefined; run more "
+            "--loop-rounds on a quieter host"
+        )
+
+    def ci(c: tuple[float, float] | None) -> list[float] | None:
+        return None if c is None else [round(c[0], 3), round(c[1], 3)]
+
     return {
         "loop_steps": steps,
         "loop_every": every,
         "loop_plain_s": round(statistics.median(plain), 3),
         "loop_overhead_s": round(ours_over, 3),
+        "loop_overhead_ci95_s": ci(ours_ci),
         "dcp_async_loop_overhead_s": round(dcp_over, 3),
-        "overhead_vs_dcp": round(ours_over / dcp_over, 3) if dcp_over > 0 else None,
+        "dcp_async_loop_overhead_ci95_s": ci(dcp_ci),
+        "overhead_vs_dcp": round(ours_over / dcp_over, 3) if note is None else None,
+        "overhead_vs_dcp_note": note,
+        "ours_minus_dcp_s": round(gap, 3),
+        "ours_minus_dcp_ci95_s": ci(gap_ci),
         "loop_blocked_s": round(blocked["ours"], 4),
         "dcp_async_loop_blocked_s": round(blocked["dcp"], 4),
         "blocked_vs_dcp": round(blocked["ours"] / blocked["dcp"], 3) if blocked["dcp"] > 0 else None,
         "loop_rounds": rounds,
-        "loop_overheads_s": [round(t - p, 3) for t, p in zip(ours_wall, plain, strict=True)],
-        "dcp_async_loop_overheads_s": [round(d - p, 3) for d, p in zip(dcp_wall, plain, strict=True)],
+        "loop_overheads_s": [round(x, 3) for x in ours_d],
+        "dcp_async_loop_overheads_s": [round(x, 3) for x in dcp_d],
     }

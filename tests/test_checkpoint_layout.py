@@ -151,3 +151,26 @@ def test_damage_for_chaos_drills_makes_the_newest_checkpoint_invalid(tmp_path, h
     assert note
     assert not verify(newest).ok
     assert newest_valid(tmp_path).step == 1
+
+
+def test_the_fast_crc32_gives_zlibs_values_so_either_verifies_the_other(monkeypatch):
+    import zlib
+
+    from trainguard.checkpoint import manifest
+
+    data = random.Random(3).randbytes(3 << 20)
+    monkeypatch.setattr(manifest, "_crc32_impl", None)
+    assert manifest.crc32(data) == zlib.crc32(data)
+    assert manifest.crc32(data[1000:], manifest.crc32(data[:1000])) == zlib.crc32(data)
+
+
+def test_a_fast_crc32_that_disagrees_with_zlib_is_not_used(monkeypatch):
+    import zlib
+
+    isal = pytest.importorskip("isal")
+    from isal import isal_zlib
+
+    from trainguard.checkpoint import manifest
+
+    monkeypatch.setattr(isal_zlib, "crc32", lambda data, value=0: 0, raising=False)
+    assert isal is not None and manifest._pick_crc32() is zlib.crc32

@@ -149,3 +149,20 @@ def test_a_parameter_changed_in_place_during_the_copy_fails_the_save_instead_of_
         ckpt.wait()
     ckpt.close()
     assert list(tmp_path.glob("step-*")) == []
+
+
+def test_the_write_starts_when_the_snapshot_is_copied_without_waiting_for_the_next_optimizer_step(
+    tmp_path,
+):
+    state = make_state()
+    step(state)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.resume(state)
+    ckpt.save(1, state)
+    # no optimizer.step(), no wait(): only the copy thread can have handed the save over
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("step-*/manifest.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p.parent.name for p in tmp_path.glob("step-*/manifest.json")] == ["step-00000001"]
+    ckpt.close()
+    assert ckpt.latest_step == 1

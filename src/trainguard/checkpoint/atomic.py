@@ -23,7 +23,6 @@ import shutil
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from trainguard.checkpoint.layout import (
     step_dir_name,
     write_latest,
 )
-from trainguard.checkpoint.manifest import FileEntry, Manifest, crc_hex, encode_manifest
+from trainguard.checkpoint.manifest import FileEntry, Manifest, crc32, crc_hex, encode_manifest
 from trainguard.rundir import fsync_dir
 
 log = logging.getLogger(__name__)
@@ -67,7 +66,7 @@ class ChecksumFile:
 
     ``write`` accepts any buffer (torch.save hands over memoryviews of tensor storage, so nothing is
     copied in Python). Large buffers are written in 64 MiB slices; with ``overlap=True`` their
-    checksum runs on a helper thread while the next slice is written (zlib and os.write both
+    checksum runs on a helper thread while the next slice is written (the CRC and os.write both
     release the GIL), so the checksum costs no wall time. Then a buffer handed to ``write`` must
     stay unchanged until ``close()`` (true for torch.save of tensors nobody modifies meanwhile).
     """
@@ -89,7 +88,7 @@ class ChecksumFile:
         assert self._queue is not None
         while (item := self._queue.get()) is not None:
             try:
-                self.crc = zlib.crc32(item, self.crc)
+                self.crc = crc32(item, self.crc)
             except BaseException as exc:  # reported by close()
                 self._error = exc
 
@@ -111,7 +110,7 @@ class ChecksumFile:
             if self._queue is not None:
                 self._queue.put(chunk)
             else:
-                self.crc = zlib.crc32(chunk, self.crc)
+                self.crc = crc32(chunk, self.crc)
         return total
 
     def flush(self) -> None:

@@ -9,8 +9,10 @@
 
 ``manifest_crc32`` covers the canonical encoding of every other field, and a reader also requires
 the file bytes to equal the canonical encoding, so any changed byte is detected. Payload files are
-checked with zlib's CRC-32 (about 2 GB/s here; it detects every error burst of up to 32 bits,
-so every single flipped byte).
+checked with CRC-32 (zlib's polynomial; it detects every error burst of up to 32 bits, so every
+single flipped byte). ``crc32`` computes it with ISA-L (``isal``, in the ``torch`` extra; about
+12 GB/s here, with carry-less multiply) when installed, else with zlib (about 3 GB/s): the same
+values either way, so checkpoints written with one verify with the other.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +110,31 @@ def decode_manifest(data: bytes) -> Manifest:
         raise ValueError(f"manifest is missing or has a bad field ({exc!r})") from None
 
 
+_crc32_impl: Callable[[Any, int], int] | None = None
+
+
+def crc32(data: Any, value: int = 0) -> int:
+    """CRC-32 of a bytes-like object continuing from ``value``, as ``zlib.crc32``. Both
+    implementations release the GIL on large buffers, so a helper thread can checksum while
+    another writes."""
+    global _crc32_impl
+    if _crc32_impl is None:
+        _crc32_impl = _pick_crc32()
+    return _crc32_impl(data, value)
+
+
+def _pick_crc32() -> Callable[[Any, int], int]:
+    # imported on first use, so ``import trainguard`` stays free of third-party modules
+    try:
+        from isal import isal_zlib
+    except ImportError:
+        return zlib.crc32
+    probe = b"trainguard crc32 self-check"
+    if isal_zlib.crc32(probe, 7) != zlib.crc32(probe, 7):  # never trust a faster checksum blindly
+        return zlib.crc32
+    return isal_zlib.crc32
+
+
 def crc_hex(value: int) -> str:
     return f"{value & 0xFFFFFFFF:08x}"
 
@@ -119,7 +147,7 @@ def file_crc32(path: Path) -> tuple[int, str]:
             chunk = f.read(_READ_CHUNK)
             if not chunk:
                 break
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
             size += len(chunk)
     return size, crc_hex(crc)
 

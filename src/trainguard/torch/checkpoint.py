@@ -29,8 +29,10 @@ import atexit
 import contextlib
 import logging
 import pickle
+import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,7 @@ class Checkpointer:
         self._staging: Staging | None = None
         self._staging_id = 0
         self._snapshot: tuple[Snapshot, dict[str, Any]] | None = None  # copying; then submitted
+        self._handoff = threading.Lock()  # taking _snapshot and submitting it (copy thread or ours)
         self._hooks: dict[int, Any] = {}  # id(optimizer) -> its step pre-hook handle
         self._unsynced = False  # a save happened since the last collective wait
         self._pending: CheckpointError | None = None
@@ -135,7 +138,6 @@ class Checkpointer:
                 self._staging.close()
             self._staging = Staging(tensors)
             self._staging_id += 1
-        snapshot = self._staging.copy_from(tensors, defer)
         job = {
             "step": step,
             "directory": str(self.directory),
@@ -145,10 +147,28 @@ class Checkpointer:
             "keep_last": self.keep_last,
             "milestone_every": self.milestone_every,
         }
-        if snapshot is None:
-            self._send(job)
-        else:  # the optimizer's next step (or wait/save/close) completes it, then it is sent
-            self._snapshot = (snapshot, job)
+        # Started from this thread, never the copy thread: PR_SET_PDEATHSIG fires when the
+        # thread that forked the writer ends.
+        self._writer.start()
+        with self._handoff:  # the copy thread's hand-off waits until the job is in place
+            snapshot = self._staging.copy_from(tensors, defer, _weak_handoff(self))
+            if snapshot is not None:  # sent by the copy thread when done, else by the next
+                self._snapshot = (snapshot, job)  # optimizer.step() (or wait/save/close)
+                return
+        self._send(job)
+
+    def _handoff_from_copy_thread(self, snapshot: Snapshot) -> None:
+        """The snapshot's copy is done: submit its job now, from the copy thread."""
+        with self._handoff:
+            if self._snapshot is None or self._snapshot[0] is not snapshot:
+                return  # already taken by the training thread
+            if self._writer is None or not self._writer.alive:
+                return  # restarting the writer is the training thread's job (see _submit)
+            job, self._snapshot = self._snapshot[1], None
+            try:
+                self._send(job)
+            except CheckpointError as exc:
+                self._pending = exc
 
     def _send(self, job: dict[str, Any]) -> None:
         assert self._writer is not None and self._staging is not None
@@ -172,18 +192,23 @@ class Checkpointer:
     def _protect(self) -> None:
         """Before an optimizer update: the snapshot must have read the tensors it will change.
         A failed copy is kept for the next save/wait (raising here would kill the step)."""
-        assert self._snapshot is not None
+        pending = self._snapshot
+        if pending is None:  # the copy thread submitted it meanwhile
+            return
         started = time.perf_counter()
-        snapshot = self._snapshot[0]
+        snapshot = pending[0]
         snapshot.protect()
         if snapshot.ready():
             self._release_keeping_error()
         self.last_stall_s = (self.last_stall_s or 0.0) + time.perf_counter() - started
 
     def _release(self) -> None:
-        """Wait for the snapshot's copy, then hand the save to the writer."""
-        assert self._snapshot is not None
-        (snapshot, job), self._snapshot = self._snapshot, None
+        """Wait for the snapshot's copy, then hand the save to the writer (unless the copy
+        thread did: then its submit is complete once the lock is ours)."""
+        with self._handoff:
+            if self._snapshot is None:
+                return
+            (snapshot, job), self._snapshot = self._snapshot, None
         try:
             snapshot.join()
         except Exception as exc:
@@ -202,8 +227,7 @@ class Checkpointer:
 
     def _collect(self) -> None:
         """Finish the in-flight save on this rank (blocking); raise its error."""
-        if self._snapshot is not None:
-            self._release()
+        self._release()  # also waits for a hand-off the copy thread has under way
         if self._pending is not None:
             error, self._pending = self._pending, None
             raise error
@@ -261,10 +285,11 @@ class Checkpointer:
         for handle in self._hooks.values():
             handle.remove()
         self._hooks.clear()
-        if self._snapshot is not None:  # only after an error: do not leave a copy into freed memory
+        with self._handoff:
+            pending, self._snapshot = self._snapshot, None
+        if pending is not None:  # only after an error: do not leave a copy into freed memory
             with contextlib.suppress(BaseException):
-                self._snapshot[0].join()
-            self._snapshot = None
+                pending[0].join()
         if self._writer is not None:
             self._writer.close()
         if self._staging is not None:
@@ -361,6 +386,18 @@ def _raise_any(errors: list[str | None]) -> None:
     messages = [e for e in errors if e]
     if messages:
         raise CheckpointError(messages[0])
+
+
+def _weak_handoff(ckpt: Checkpointer) -> Callable[[Snapshot], None]:
+    """The copy thread's hand-off, not keeping the Checkpointer alive."""
+    ref = weakref.ref(ckpt)
+
+    def handoff(snapshot: Snapshot) -> None:
+        target = ref()
+        if target is not None:
+            target._handoff_from_copy_thread(snapshot)
+
+    return handoff
 
 
 def _weak_finalizer(ckpt: Checkpointer) -> Any:

@@ -26,6 +26,7 @@ writing a checkpoint that mixes two steps.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -52,8 +53,11 @@ def copy_pairs(pairs: Pairs, non_blocking: bool = False) -> None:
 class Snapshot:
     """The deferred copy of one save, in flight until ``join``. Not re-entrant."""
 
-    def __init__(self, pairs: Pairs, pinned: bool) -> None:
+    def __init__(
+        self, pairs: Pairs, pinned: bool, on_copied: Callable[[Snapshot], None] | None = None
+    ) -> None:
         self.error: BaseException | None = None
+        self._on_copied = on_copied  # CPU only: called by the copy thread after a clean copy
         self._versions = [(src, src._version) for _, src in pairs]  # see "The contract" above
         self._checked = False
         self._copied = threading.Event()
@@ -84,10 +88,18 @@ class Snapshot:
     def _copy(self, pairs: Pairs) -> None:
         try:
             copy_pairs(pairs)
+            if self._event is None:
+                # Checked once the copy has read everything: an in-place change after this
+                # point cannot tear the snapshot, one before it shows in the version counters.
+                self._check_untouched()
         except BaseException as exc:  # surfaced by join(), on the training thread
             self.error = exc
         finally:
             self._copied.set()
+        if self.error is None and self._on_copied is not None:
+            # hand the save to the writer now rather than at the next optimizer.step(): under
+            # back-pressure the write would otherwise start a forward and backward pass late
+            self._on_copied(self)
 
     def protect(self) -> None:
         """Before the live tensors change: the copy must have read them (CPU: wait for it;

@@ -17,7 +17,7 @@ import mmap
 import os
 import tempfile
 from collections import OrderedDict
-from collections.abc import Set
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,10 +147,16 @@ class Staging:
             end = min(self.size, start + (1 << 26))
             self._view[start:end] = bytes(end - start)
 
-    def copy_from(self, tensors: list[torch.Tensor], defer: Set[int] = frozenset()) -> Snapshot | None:
+    def copy_from(
+        self,
+        tensors: list[torch.Tensor],
+        defer: Set[int] = frozenset(),
+        on_copied: Callable[[Snapshot], None] | None = None,
+    ) -> Snapshot | None:
         """The stall of an asynchronous save: grouped copies into the staging views. Tensors
         whose storage address is in ``defer`` are copied by the returned ``Snapshot`` instead,
-        alongside the next training step (see ``trainguard.torch.snapshot``)."""
+        alongside the next training step (see ``trainguard.torch.snapshot``), which calls
+        ``on_copied`` from its copy thread once the staging buffer holds them."""
         now: Pairs = []
         later: Pairs = []
         for dst, src in zip(self.views, tensors, strict=True):
@@ -161,7 +167,7 @@ class Staging:
         if device:
             copy_pairs(device, non_blocking=self._pinned)
             torch.cuda.synchronize()
-        return Snapshot(later, self._pinned) if later else None
+        return Snapshot(later, self._pinned, on_copied) if later else None
 
     def close(self) -> None:
         if self._pinned:
