@@ -140,3 +140,25 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_when_no_standby_can_start_the_ranks_start_cold_and_the_pool_lives_on(tmp_path):
+    # exec of a standby can fail (EFAULT, EAGAIN, ENOMEM): the agent must get None, never wait.
+    from trainguard.supervisor.warm import WarmPool
+
+    pool = WarmPool(preload=(), refill_delay_s=0.0)
+
+    def cannot_start() -> subprocess.Popen[bytes]:
+        raise OSError(14, "Bad address")
+
+    pool._spawn = cannot_start  # type: ignore[method-assign]
+    try:
+        pool.fill(2)
+        script = tmp_path / "train.py"
+        script.write_text("")
+        for _ in range(2):  # the spawner thread survived the first failure
+            assert pool.start("trainer", sys.executable, {0: (str(script),)}, {0: {}}, None) is None
+        assert pool._spawner.is_alive()
+    finally:
+        pool.close()
+    assert not pool._spawner.is_alive()

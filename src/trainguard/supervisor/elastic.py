@@ -116,7 +116,9 @@ class GuardedAgent(LocalElasticAgent):
         entrypoint, args = kwargs["entrypoint"], kwargs["args"]
         plain = kwargs.get("numa_options") is None and not kwargs.get("log_line_prefixes")
         if self._pool is not None and plain and self._pool.can_run(entrypoint, args[0]):
-            return self._pool.start(kwargs["name"], entrypoint, args, kwargs["envs"], kwargs["logs_specs"])
+            warm = self._pool.start(kwargs["name"], entrypoint, args, kwargs["envs"], kwargs["logs_specs"])
+            if warm is not None:
+                return warm
         if isinstance(entrypoint, str) and sys.platform == "linux":
             wrapped = {
                 lr: ("-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), entrypoint, *a) for lr, a in args.items()

@@ -80,8 +80,14 @@ class WarmPool:
         self._idle: list[subprocess.Popen[bytes]] = []
         self._lock = threading.Lock()
         self._requests: queue.Queue[tuple[str, int] | None] = queue.Queue()
-        self._spawned: queue.Queue[subprocess.Popen[bytes]] = queue.Queue()
+        self._spawned: queue.Queue[subprocess.Popen[bytes] | OSError] = queue.Queue()
         self._closed = False
+        # Our own copy of the environment, taken before the spawner thread exists. Popen with no
+        # env hands the C ``environ`` to a vfork'd child; torchrun's main thread sets
+        # OMP_NUM_THREADS meanwhile, setenv may move that array, and exec fails with EFAULT.
+        # (A standby's environment at start only matters for its imports: the rank's arrives
+        # with the job.)
+        self._env = dict(os.environ)
         self._spawner = threading.Thread(target=self._serve, name="trainguard-standby-spawner", daemon=True)
         self._spawner.start()
 
@@ -99,10 +105,20 @@ class WarmPool:
         args: dict[int, tuple[Any, ...]],
         envs: dict[int, dict[str, str]],
         logs_specs: Any,
-    ) -> WarmContext:
+    ) -> WarmContext | None:
+        """The ranks started from standbys; None when no standby could be had (start them cold)."""
+        taken: list[subprocess.Popen[bytes]] = []
+        try:
+            for _ in args:
+                taken.append(self._take())
+        except OSError as e:
+            log.warning("%s: no warm standby (%s); starting the workers cold", role, e)
+            for proc in taken:
+                _kill(proc)
+            return None
         dest = logs_specs.reify(envs)  # also sets TORCHELASTIC_ERROR_FILE in each env
         handlers: dict[int, _Handle] = {}
-        for lr in sorted(args):
+        for lr, proc in zip(sorted(args), taken, strict=True):
             env = {**os.environ, **{k: str(v) for k, v in envs[lr].items() if v is not None}}
             job = {
                 "argv": _script_argv(args[lr]),
@@ -111,7 +127,6 @@ class WarmPool:
                 "stdout": dest.stdouts[lr],
                 "stderr": dest.stderrs[lr],
             }
-            proc = self._take()
             assert proc.stdin is not None
             proc.stdin.write((json.dumps(job) + "\n").encode())
             proc.stdin.close()
@@ -127,20 +142,21 @@ class WarmPool:
         self._spawner.join(10)
         with self._lock:
             for p in self._idle:
-                with contextlib.suppress(OSError):
-                    p.kill()
-                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                    p.wait(5)
+                _kill(p)
             self._idle = []
 
     def _take(self) -> subprocess.Popen[bytes]:
+        """An idle standby, else a fresh one; OSError when none can be started."""
         with self._lock:
             while self._idle:
                 p = self._idle.pop(0)
                 if p.poll() is None:
                     return p
         self._requests.put(("one", 1))  # none idle: a standby for the caller, cold
-        return self._spawned.get()
+        spawned = self._spawned.get()
+        if isinstance(spawned, OSError):
+            raise spawned
+        return spawned
 
     def _schedule_refill(self, n: int) -> None:
         # Later, not now: two fresh interpreters importing torch would slow the restarted ranks.
@@ -162,12 +178,18 @@ class WarmPool:
             if what == "later":  # the newest refill replaces a pending one
                 refill_at, refill_n = time.monotonic() + self.refill_delay_s, n
             elif what == "one":
-                self._spawned.put(self._spawn())
+                try:
+                    self._spawned.put(self._spawn())
+                except OSError as e:  # the caller starts its ranks cold; this thread lives on
+                    self._spawned.put(e)
             else:
                 with self._lock:
                     self._idle = [p for p in self._idle if p.poll() is None]
-                    while len(self._idle) < n and not self._closed:
-                        self._idle.append(self._spawn())
+                    try:
+                        while len(self._idle) < n and not self._closed:
+                            self._idle.append(self._spawn())
+                    except OSError as e:
+                        log.warning("could not start a warm standby: %s", e)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "trainguard.supervisor.standby", *self.preload]
@@ -177,7 +199,15 @@ class WarmPool:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            env=self._env,
         )
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        proc.kill()
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        proc.wait(5)
 
 
 def _is_python(entrypoint: str) -> bool:
