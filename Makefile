@@ -35,10 +35,10 @@ unit: $(STAMP)
 unit-all: $(STAMP)
 	$(BIN)/pytest -q -m "not gpu"
 
-# Debian's chromium, chromium-driver and prometheus (needs root); the tests skip, naming what is
-# missing, where apt-get cannot install them.
+# Debian's chromium, chromium-driver, prometheus and strace (power-loss crash states; needs root);
+# the tests skip, naming what is missing, where apt-get cannot install them.
 integration-deps:
-	(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver prometheus) \
+	(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver prometheus strace) \
 		|| echo "apt-get failed: the integration tests will skip what is missing"
 
 test-integration: $(STAMP) integration-deps

@@ -10,6 +10,8 @@ are killed, listed, and fail the run.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import signal
 import time
@@ -78,6 +80,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # multiprocessing's forkserver and resource tracker serve this pytest process and end when it
+    # does (they read a pipe to it); stop them now so that only real leaks remain.
+    multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
+    multiprocessing.resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
     mark = os.environ.get(MARK_VAR, "")
     # The session's temporary directory, if a test asked for one (never create it here).
     basetemp = getattr(getattr(session.config, "_tmp_path_factory", None), "_basetemp", None)

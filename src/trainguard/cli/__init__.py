@@ -40,13 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"trainguard.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"trainguard.cli.{name}":
-                continue  # not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"trainguard.cli.{name}").register(sub)
     return parser
 
 
