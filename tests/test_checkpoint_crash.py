@@ -38,7 +38,9 @@ def test_sigkilled_saves_always_resume_from_a_valid_checkpoint_and_flips_are_det
     result = json.loads(out.stdout)
     assert result["kills"] == 11  # 10 savers, 1 background writer
     assert result["valid_resumes"] == 11, result["problems"]
-    assert result["async_errors_raised"] == 1
+    # Whether the writer dies before or after its save landed is up to the kill's random delay:
+    # either way the resume is valid (asserted above); the error surfacing is in test_checkpoint_torch.
+    assert result["async_errors_raised"] <= 1
     assert all(c["detected"] == c["tried"] == 10 for c in result["corruptions"].values())
     assert result["power_loss_bad_resumes"] == 0 and result["bad_resumes"] == 0
     assert out.returncode == 0

@@ -72,6 +72,7 @@ class Agreement:
         self._wall = time.time() - time.perf_counter()  # arrival perf_counter -> unix time
         self._host: dict[tuple[int, str], torch.Tensor] = {}  # pinned buffers, reused
         self._cpu: dict[int, tuple[Any, struct.Struct, torch.Tensor]] = {}  # host windows, by size
+        self._settled: tuple[Any, ...] = ()  # the works of the window settled last (see settle)
 
     def choose_device(self, loss: Any) -> None:
         """Where windows are packed, from the first loss: None for host values in one process."""
@@ -160,7 +161,18 @@ class Agreement:
         """Wait for the collectives of ``job`` (before its buffer is read or reused)."""
         for w in job.works:
             w.wait()
-        job.works = ()
+        # Hold the handles until the next window settles (or `release`). gloo's worker thread
+        # drops its own reference just after it wakes us; were it the last, the work would be
+        # destroyed there, which takes the GIL. Should the main thread (holding the GIL) destroy
+        # the process group then, which joins that thread, the rank never exits.
+        self._settled, job.works = job.works, ()
+
+    def release(self) -> None:
+        """Drop the handles `settle` kept, once gloo's thread is surely done with them: they must
+        not outlive the process group (its threads would be destroyed unjoined at exit)."""
+        if self._settled:
+            time.sleep(0.01)  # lets gloo's thread, woken with us, drop its references first
+            self._settled = ()
 
     def _launch_host(self, job: _Launched) -> None:
         """Pack a window of host values with no tensor op: the values are read (``item()`` on a

@@ -185,6 +185,7 @@ class Guard:
             self.close()
 
     def close(self) -> None:
+        self._window.agreement.release()
         if self._watchdog is not None:
             self._watchdog.stop()
         if self._preempt is not None:
