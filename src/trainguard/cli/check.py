@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainguard.cli.options import add_config_args, thresholds
+from trainguard.cli.options import add_config_args, thresholds, usage_errors_exit
 from trainguard.detect.thresholds import Thresholds
 from trainguard.errors import BackendUnavailable, TrainguardError
 from trainguard.records import Health, NodeVerdict
@@ -50,21 +50,7 @@ def register(subparsers: Any) -> None:
     )
     add_config_args(p)
 
-    def usage_error(message: str) -> None:  # a probe must not read a typo as "failed" (2)
-        p.print_usage(sys.stderr)
-        p.exit(COULD_NOT_CHECK, f"trainguard check: error: {message}\n")
-
-    parse_known = p.parse_known_args
-
-    def parse_strict(args: Any = None, namespace: Any = None) -> Any:
-        # The top-level parser would reject leftovers with exit 2; reject them here, with 3.
-        ns, extras = parse_known(args, namespace)
-        if extras:
-            usage_error(f"unrecognized arguments: {' '.join(extras)}")
-        return ns, extras
-
-    p.error = usage_error
-    p.parse_known_args = parse_strict
+    usage_errors_exit(p, COULD_NOT_CHECK)
     p.set_defaults(func=run)
 
 

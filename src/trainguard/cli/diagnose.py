@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainguard.cli.options import usage_errors_exit
 from trainguard.errors import BackendError, ConfigError, InputError, TrainguardError
 from trainguard.rundir import atomic_write_bytes
 
@@ -51,21 +52,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--list-tests", action="store_true", help="name the tests and exit")
     p.add_argument("--list-scenarios", action="store_true", help="the simulated scenarios and exit")
 
-    def usage_error(message: str) -> None:  # a gate must not read a typo as "failed" (2)
-        p.print_usage(sys.stderr)
-        p.exit(COULD_NOT_RUN, f"trainguard diagnose: error: {message}\n")
-
-    parse_known = p.parse_known_args
-
-    def parse_strict(args: Any = None, namespace: Any = None) -> Any:
-        # The top-level parser would reject leftovers with exit 2 ("fail"); reject them here, with 3.
-        ns, extras = parse_known(args, namespace)
-        if extras:
-            usage_error(f"unrecognized arguments: {' '.join(extras)}")
-        return ns, extras
-
-    p.error = usage_error
-    p.parse_known_args = parse_strict
+    usage_errors_exit(p, COULD_NOT_RUN)
     p.set_defaults(func=run)
 
 
