@@ -130,11 +130,31 @@ def test_a_wedged_gpu_fails_its_test_and_the_run_goes_on():
     assert report.extra["wedged"] == {1: "compute did not finish"}
 
 
+@pytest.mark.parametrize(
+    ("model", "healthy_gbps"), [("NVIDIA H100 80GB HBM3", 360.0), ("NVIDIA A100 80GB PCIe", 25.2032)]
+)
+def test_a_simulated_link_runs_at_its_models_rate_and_a_slow_link_at_its_share(model, healthy_gbps):
+    from trainguard.diagnose.interconnect import measure_interconnect
+
+    fleet = SimFleet(n_gpus=3, load=0.0, model=model)
+    fleet.now().slow_link(gpu=2, fraction=0.25)
+    target = open_target("sim", fleet=fleet)
+    try:
+        per_gpu, ring = measure_interconnect(target.devices, 2**16, 2, timeout_s=30.0)
+    finally:
+        target.close()
+    # Pairs 0-1 run at the healthy rate; every pair with GPU 2 waits for its link, as does the ring.
+    assert per_gpu == pytest.approx({0: healthy_gbps, 1: healthy_gbps, 2: healthy_gbps / 4}, rel=1e-9)
+    assert ring == pytest.approx(healthy_gbps / 4, rel=1e-9)
+
+
 def test_a_hung_collective_fails_interconnect_within_the_watchdog(monkeypatch):
     fleet = SimFleet(n_gpus=2, load=0.0)
     target = open_target("sim", fleet=fleet)
     release = threading.Event()
-    monkeypatch.setattr(target.devices[1], "link_seconds", lambda wall, cpu: release.wait(5) or wall)
+    monkeypatch.setattr(
+        target.devices[1], "link_seconds", lambda nbytes, ranks, wall: release.wait(5) or wall
+    )
     budget = budget_for(2, "sim", allreduce_bytes=2**16, allreduce_iters=2, timeout_s=1.0)
     try:
         report = run_diagnostics(target, 2, tests=["interconnect"], budget=budget)

@@ -43,9 +43,9 @@ class Device(Protocol):
     def write(self, dst: Any, src: Any) -> None:
         """Store ``src`` (a tensor or a scalar) into ``dst`` in device memory."""
 
-    def link_seconds(self, wall_s: float, cpu_s: float) -> float:
-        """How long collectives took on this device's link, given their wall time and the CPU
-        time the process spent on them: the wall time on real devices."""
+    def link_seconds(self, nbytes: int, ranks: int, wall_s: float) -> float:
+        """How long an all-reduce of ``nbytes`` among ``ranks`` took on this device's link, given
+        its wall time: the wall time on real devices."""
 
     def busy(self) -> AbstractContextManager[None]:
         """The span during which the device is under test load."""

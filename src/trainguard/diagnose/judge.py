@@ -17,7 +17,6 @@ from trainguard.records import Sample, Throttle
 
 __all__ = [
     "PEER_FLOOR",
-    "SHARED_HOST_FLOOR",
     "ThermalTrace",
     "judge_against_peers",
     "judge_interconnect",
@@ -33,9 +32,6 @@ PEER_FLOOR: dict[str, tuple[float, float]] = {
     "memory_bandwidth": (0.75, 0.5),
     "interconnect": (0.75, 0.5),
 }
-# Devices that share the host's CPU (the CPU device, simulated GPUs): real transfers through gloo
-# on a busy host vary by about a third from pair to pair, so only a much slower link counts.
-SHARED_HOST_FLOOR: dict[str, tuple[float, float]] = {**PEER_FLOOR, "interconnect": (0.5, 0.4)}
 
 
 def _grade(ratio: float, floors: tuple[float, float]) -> Verdict:
@@ -51,7 +47,6 @@ def judge_against_peers(
     peak_floor: tuple[float, float] = PEAK_FLOOR["fp32"],
     own_reference: float | None = None,
     detail: dict[int, str] | None = None,
-    floors: dict[str, tuple[float, float]] = PEER_FLOOR,
 ) -> dict[int, TestResult]:
     """Each GPU's figure against the median of the others, the model's peak (when known) and,
     with a single device, ``own_reference`` (the same figure from a plain loop on this machine)."""
@@ -62,7 +57,7 @@ def judge_against_peers(
         if others:
             ref = statistics.median(others)
             ratio = value / ref if ref > 0 else 1.0
-            verdicts.append(_grade(ratio, floors[name]))
+            verdicts.append(_grade(ratio, PEER_FLOOR[name]))
             reasons.append(f"{ratio:.0%} of peers ({ref:.4g} {unit})")
             expected = ref
         top = (peak or {}).get(gpu)
@@ -129,14 +124,11 @@ def judge_pattern(bad_bytes: int, total_bytes: int, patterns: int) -> TestResult
     return TestResult.ok("memory_pattern", 0, 0, "bad bytes", f"{where} read back intact")
 
 
-def judge_interconnect(
-    per_gpu: dict[int, float], ring_busbw: float | None, n: int, shared_host: bool = False
-) -> dict[int, TestResult]:
+def judge_interconnect(per_gpu: dict[int, float], ring_busbw: float | None, n: int) -> dict[int, TestResult]:
     """Each GPU's best pairwise bus bandwidth against its peers; the all-GPU ring's figure is context."""
     ring = f"all-reduce over {n} GPUs: {ring_busbw:.3g} GB/s busbw" if ring_busbw else ""
     detail = dict.fromkeys(per_gpu, ring) if ring else None
-    floors = SHARED_HOST_FLOOR if shared_host else PEER_FLOOR
-    results = judge_against_peers("interconnect", per_gpu, "GB/s", detail=detail, floors=floors)
+    results = judge_against_peers("interconnect", per_gpu, "GB/s", detail=detail)
     for gpu, r in results.items():
         if r.verdict is Verdict.FAIL:
             results[gpu] = TestResult(

@@ -120,7 +120,7 @@ def interconnect(run: _Run) -> None:
     )
     if value is not None:
         per_gpu, ring = value
-        decided = judge.judge_interconnect(per_gpu, ring, len(live), shared_host=live[0].kind != "cuda")
+        decided = judge.judge_interconnect(per_gpu, ring, len(live))
     skipped = {
         d.index: TestResult.skip("interconnect", "GPU wedged earlier") for d in run.devices if d not in live
     }

@@ -7,8 +7,9 @@ It does the real work on the CPU, then does to it what the fleet's faults do to 
   the CPU time of the work (``clock()``), so other load on the host does not skew it;
 - ``WrongProducts`` flips a bit in that share of its matrix products;
 - ``HbmCorruption`` flips bits in what is written to its memory;
-- ``SlowLink`` stretches the time of every collective it takes part in to the capped bandwidth
-  (a simulated link's time is the CPU time of the transfer, see ``link_seconds``);
+- its link moves data at its model's rate (``profiles.link_gbps``): the collective's bytes really
+  travel between threads through gloo, but the time charged is what they take on the simulated
+  NVLink, since the host's loopback says nothing about it; ``SlowLink`` caps that rate;
 - ``busy()`` raises the GPU's load in the fleet, so heat builds up as it would (``HotUnderLoad``).
 
 The tests see only the computed tensors and the time they took, as on real hardware.
@@ -35,10 +36,15 @@ import torch
 from trainguard.diagnose.torch_device import TorchDevice
 from trainguard.records import Sample
 from trainguard.telemetry.sim import SimFleet, state
+from trainguard.telemetry.sim.profiles import link_gbps
 
 __all__ = ["SimDevice"]
 
 C = TypeVar("C")
+
+# The share of a link's one-way rate that NCCL's ring all-reduce reaches as bus bandwidth
+# (8 x H100 SXM: ~360 GB/s of 450 in nccl-tests).
+LINK_EFFICIENCY = 0.8
 
 
 class SimDevice(TorchDevice):
@@ -102,12 +108,13 @@ class SimDevice(TorchDevice):
             with self._lock:
                 self._flip_bits(dst, int(expected + self._rng.random()))
 
-    def link_seconds(self, wall_s: float, cpu_s: float) -> float:
-        """Every rank of a simulated collective is a thread of this process: the link's time is the
-        CPU time the transfer cost (a busy host stretches wall time, not that), stretched by a
-        ``SlowLink``; the partners wait for it (a collective's time is its slowest rank's)."""
+    def link_seconds(self, nbytes: int, ranks: int, wall_s: float) -> float:
+        """The time a ring all-reduce of ``nbytes`` among ``ranks`` spends on this GPU's link: each
+        rank sends ``2 (n - 1) / n`` of the buffer, at the rate NCCL reaches on the link (the
+        partners wait for the slowest link: the caller takes the slowest rank's time)."""
         link = self._active(state.SlowLink)
-        return cpu_s / max(link.fraction, 1e-3) if link is not None else cpu_s
+        rate = LINK_EFFICIENCY * link_gbps(self.fleet.profile) * 1e9 * (link.fraction if link else 1.0)
+        return nbytes * 2 * (ranks - 1) / ranks / rate
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:

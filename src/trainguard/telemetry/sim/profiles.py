@@ -13,7 +13,17 @@ from typing import Any
 
 from trainguard.records import RecoveryAction
 
-__all__ = ["PROFILES", "GpuProfile", "Quirks", "baseline", "pci_address", "profile_for", "serial", "uuid"]
+__all__ = [
+    "PROFILES",
+    "GpuProfile",
+    "Quirks",
+    "baseline",
+    "link_gbps",
+    "pci_address",
+    "profile_for",
+    "serial",
+    "uuid",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +70,19 @@ def profile_for(model: str) -> GpuProfile:
     if model in PROFILES:
         return PROFILES[model]
     return dataclasses.replace(PROFILES["NVIDIA H100 80GB HBM3"], name=model)
+
+
+# GB/s (1e9) one way: an NVLink of generations 3 and 4 moves 25; a PCIe lane per generation.
+_NVLINK_GBPS = 25.0
+_PCIE_LANE_GBPS = {3: 0.985, 4: 1.969, 5: 3.938}
+
+
+def link_gbps(p: GpuProfile) -> float:
+    """The one-way bandwidth of the GPU's link to its peers: its NVLinks together, else its PCIe
+    slot (an H100 SXM: 18 x 25 = 450 GB/s; an A100 PCIe: Gen4 x16, 31.5 GB/s)."""
+    if p.nvlinks:
+        return p.nvlinks * _NVLINK_GBPS
+    return _PCIE_LANE_GBPS.get(p.pcie_gen_max, _PCIE_LANE_GBPS[4]) * p.pcie_width_max
 
 
 def pci_address(index: int) -> str:
