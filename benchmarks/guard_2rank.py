@@ -34,8 +34,8 @@ def thread_cpu_s(name: str) -> float | None:
 def _rank(rank: int, port: int, rounds: int, block: int, batch: int, out: Any) -> None:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
+    from guard_loop import bare_steps, guarded_steps
     from trainguard.demo.train_digits import DigitsCNN
     from trainguard.torch.guard import Guard
 
@@ -47,34 +47,13 @@ def _rank(rank: int, port: int, rounds: int, block: int, batch: int, out: Any) -
     opt = torch.optim.Adam(model.parameters(), lr=1e-5)
     data = [(torch.rand(batch, 1, 8, 8), torch.randint(0, 10, (batch,))) for _ in range(16)]
 
-    def bare(n: int) -> tuple[float, float]:
-        t0, w0 = time.thread_time(), time.perf_counter()
-        for i in range(n):
-            x, y = data[i % len(data)]
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return time.thread_time() - t0, time.perf_counter() - w0
+    inside = [0.0]  # thread CPU time inside the Guard's calls (the clock reads, in the bare loop)
 
-    inside = [0.0]  # thread CPU time inside the Guard's calls
+    def bare(n: int) -> tuple[float, float]:
+        return bare_steps(model, opt, data, n, inside)
 
     def guarded(guard: Guard, n: int) -> tuple[float, float]:
-        step = guard.last_step + 1 if guard.last_step is not None else 0
-        t0, w0 = time.thread_time(), time.perf_counter()
-        for i in range(n):
-            x, y = data[i % len(data)]
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            g0 = time.thread_time()
-            action = guard.step(step, loss)
-            inside[0] += time.thread_time() - g0
-            if action == "proceed":
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-            g1 = time.thread_time()
-            step = guard.end_step(step)
-            inside[0] += time.thread_time() - g1
-        return time.thread_time() - t0, time.perf_counter() - w0
+        return guarded_steps(guard, model, opt, data, n, inside)
 
     cpu, wall = [], []
     bare_cpu = 0.0
@@ -88,9 +67,14 @@ def _rank(rank: int, port: int, rounds: int, block: int, batch: int, out: Any) -
             inside[0] = 0.0
             for r in range(rounds):
                 if r % 2 == 0:
-                    b, g = bare(block), guarded(guard, block)
+                    before = inside[0]
+                    b, clocks = bare(block), inside[0] - before
+                    g = guarded(guard, block)
                 else:
-                    g, b = guarded(guard, block), bare(block)
+                    g = guarded(guard, block)
+                    before = inside[0]
+                    b, clocks = bare(block), inside[0] - before
+                inside[0] -= 2 * clocks  # what reading the clocks costs, once in each loop
                 cpu.append((g[0] - b[0]) / b[0])
                 bare_cpu += b[0]
                 wall.append((g[1] - b[1]) / b[1])
@@ -104,6 +88,8 @@ def _rank(rank: int, port: int, rounds: int, block: int, batch: int, out: Any) -
                 "cpu": cpu,
                 "wall": wall,
                 "direct": inside[0] / bare_cpu,
+                "bare_step_ms": bare_cpu / (rounds * block) * 1e3,
+                "guard_step_us": inside[0] / (rounds * block) * 1e6,
                 "watchdog_cpu_s": dog,
                 "elapsed_s": elapsed,
                 "mode": mode,

@@ -131,7 +131,8 @@ def test_a_store_with_enough_failures_still_claims_nothing_it_cannot_know():
 
 def test_job_time_leaves_out_the_idle_hours_between_jobs():
     from trainguard.incidents.goodput import JobInfo
-    from trainguard.reliability.store_predict import job_hours, job_spans
+    from trainguard.reliability.fleet import job_spans
+    from trainguard.reliability.store_predict import job_hours
 
     jobs = [
         JobInfo(job="a", started=0.0, ended=10 * HOUR),

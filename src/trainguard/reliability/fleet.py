@@ -44,8 +44,9 @@ def laplace_trend(times: Sequence[float], start: float, end: float) -> float | N
     return (sum(t - start for t in times) / n - span / 2.0) / (span * math.sqrt(1.0 / (12.0 * n)))
 
 
-def observed_span(jobs: Iterable[JobInfo], incidents: Sequence[Incident]) -> tuple[float, float, float]:
-    """(first, last, seconds covered by at least one job) over the store."""
+def job_spans(jobs: Iterable[JobInfo], incidents: Sequence[Incident]) -> list[tuple[float, float]]:
+    """The union of the jobs' wall-clock spans, merged and sorted (a job still running ends at its
+    last incident)."""
     spans = []
     for j in jobs:
         end = (
@@ -55,21 +56,24 @@ def observed_span(jobs: Iterable[JobInfo], incidents: Sequence[Incident]) -> tup
         )
         if j.started is not None and end is not None and end > j.started:
             spans.append((j.started, end))
+    merged: list[tuple[float, float]] = []
+    for s, e in sorted(spans):
+        if merged and s <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+        else:
+            merged.append((s, e))
+    return merged
+
+
+def observed_span(jobs: Iterable[JobInfo], incidents: Sequence[Incident]) -> tuple[float, float, float]:
+    """(first, last, seconds covered by at least one job) over the store; with no job spans, the
+    incidents' own span."""
+    spans = job_spans(jobs, incidents)
     if not spans and len(incidents) >= 2:
         spans = [(min(i.time for i in incidents), max(i.time for i in incidents))]
-    covered, cur_start, cur_end = 0.0, None, None
-    for s, e in sorted(spans):
-        if cur_end is None or s > cur_end:
-            if cur_end is not None and cur_start is not None:
-                covered += cur_end - cur_start
-            cur_start, cur_end = s, e
-        else:
-            cur_end = max(cur_end, e)
-    if cur_end is not None and cur_start is not None:
-        covered += cur_end - cur_start
-    first = min((s for s, _ in spans), default=0.0)
-    last = max((e for _, e in spans), default=0.0)
-    return first, last, covered
+    if not spans:
+        return 0.0, 0.0, 0.0
+    return spans[0][0], spans[-1][1], sum(e - s for s, e in spans)
 
 
 def gpu_key(inc: Incident) -> str | None:

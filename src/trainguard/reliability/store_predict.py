@@ -35,6 +35,7 @@ from trainguard.incidents.goodput import JobInfo
 from trainguard.incidents.incident import Incident
 from trainguard.incidents.taxonomy import RootCause as RC
 from trainguard.reliability import need
+from trainguard.reliability.fleet import job_spans
 from trainguard.reliability.predict import (
     Design,
     boosting_risk,
@@ -59,26 +60,6 @@ TELEMETRY = (
     "the store keeps no telemetry series; telemetry enters as the findings the node agent "
     "recorded as incidents (detected_by=telemetry) and their categories"
 )
-
-
-def job_spans(jobs: Sequence[JobInfo], incidents: Sequence[Incident]) -> list[tuple[float, float]]:
-    """The union of the jobs' wall-clock spans, merged and sorted."""
-    spans = []
-    for j in jobs:
-        end = (
-            j.ended
-            if j.ended is not None
-            else max((i.time for i in incidents if i.job == j.job), default=None)
-        )
-        if j.started is not None and end is not None and end > j.started:
-            spans.append((j.started, end))
-    merged: list[tuple[float, float]] = []
-    for s, e in sorted(spans):
-        if merged and s <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
-        else:
-            merged.append((s, e))
-    return merged
 
 
 def job_hours(spans: Sequence[tuple[float, float]], t: float) -> float:

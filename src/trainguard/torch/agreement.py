@@ -40,6 +40,7 @@ class Window(NamedTuple):  # a NamedTuple: built on every check, it must be chea
     waits: tuple[float, ...] | None  # this rank's wait for the slowest rank; None without peers
     preempt: bool  # some rank was asked to stop
     sources: tuple[tuple[int, ...], ...]  # per step: the ranks whose own loss was non-finite
+    step_s: float | None = None  # agreed seconds per step (the latest arrivals); None without peers
 
 
 @dataclass(slots=True)
@@ -73,6 +74,7 @@ class Agreement:
         self._host: dict[tuple[int, str], torch.Tensor] = {}  # pinned buffers, reused
         self._cpu: dict[int, tuple[Any, struct.Struct, torch.Tensor]] = {}  # host windows, by size
         self._settled: tuple[Any, ...] = ()  # the works of the window settled last (see settle)
+        self._opts: dict[Any, Any] = {}  # reduce op -> AllreduceOptions, reused
 
     def choose_device(self, loss: Any) -> None:
         """Where windows are packed, from the first loss: None for host values in one process."""
@@ -112,8 +114,8 @@ class Agreement:
                 self._wall = time.time() - time.perf_counter()  # follow NTP slewing
                 stamps = torch.tensor([e[3] + self._wall for e in entries], dtype=torch.float64)
                 arrivals = self._to_device(stamps, device, "arrivals")
-                works.append(dist.all_reduce(packed, async_op=True))
-                works.append(dist.all_reduce(arrivals, op=dist.ReduceOp.MAX, async_op=True))
+                works.append(self._all_reduce(packed, dist.ReduceOp.SUM))
+                works.append(self._all_reduce(arrivals, dist.ReduceOp.MAX))
             if device.type == "cuda":
                 for w in works:
                     w.wait()  # NCCL: the current stream waits for the collective; the CPU does not
@@ -144,18 +146,19 @@ class Agreement:
         values = job.packed.tolist()
         sums, present, flags = values[:n], values[n : 2 * n], values[2 * n : 3 * n]
         losses = tuple(s / p if p > 0 else None for s, p in zip(sums, present, strict=True))
-        waits = None
+        waits = step_s = None
+        latest: list[float] | None = None  # per step, the last rank's arrival: the same on every rank
         if job.slots:
             base, world = (3 + self._groups) * n + 1, self.world
-            waits = tuple(
-                max(0.0, max(values[base + i * world : base + (i + 1) * world]) - (e[3] + self._wall))
-                for i, e in enumerate(entries)
-            )
+            latest = [max(values[base + i * world : base + (i + 1) * world]) for i in range(n)]
         elif job.arrivals is not None:
             latest = job.arrivals.tolist()
+        if latest is not None:
             waits = tuple(max(0.0, t - (e[3] + self._wall)) for t, e in zip(latest, entries, strict=True))
+            step_s = (latest[-1] - latest[0]) / (n - 1) if n > 1 else None
         sources = _decode_masks(values[3 * n + 1 :], n, self._groups)
-        return Window(steps, losses, tuple(f > 0 for f in flags), dts, waits, values[3 * n] > 0, sources)
+        flagged = tuple(f > 0 for f in flags)
+        return Window(steps, losses, flagged, dts, waits, values[3 * n] > 0, sources, step_s)
 
     def settle(self, job: _Launched) -> None:
         """Wait for the collectives of ``job`` (before its buffer is read or reused)."""
@@ -198,7 +201,7 @@ class Agreement:
         own, bit = 3 * n + 1 + rank // MASK_BITS, float(2 ** (rank % MASK_BITS))
         self._wall = time.time() - time.perf_counter()  # follow NTP slewing
         for i, e in enumerate(entries):
-            value = host_value(e[1])
+            value = e[1] if type(e[1]) is float else host_value(e[1])  # a float: LossWindow.take
             if value is not None:
                 values[i], values[n + i] = value, 1.0
                 if not math.isfinite(value):
@@ -214,11 +217,22 @@ class Agreement:
         works: list[Any] = []
         arrivals = None
         if world > 1:
-            works.append(dist.all_reduce(packed, async_op=True))
+            works.append(self._all_reduce(packed, dist.ReduceOp.SUM))
             if not slots:
                 arrivals = torch.tensor([e[3] + self._wall for e in entries], dtype=torch.float64)
-                works.append(dist.all_reduce(arrivals, op=dist.ReduceOp.MAX, async_op=True))
+                works.append(self._all_reduce(arrivals, dist.ReduceOp.MAX))
         job.packed, job.arrivals, job.works, job.slots = packed, arrivals, tuple(works), slots and world > 1
+
+    def _all_reduce(self, t: torch.Tensor, op: Any) -> Any:
+        """An asynchronous all-reduce on the default group, straight to the process group:
+        ``dist.all_reduce``'s argument checks cost more CPU than the Guard's whole check."""
+        opts = self._opts.get(op)
+        if opts is None:
+            opts = self._opts[op] = dist.AllreduceOptions()
+            opts.reduceOp = op
+            if hasattr(opts, "asyncOp"):  # torch >= 2.8 tells the backend the caller waits later
+                opts.asyncOp = True
+        return dist.group.WORLD.allreduce([t], opts)
 
     def _device(self, entries: list[tuple[int, Any, float, float, Any]]) -> torch.device | None:
         if self.world > 1 and self.backend == "nccl":
@@ -248,12 +262,15 @@ class Agreement:
 
 
 def _decode_masks(values: list[float], n: int, groups: int) -> tuple[tuple[int, ...], ...]:
+    if not any(values):  # the common case: every rank's losses were finite
+        return ((),) * n
     out = []
     for i in range(n):
         ranks: list[int] = []
         for g in range(groups):
             bits = int(values[i * groups + g])
-            ranks += [g * MASK_BITS + b for b in range(MASK_BITS) if bits >> b & 1]
+            if bits:
+                ranks += [g * MASK_BITS + b for b in range(MASK_BITS) if bits >> b & 1]
         out.append(tuple(ranks))
     return tuple(out)
 

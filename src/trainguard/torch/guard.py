@@ -107,6 +107,7 @@ class Guard:
         backend = dist.get_backend() if world else None
         self._window = LossWindow(self.monitor, self.world_size, backend, self.rank, check_every, check_lag)
         self._record = self._window.losses.append  # the common path's only window operation
+        self._take = self._window.take  # what is kept of a loss: see LossWindow.set_mode
         self._next_event = -1  # steps from here take the slow path (first step, chaos, windows)
         self._boundary_at = 0  # end_step(step) has work when step + 1 reaches this
         self._direct = False  # one process, CPU loss, every step: guard.step reads it inline
@@ -241,9 +242,9 @@ class Guard:
                     self._beat(step, value, self.step_times[-1], "train", force=True)
                 return StepAction.PROCEED
             try:
-                self._record(loss.detach())  # the value, not the autograd graph
-            except AttributeError:
-                self._record(loss)
+                self._record(self._take(loss))  # the value, never the autograd graph
+            except (AttributeError, TypeError, RuntimeError, ValueError):  # not a one-element tensor
+                self._record(self._window.keep(loss))
             if now >= self._beat_due:
                 self._beat(step, self.last_loss, self.step_times[-1], "train", force=True)
             return StepAction.PROCEED
@@ -270,6 +271,7 @@ class Guard:
         grads, self._grad_flag = self._grad_flag, None
         if not window.mode_set:
             self._direct = window.set_mode(loss)
+            self._take = window.take
         try:
             if self._direct:
                 value = host_value(loss)
