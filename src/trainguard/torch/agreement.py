@@ -232,7 +232,12 @@ class Agreement:
             opts.reduceOp = op
             if hasattr(opts, "asyncOp"):  # torch >= 2.8 tells the backend the caller waits later
                 opts.asyncOp = True
-        return dist.group.WORLD.allreduce([t], opts)
+        group = dist.group.WORLD
+        if group is None:  # the Guard took its world size from the default group, now destroyed
+            raise RuntimeError(
+                "the default process group was destroyed while a Guard used it: close the Guard first"
+            )
+        return group.allreduce([t], opts)
 
     def _device(self, entries: list[tuple[int, Any, float, float, Any]]) -> torch.device | None:
         if self.world > 1 and self.backend == "nccl":
