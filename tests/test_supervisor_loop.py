@@ -85,6 +85,9 @@ class FakeWorkers:
     def nodes_waiting(self) -> int:
         return 0
 
+    def interrupted(self) -> None:
+        pass
+
     def beat(self, rank: int, step: int, t: float, phase: str = "train") -> None:
         HeartbeatWriter(self.run_dir, rank, self.attempt).beat(step, 1.0, 0.1, phase, now=t)
 

@@ -168,6 +168,9 @@ class GuardedAgent(LocalElasticAgent):
     def pids(self) -> dict[int, int]:
         return {lr: proc.pid for lr, proc in self.procs().items()}
 
+    def interrupted(self) -> None:
+        raise_swallowed_signal()
+
     def nodes_waiting(self) -> int:
         try:
             return int(self._worker_group.spec.rdzv_handler.num_nodes_waiting())
@@ -206,7 +209,37 @@ def launch(
         return exc.sigval.name
     except Stopped:
         pass
+    except Exception as exc:
+        signalled = _signal_behind(exc)
+        if signalled is None:
+            raise
+        # torch's own handler raised it where torch's code turns it into another error (a
+        # metrics wrapper's finally reads a local the signal kept from being set).
+        log.warning("stopping on %s (torch reported it as %r)", signalled.name, exc)
+        return signalled.name
     return None
+
+
+def _signal_behind(exc: BaseException) -> signal.Signals | None:
+    """The stop signal an error was raised while handling, if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, SignalException):
+            return signal.Signals(seen.sigval)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+_received: list[signal.Signals] = []  # the stop signals raised in the main thread, this launch
+
+
+def raise_swallowed_signal() -> None:
+    """Raise again a stop signal received during this launch: reached from the monitor loop, it
+    means a handler that keeps the supervisor alive through a failing diagnostic or classifier
+    (``except Exception``) swallowed it, and the job must still stop."""
+    if _received:
+        sig = _received[-1]
+        raise SignalException(f"Process {os.getpid()} got signal: {int(sig)}", sigval=sig)
 
 
 @contextlib.contextmanager
@@ -216,8 +249,10 @@ def _signals_raise() -> Iterator[None]:
     bypass that)."""
 
     def _raise(signum: int, _frame: Any) -> None:
+        _received.append(signal.Signals(signum))
         raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
+    _received.clear()
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

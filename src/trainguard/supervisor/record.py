@@ -11,7 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import signal
 import socket
+import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,29 @@ from trainguard.incidents.goodput import GoodputSummary, JobInfo
 from trainguard.supervisor.lost import LostRun, lost_run_record, step_reached_at
 
 log = logging.getLogger(__name__)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Deliver a stop signal after the block, not inside it. ``trainguard run`` turns SIGTERM,
+    SIGINT and SIGHUP into an exception in the main thread; raised inside a store write, it ends
+    the transaction (SQLite rolls it back: the record is lost) and the write's error handling
+    swallows it (the signal is lost too). Held here, it is raised again once the write is done."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum)) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])  # to the handler in force before the block
 
 
 def node_name() -> str:
@@ -52,19 +78,21 @@ class JobRecorder:
         self._safe(lambda s: s.start_job(self.job, started=started, command=command, world_size=world_size))
 
     def add(self, incident: Incident) -> Incident:
-        stored = self._safe(lambda s: s.add(incident))
-        if stored is None:
-            stored = replace(incident, id=-(len(self.incidents) + 1))  # local ids are negative
-        self.incidents.append(stored)
-        self._append_jsonl(stored)
+        with signals_deferred():  # into the store and the run directory, or a signal waits
+            stored = self._safe(lambda s: s.add(incident))
+            if stored is None:
+                stored = replace(incident, id=-(len(self.incidents) + 1))  # local ids are negative
+            self.incidents.append(stored)
+            self._append_jsonl(stored)
         return stored
 
     def update(self, incident: Incident, **changes: Any) -> Incident:
         updated = replace(incident, **changes)
-        if incident.id is not None and incident.id > 0:
-            self._safe(lambda s: s.update(incident.id, **changes))
-        self.incidents = [updated if i.id == incident.id else i for i in self.incidents]
-        self._append_jsonl(updated)
+        with signals_deferred():
+            if incident.id is not None and incident.id > 0:
+                self._safe(lambda s: s.update(incident.id, **changes))
+            self.incidents = [updated if i.id == incident.id else i for i in self.incidents]
+            self._append_jsonl(updated)
         return updated
 
     def interval(self, kind: IntervalKind, start: float, end: float, attempt: int, detail: str = "") -> None:
@@ -99,10 +127,11 @@ class JobRecorder:
     def _safe(self, fn: Any) -> Any:
         if self.store is None:
             return None
-        try:
-            return fn(self.store)
-        except Exception as exc:
-            log.warning("incident store write failed: %s", exc)
+        with signals_deferred():  # outside the try: a deferred signal must not be swallowed
+            try:
+                return fn(self.store)
+            except Exception as exc:
+                log.warning("incident store write failed: %s", exc)
             return None
 
     def _append_jsonl(self, incident: Incident) -> None:

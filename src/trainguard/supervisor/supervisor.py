@@ -115,6 +115,9 @@ class Launcher(Protocol):
 
     def nodes_waiting(self) -> int: ...
 
+    def interrupted(self) -> None:
+        """Raise the stop signal the supervisor received, if a handler swallowed it."""
+
 
 class Supervisor:
     def __init__(
@@ -268,6 +271,7 @@ class Supervisor:
             self.history.pending.append(Pending(lost, self._lost.last_seen, self._lost.furthest_step))
         while True:
             self.sleep(self.config.monitor_interval)
+            workers.interrupted()
             obs = self.observer.look(workers, attempt, self.clock())
             self._remember(obs, attempt)
             self._record_progress(obs, attempt)
