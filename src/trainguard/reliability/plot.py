@@ -3,8 +3,9 @@ survival curves of a fit, the simulator's distributions, the fleet's MTBF and tr
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,27 @@ def _plt() -> Any:
     return need("matplotlib.pyplot", extra="plot")
 
 
+@contextlib.contextmanager
+def _figure(path: str | Path, panels: int, figsize: tuple[float, float], **kw: Any) -> Iterator[Any]:
+    """A row of ``panels`` axes (one axes when 1), gridded, laid out and saved to ``path`` once
+    the block has drawn them; the figure is closed either way."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, panels, figsize=figsize, **kw)
+    try:
+        yield axes
+        for a in axes if panels > 1 else [axes]:
+            a.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+
+
 def plot_titan(gpus: Sequence[TitanGpu], path: str | Path) -> None:
     """Three panels: KM survival of the old and new batches (95% bands), the old batch by cage,
     and the old batch's cumulative incidence of DBE and OTB removals."""
-    plt = _plt()
     lifelines = need("lifelines")
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
-    try:
+    with _figure(path, 3, (15, 4.6)) as axes:
         ax = axes[0]
         for batch, color in (("old", "#c62828"), ("new", "#1565c0")):
             sel = [g for g in gpus if g.batch == batch]
@@ -66,36 +81,21 @@ def plot_titan(gpus: Sequence[TitanGpu], path: str | Path) -> None:
             ylabel="P(removed by t)",
         )
         ax.legend(loc="upper left")
-        for a in axes:
-            a.grid(True, alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-    finally:
-        plt.close(fig)
 
 
 def plot_store_fit(durations: Sequence[float], events: Sequence[bool], path: str | Path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    try:
+    with _figure(path, 1, (7, 4.5)) as ax:
         survival.kaplan_meier(durations, events, "time to interruption").plot_survival_function(ax=ax)
         ax.set(
             title="jobs in the incident store: Kaplan-Meier", xlabel="hours", ylabel="S(t)", ylim=(0, 1.02)
         )
-        ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-    finally:
-        plt.close(fig)
 
 
 def plot_simulation(results: dict[str, Any], path: str | Path) -> None:
     """Per scenario (name -> SimResult): the distribution of interruptions and of ETTR over
     trials, and the mean count per category."""
-    plt = _plt()
     np = need("numpy")
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1, 1, 1.3]})
-    try:
+    with _figure(path, 3, (16, 4.8), gridspec_kw={"width_ratios": [1, 1, 1.3]}) as axes:
         first = next(iter(results.values()))
         cfg = first.config
         # The scenarios share their seed, so they see the same failures: one count histogram.
@@ -120,20 +120,12 @@ def plot_simulation(results: dict[str, Any], path: str | Path) -> None:
         axes[2].set(title="mean interruptions by root cause", xlabel="interruptions per run")
         axes[2].tick_params(axis="y", labelsize=8)
         axes[1].legend(fontsize=8)
-        for a in axes:
-            a.grid(True, alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-    finally:
-        plt.close(fig)
 
 
 def plot_fleet(report: dict[str, Any], path: str | Path, top: int = 12) -> None:
     """Incidents per period stacked by root cause (the trend), the worst GPUs and nodes (lemons
     in red), and MTBF per root cause."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    try:
+    with _figure(path, 3, (16, 4.8)) as axes:
         bins = report["trend"]["bins"]
         ax = axes[0]
         if bins:
@@ -173,9 +165,3 @@ def plot_fleet(report: dict[str, Any], path: str | Path, top: int = 12) -> None:
         )
         ax.set(title="MTBF by root cause", xlabel="hours")
         ax.tick_params(axis="y", labelsize=8)
-        for a in axes:
-            a.grid(True, alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-    finally:
-        plt.close(fig)
