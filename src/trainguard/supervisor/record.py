@@ -39,7 +39,10 @@ def signals_deferred() -> Iterator[None]:
         yield
         return
     caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum)) for sig in STOP_SIGNALS}
+    # A handler installed from C (getsignal: None) cannot be put back from Python: left alone.
+    previous = {sig: h for sig in STOP_SIGNALS if (h := signal.getsignal(sig)) is not None}
+    for sig in previous:
+        signal.signal(sig, lambda signum, _frame: caught.append(signum))
     try:
         yield
     finally:
