@@ -39,6 +39,7 @@ from torch.distributed.launcher import api as launcher_api
 from torch.distributed.run import config_from_args, get_args_parser
 
 from trainguard.supervisor.ports import private_port
+from trainguard.supervisor.record import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +256,7 @@ def _signals_raise() -> Iterator[None]:
     _received.clear()
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in STOP_SIGNALS:
             previous[sig] = signal.signal(sig, _raise)
     try:
         yield

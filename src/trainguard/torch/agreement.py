@@ -201,7 +201,7 @@ class Agreement:
         own, bit = 3 * n + 1 + rank // MASK_BITS, float(2 ** (rank % MASK_BITS))
         self._wall = time.time() - time.perf_counter()  # follow NTP slewing
         for i, e in enumerate(entries):
-            value = e[1] if type(e[1]) is float else host_value(e[1])  # a float: LossWindow.take
+            value = host_value(e[1])
             if value is not None:
                 values[i], values[n + i] = value, 1.0
                 if not math.isfinite(value):
@@ -274,8 +274,7 @@ def _decode_masks(values: list[float], n: int, groups: int) -> tuple[tuple[int, 
         ranks: list[int] = []
         for g in range(groups):
             bits = int(values[i * groups + g])
-            if bits:
-                ranks += [g * MASK_BITS + b for b in range(MASK_BITS) if bits >> b & 1]
+            ranks += [g * MASK_BITS + b for b in range(MASK_BITS) if bits >> b & 1]
         out.append(tuple(ranks))
     return tuple(out)
 
@@ -317,6 +316,8 @@ def _grad_flags(entries: list[tuple[int, Any, float, float, Any]], device: torch
 
 
 def host_value(loss: Any) -> float | None:
+    if type(loss) is float:  # kept as a value already (LossWindow.take on the host)
+        return loss
     try:
         return loss.item()  # a one-element host tensor: the common case
     except (AttributeError, RuntimeError, ValueError):
