@@ -36,7 +36,7 @@ from trainguard.incidents import Incident, IntervalKind, RootCause
 from trainguard.records import Health
 from trainguard.recover.policy import Decision, Trouble, TroubleKind, Verb, decide, with_diagnosis
 from trainguard.rundir import ATTEMPT_ENV, RUN_DIR_ENV
-from trainguard.supervisor.assess import assess, drill_started, numerics_verdicts, workers_done
+from trainguard.supervisor.assess import assess, numerics_verdicts, workers_done
 from trainguard.supervisor.attempt import Attempt, History, Pending
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.diagnostics import Diagnostics, measured, preflight_off, preflight_troubles
@@ -355,8 +355,6 @@ class Supervisor:
         )
         rank_of_gpu = ending.rank_of_gpu if ending is not None else (lambda g: None)
         for trouble in preflight_troubles(report, self.gpu_map.gpus, self.clock(), rank_of_gpu):
-            if ending is not None:  # a drill's fault: its injection is when it started
-                trouble = drill_started(trouble, ending, self.history)
             decision = decide(trouble, self.history.policy_state(self.config, len(self.gpu_map.gpus), True))
             incident = self._record_incident(trouble, decision, self.attempt_number)
             if decision.verb.stops:
