@@ -46,8 +46,12 @@ def test_a_crash_starts_at_its_error_file_not_at_the_drills_injection():
 def test_a_failed_gpu_starts_at_its_first_finding_not_at_the_drills_injection():
     from trainguard.records import Gpu, GpuVerdict, NodeVerdict
 
-    lost = Finding("xid", Health.FAILED, Action.RESET_GPU, "Xid 79: GPU has fallen off the bus", gpu=3, time=8.5)
-    verdict = NodeVerdict(Health.FAILED, Action.RESET_GPU, (GpuVerdict(Gpu(3), Health.FAILED, Action.RESET_GPU, (lost,)),))
+    lost = Finding(
+        "xid", Health.FAILED, Action.RESET_GPU, "Xid 79: GPU has fallen off the bus", gpu=3, time=8.5
+    )
+    verdict = NodeVerdict(
+        Health.FAILED, Action.RESET_GPU, (GpuVerdict(Gpu(3), Health.FAILED, Action.RESET_GPU, (lost,)),)
+    )
     trouble = assess(_look(verdict=verdict), _attempt(), _drilled(FaultKind.XID, 3))
     assert trouble is not None and trouble.gpu == 3
     assert trouble.started == 8.5 and "injected" not in trouble.extra
@@ -87,3 +91,21 @@ def test_a_save_that_waits_for_a_starting_writer_is_no_hang_after_a_quick_first_
     view = watch.poll(now=12.0)  # 7.9 s into the save
     assert not view.hung and view.timeout >= 18.0  # factor x floor at least
     assert watch.poll(now=4.1 + view.timeout + 0.1).hung  # a save that never ends is still a hang
+
+
+def test_a_drilled_xid_79_raises_what_torch_raises_not_the_kernel_drivers_words():
+    from trainguard.detect.kernel_log import parse_kernel_line
+    from trainguard.supervisor.logs import default_classifier
+
+    message = Fault(FaultKind.XID, rank=3, xid=79).cuda_message()
+    first = message.splitlines()[0]
+    assert first == "CUDA error: unspecified launch failure"  # cudaErrorLaunchFailure's string
+    assert "CUDA kernel errors might be asynchronously reported at some other API call" in message
+    assert "fallen off the bus" not in message and "Xid" not in message and "NVRM" not in message
+    assert parse_kernel_line(first) is None  # no kernel-log rule can take it for the driver's line
+    event = default_classifier()(f"RuntimeError: {first}")
+    assert event is not None and event.category.value == "gpu_hardware"  # a launch failure, as such
+    ecc = Fault(FaultKind.XID, rank=0, xid=48).cuda_message().splitlines()[0]
+    assert ecc == "CUDA error: uncorrectable ECC error encountered"
+    illegal = Fault(FaultKind.XID, rank=0, xid=13).cuda_message().splitlines()[0]
+    assert illegal == "CUDA error: an illegal memory access was encountered"

@@ -134,11 +134,15 @@ def test_the_tour_expects_two_failed_and_six_degraded_gpus():
     want = SCENARIOS["tour"].expected_gpus(8)
     assert sorted(g for g, h in want.items() if h is Health.FAILED) == [4, 6]
     assert sorted(g for g, h in want.items() if h is Health.DEGRADED) == [0, 1, 2, 3, 5, 7]
-    assert SCENARIOS["xid79"].expected_gpus(8) == {g: Health.FAILED if g == 3 else Health.OK for g in range(8)}
+    assert SCENARIOS["xid79"].expected_gpus(8) == {
+        g: Health.FAILED if g == 3 else Health.OK for g in range(8)
+    }
 
 
 def _verdict(health: Health, gpus: dict[int, Health]) -> NodeVerdict:
-    return NodeVerdict(health, Action.NONE, tuple(GpuVerdict(Gpu(g), h, Action.NONE) for g, h in gpus.items()))
+    return NodeVerdict(
+        health, Action.NONE, tuple(GpuVerdict(Gpu(g), h, Action.NONE) for g, h in gpus.items())
+    )
 
 
 def test_the_scenario_check_fails_a_missed_gpu_a_flagged_healthy_gpu_and_a_wrong_node_verdict():

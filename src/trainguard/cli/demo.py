@@ -140,7 +140,9 @@ def run_node_demo(speed: float = 2.0, console: Any = None, seed: int = 0) -> int
     wrong = spec.mismatches(final) if final is not None else ["no verdict"]
     verdict = final.health.value if final else "none"
     node_ok = final is not None and final.health is spec.expected
-    console.print(f"node verdict: {verdict} (expected {spec.expected.value})" + ("" if node_ok else "  MISMATCH"))
+    console.print(
+        f"node verdict: {verdict} (expected {spec.expected.value})" + ("" if node_ok else "  MISMATCH")
+    )
     if wrong:
         console.print("self-test FAILED:\n" + "\n".join(f"  - {line}" for line in wrong))
     else:

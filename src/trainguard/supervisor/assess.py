@@ -296,4 +296,3 @@ def straggler_trouble(obs: Observation, attempt: Attempt, history: History) -> T
         summary=f"steps take {slow.step_time:.2f}s vs {slow.baseline:.2f}s baseline",
         rank=slow.rank,
     )
-

@@ -36,13 +36,18 @@ class Scenario:
         """The verdict each GPU of an ``n_gpus`` fleet must end in: a faulty GPU its own (or the
         scenario's), every other GPU ok."""
         return {
-            g: self.per_gpu.get(g, self.expected) if g in self.faulty_gpus else Health.OK for g in range(n_gpus)
+            g: self.per_gpu.get(g, self.expected) if g in self.faulty_gpus else Health.OK
+            for g in range(n_gpus)
         }
 
     def mismatches(self, verdict: NodeVerdict) -> list[str]:
         """Where the agent's verdict differs from the expected one, in words (empty: it matches):
         the node, a faulty GPU missed or judged too mildly, a healthy GPU flagged."""
-        out = [] if verdict.health is self.expected else [f"node {verdict.health.value}, expected {self.expected.value}"]
+        out = (
+            []
+            if verdict.health is self.expected
+            else [f"node {verdict.health.value}, expected {self.expected.value}"]
+        )
         seen = {g.gpu.index: g.health for g in verdict.gpus}
         n_gpus = max([*seen, *self.faulty_gpus], default=-1) + 1
         for g, want in self.expected_gpus(n_gpus).items():
