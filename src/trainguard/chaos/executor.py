@@ -175,7 +175,7 @@ def _read_fired(path: Path) -> dict[str, Any] | None:
 def _in_process_entry(fault: Fault, step: int) -> dict[str, Any] | None:
     base: dict[str, Any] = {"rank": fault.rank, "step": step}
     if fault.kind is FaultKind.NAN:
-        return {**base, "kind": "nan"}
+        return {**base, "kind": "nan", **({"recurs": True} if fault.recurs else {})}
     if fault.kind is FaultKind.HANG:
         return {**base, "kind": "hang"}
     if fault.kind is FaultKind.SLOW:

@@ -37,7 +37,7 @@ class FaultKind(str, Enum):
     KILL = "kill"  # external: a signal (default SIGKILL) to the rank's process
     STOP = "stop"  # external: SIGSTOP (a hang the process cannot notice)
     HANG = "hang"  # in-process: block forever before the next collective
-    NAN = "nan"  # in-process: the rank's loss becomes NaN
+    NAN = "nan"  # in-process: the rank's loss becomes NaN (`recurs`: every time the step runs)
     SLOW = "slow"  # in-process: delay_s per step for `steps` steps (+ sim clocks stuck low)
     XID = "xid"  # sim fleet writes the Xid kernel line; the rank raises the matching CUDA error
     RAISE = "raise"  # in-process: raise `exc`(`message`) (a software crash)
@@ -98,7 +98,7 @@ _FIELDS: dict[FaultKind, dict[str, type | tuple[type, ...]]] = {
     FaultKind.KILL: {"signal": str},
     FaultKind.STOP: {},
     FaultKind.HANG: {},
-    FaultKind.NAN: {},
+    FaultKind.NAN: {"recurs": bool},
     FaultKind.SLOW: {"delay_s": (int, float), "steps": int},
     FaultKind.XID: {"xid": int, "message": str},
     FaultKind.RAISE: {"exc": str, "message": str},
@@ -124,6 +124,9 @@ class Fault:
     code: int = 1
     bytes: int = 64  # how many bytes corrupt_checkpoint flips
     rate: float = 1.0  # wrong_products: the share of the GPU's matrix products that are wrong
+    # nan: the NaN is the data's, not the machine's: it comes back whenever the step is replayed
+    # (after a rollback or a restart), so the replay verdict is "data problem", not SDC
+    recurs: bool = False
 
     @property
     def label(self) -> str:
