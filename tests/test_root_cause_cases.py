@@ -2,6 +2,9 @@
 
 - F1: a NaN that does not come back when its step is replayed is the machine's (silent data
   corruption suspect); one that comes back with the same data is the program's (software_bug).
+- F4: a committed checkpoint whose bytes changed at rest is storage's (dependency); one that never
+  reached the disk whole (a file or the manifest missing, a size off) was torn mid-save: unknown,
+  suspects host (a writer killed before storage kept its data) and software_bug.
 - F5: a hang's "unknown" is earned by evidence (a laggard outside any collective: its code, host
   or GPU), not the fallback (no laggard: the network or the host); a stopped laggard is the host's.
 """
@@ -153,3 +156,58 @@ def test_a_recurring_nan_is_a_chaos_plan_field_passed_to_the_guard():
         parse_plan('[[fault]]\nkind = "nan"\nrank = 1\nstep = 9\nrecurs = 1\n')
     with pytest.raises(ConfigError, match="unknown field 'recurs'"):
         parse_plan('[[fault]]\nkind = "hang"\nrank = 1\nstep = 9\nrecurs = true\n')
+
+
+def _committed(directory, step: int):
+    import time
+
+    from trainguard.checkpoint import Manifest, commit, describe_files, new_tmp_dir
+
+    tmp = new_tmp_dir(directory, step)
+    (tmp / "state.pt").write_bytes(bytes(range(256)) * 40)
+    return commit(tmp, Manifest(step=step, files=describe_files(tmp), time=time.time()))
+
+
+@pytest.mark.parametrize(
+    ("how", "cause"),
+    [
+        ("flip", RootCause.DEPENDENCY),  # sizes intact, bytes changed at rest: storage
+        ("truncate", RootCause.UNKNOWN),  # a save that never reached the disk whole
+        ("delete-file", RootCause.UNKNOWN),
+        ("delete-manifest", RootCause.UNKNOWN),
+    ],
+)
+def test_a_checkpoint_torn_mid_save_and_one_corrupted_on_disk_get_different_root_causes(tmp_path, how, cause):
+    import random
+
+    from trainguard.checkpoint import damage, verify
+    from trainguard.supervisor.torn import torn_cause
+
+    path = _committed(tmp_path, 10)
+    damage(path, how, random.Random(1))
+    result = verify(path)
+    assert not result.ok
+    got, why = torn_cause(result.reason)
+    assert got is cause, (how, result.reason)
+    inc = Incident(job="j", time=1.0, root_cause=got, action="skip_torn_checkpoint", id=5, evidence=why)
+    ok, reason = judge(inc, PLAN.fault("F4"))  # the demo's bit flip expects storage
+    assert ok is (cause is RootCause.DEPENDENCY), reason
+    if cause is RootCause.UNKNOWN:
+        assert "suspects: host" in why[0] and "software_bug" in why[0]
+
+
+def test_the_resume_points_skip_reasons_tell_storage_from_a_torn_save(tmp_path):
+    """The supervisor records each checkpoint the resume skips with `torn_cause` of its reason."""
+    import random
+
+    from trainguard.checkpoint import damage
+    from trainguard.supervisor.resume import resume_point
+    from trainguard.supervisor.torn import torn_cause
+
+    _committed(tmp_path, 5)
+    damage(_committed(tmp_path, 10), "flip", random.Random(1))
+    damage(_committed(tmp_path, 15), "truncate", random.Random(1))
+    point = resume_point(tmp_path)
+    assert point.step == 5
+    causes = {step: torn_cause(reason)[0] for step, reason in point.skipped}
+    assert causes == {15: RootCause.UNKNOWN, 10: RootCause.DEPENDENCY}

@@ -21,7 +21,7 @@ from trainguard.demo.runner import quiet_logs, run_chaos, run_reference, worker_
 from trainguard.demo.truth import ground_truth, read_accuracy, rollback_steps
 from trainguard.incidents import IncidentStore, IntervalKind
 
-SHORT = {"xid": "xid 79", "corrupt_checkpoint": "torn ckpt"}  # fault names on the live view
+SHORT = {"xid": "xid 79", "corrupt_checkpoint": "bad ckpt"}  # fault names on the live view
 EXIT_FAILED = 1  # the self-test failed: a fault unexplained, a false incident, accuracy or ETTR off
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

@@ -104,7 +104,8 @@ def build_plan(quick: bool = False, steps: int | None = None, speed: float = 1.0
             expected_causes=("software_bug",), expected_actions=("restart",),
         ),
         DemoFault(
-            "F4", "corrupt_checkpoint", "torn newest checkpoint", s("corrupt_checkpoint"),
+            "F4", "corrupt_checkpoint", "newest checkpoint corrupted on disk", s("corrupt_checkpoint"),
+            # Bytes flipped, sizes intact: storage's (a save torn mid-way is another cause).
             expected_causes=("dependency",), expected_actions=("skip_torn_checkpoint",),
         ),
         DemoFault(
