@@ -211,3 +211,12 @@ def test_the_resume_points_skip_reasons_tell_storage_from_a_torn_save(tmp_path):
     assert point.step == 5
     causes = {step: torn_cause(reason)[0] for step, reason in point.skipped}
     assert causes == {15: RootCause.UNKNOWN, 10: RootCause.DEPENDENCY}
+
+
+def test_the_torn_modules_examples_run():
+    import doctest
+
+    import trainguard.supervisor.torn as torn
+
+    result = doctest.testmod(torn)
+    assert result.attempted > 0 and result.failed == 0
