@@ -205,14 +205,15 @@ def render(report: dict[str, Any]) -> str:
     """The report for a terminal or a log, 80 columns."""
     lines = ["", "trainguard demo report", "=" * 22, ""]
     lines.append(f"injected faults ({len(report['injected'])}) and the incidents they became")
-    lines.append("(times are since the chaos run started):")
+    lines.append("(times since the chaos run started; a delay counts from the injection, which the")
+    lines.append("drill records: the incidents themselves know only the run's own evidence):")
     for f in report["injected"]:
         where = []
         if f["rank"] is not None:
             where.append(f"rank {f['rank']}")
         if f["gpu"] is not None:
             where.append(f"GPU {f['gpu']}")
-        when = f"at {_clock(f['t_s'])}, step {f['step']}" if f["fired"] else "never fired"
+        when = f"injected at {_clock(f['t_s'])}, step {f['step']}" if f["fired"] else "never fired"
         mark = "ok  " if f["matched"] else "FAIL"
         inc = f" -> incident #{f['matched_incident']}" if f["matched_incident"] is not None else ""
         lines.append(f" {mark} {f['id']} {f['label']}{' (' + ', '.join(where) + ')' if where else ''}")
