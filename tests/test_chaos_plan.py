@@ -65,7 +65,7 @@ def test_in_process_faults_are_written_for_the_guard_before_start(tmp_path):
     ChaosExecutor(plan, tmp_path, started=0.0).prepare()
     faults = json.loads((tmp_path / "chaos.json").read_text())["faults"]
     assert [f["kind"] for f in faults] == ["raise", "nan"]
-    assert faults[0]["message"] == "CUDA error: uncorrectable ECC error encountered"
+    assert faults[0]["message"].splitlines()[0] == "CUDA error: uncorrectable ECC error encountered"
     assert (faults[0]["rank"], faults[0]["step"]) == (1, 9)
 
 

@@ -19,6 +19,8 @@ from trainguard.cli import main
 from trainguard.cli.demo import run_node_demo
 from trainguard.cli.interrupt import CtrlC
 from trainguard.cli.monitor import Session, watch
+from trainguard.records import Health
+from trainguard.telemetry.sim import SCENARIOS
 
 
 def test_once_prints_every_gpu_with_readings_verdict_and_reasons(capsys, monkeypatch):
@@ -196,10 +198,27 @@ def test_node_demo_walks_the_tour_and_summarises_every_fault():
     out = buf.getvalue()
     assert "incident log" in out and "summary: every fault and the verdict it produced" in out
     summary = out[out.index("summary:") :]
-    for gpu, verdict in [(0, "degraded"), (2, "degraded"), (4, "failed"), (6, "failed")]:
+    expected = SCENARIOS["tour"].expected_gpus(8)
+    assert sorted(expected.values()).count(Health.DEGRADED) == 6
+    for gpu, verdict in expected.items():
         row = next(line for line in summary.splitlines() if line.startswith(f"│ {gpu} "))
-        assert verdict in row
+        other = ({"ok", "degraded", "failed"} - {verdict.value}) & set(row.replace("│", " ").split())
+        assert verdict.value in row and not other, row
     assert "node verdict: failed (expected failed)" in out
+    assert "every GPU's verdict as expected (8 GPUs)" in out
+
+
+def test_node_demo_fails_when_one_gpus_verdict_differs_from_the_expected_one(monkeypatch):
+    from dataclasses import replace
+
+    tour = SCENARIOS["tour"]
+    wrong = replace(tour, per_gpu={**tour.per_gpu, 4: Health.DEGRADED})  # GPU 4 really fails
+    monkeypatch.setitem(SCENARIOS, "tour", wrong)
+    buf = io.StringIO()
+    assert run_node_demo(speed=2000, console=Console(file=buf, width=120)) == 1
+    out = buf.getvalue()
+    assert "node verdict: failed (expected failed)\n" in out  # the node alone would have passed
+    assert "GPU 4 failed, expected degraded" in out
 
 
 def test_demo_command_accepts_node_flag():

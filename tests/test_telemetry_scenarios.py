@@ -9,7 +9,7 @@ import pytest
 
 from trainguard.clock import RealClock, VirtualClock
 from trainguard.errors import ConfigError
-from trainguard.records import EventKind, Health
+from trainguard.records import Action, EventKind, Gpu, GpuVerdict, Health, NodeVerdict
 from trainguard.telemetry.sim import SCENARIOS, SimFleet, run_scenario
 
 EXPECTED = {
@@ -125,5 +125,36 @@ def test_scenario_ends_in_its_documented_verdict_through_the_agent(name, tmp_pat
         run_scenario(name, fleet, on_step=lambda _t: agent.tick())
         verdict = agent.tick()
     assert verdict.health is SCENARIOS[name].expected, verdict.reasons
-    bad = {g.gpu.index for g in verdict.gpus if g.health is not Health.OK}
-    assert bad <= set(SCENARIOS[name].faulty_gpus)
+    got = {g.gpu.index: g.health for g in verdict.gpus}
+    assert got == SCENARIOS[name].expected_gpus(fleet.n_gpus)  # each GPU, faulty and healthy
+    assert SCENARIOS[name].mismatches(verdict) == []
+
+
+def test_the_tour_expects_two_failed_and_six_degraded_gpus():
+    want = SCENARIOS["tour"].expected_gpus(8)
+    assert sorted(g for g, h in want.items() if h is Health.FAILED) == [4, 6]
+    assert sorted(g for g, h in want.items() if h is Health.DEGRADED) == [0, 1, 2, 3, 5, 7]
+    assert SCENARIOS["xid79"].expected_gpus(8) == {
+        g: Health.FAILED if g == 3 else Health.OK for g in range(8)
+    }
+
+
+def _verdict(health: Health, gpus: dict[int, Health]) -> NodeVerdict:
+    return NodeVerdict(
+        health, Action.NONE, tuple(GpuVerdict(Gpu(g), h, Action.NONE) for g, h in gpus.items())
+    )
+
+
+def test_the_scenario_check_fails_a_missed_gpu_a_flagged_healthy_gpu_and_a_wrong_node_verdict():
+    scenario = SCENARIOS["xid79"]
+    right = scenario.expected_gpus(8)
+    assert scenario.mismatches(_verdict(Health.FAILED, right)) == []
+    missed = {**right, 3: Health.DEGRADED}  # judged too mildly
+    assert scenario.mismatches(_verdict(Health.FAILED, missed)) == ["GPU 3 degraded, expected failed"]
+    flagged = {**right, 5: Health.DEGRADED}  # a healthy GPU flagged
+    assert scenario.mismatches(_verdict(Health.FAILED, flagged)) == ["GPU 5 degraded, expected ok"]
+    assert scenario.mismatches(_verdict(Health.DEGRADED, right)) == ["node degraded, expected failed"]
+    tour = SCENARIOS["tour"]
+    assert tour.mismatches(_verdict(Health.FAILED, {**tour.expected_gpus(8), 0: Health.FAILED})) == [
+        "GPU 0 failed, expected degraded"
+    ]

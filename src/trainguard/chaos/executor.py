@@ -148,7 +148,8 @@ class ChaosExecutor:
         elif fault.kind is FaultKind.CORRUPT_CHECKPOINT:
             detail = corrupt_newest_checkpoint(self.checkpoint_dir, fault.bytes)
         elif fault.kind is FaultKind.XID:  # the rank is dying of the CUDA error right now
-            detail = sim_xid(self.fleet, fault.xid, gpu) + f"; rank raised {fault.cuda_message()!r}"
+            raised = fault.cuda_message().splitlines()[0]  # torch's first line; the rest is advice
+            detail = sim_xid(self.fleet, fault.xid, gpu) + f"; rank raised {raised!r}"
         elif fault.kind is FaultKind.SLOW:
             detail = sim_straggler(self.fleet, gpu) + f"; rank sleeps {fault.delay_s}s per step"
         elif fault.kind is FaultKind.WRONG_PRODUCTS:
@@ -174,7 +175,7 @@ def _read_fired(path: Path) -> dict[str, Any] | None:
 def _in_process_entry(fault: Fault, step: int) -> dict[str, Any] | None:
     base: dict[str, Any] = {"rank": fault.rank, "step": step}
     if fault.kind is FaultKind.NAN:
-        return {**base, "kind": "nan"}
+        return {**base, "kind": "nan", **({"recurs": True} if fault.recurs else {})}
     if fault.kind is FaultKind.HANG:
         return {**base, "kind": "hang"}
     if fault.kind is FaultKind.SLOW:

@@ -37,7 +37,7 @@ class FaultKind(str, Enum):
     KILL = "kill"  # external: a signal (default SIGKILL) to the rank's process
     STOP = "stop"  # external: SIGSTOP (a hang the process cannot notice)
     HANG = "hang"  # in-process: block forever before the next collective
-    NAN = "nan"  # in-process: the rank's loss becomes NaN
+    NAN = "nan"  # in-process: the rank's loss becomes NaN (`recurs`: every time the step runs)
     SLOW = "slow"  # in-process: delay_s per step for `steps` steps (+ sim clocks stuck low)
     XID = "xid"  # sim fleet writes the Xid kernel line; the rank raises the matching CUDA error
     RAISE = "raise"  # in-process: raise `exc`(`message`) (a software crash)
@@ -56,26 +56,49 @@ class FaultKind(str, Enum):
         return self in (FaultKind.HANG, FaultKind.NAN, FaultKind.SLOW, FaultKind.RAISE, FaultKind.EXIT)
 
 
-# The CUDA error a process sees when its GPU suffers this Xid (what PyTorch would raise).
+def torch_cuda_error(text: str, name: str, asynchronous: bool = False) -> str:
+    """The message torch raises for a failed CUDA call (c10's ``c10_cuda_check_implementation``):
+    the CUDA runtime's error string, where to look its name up, and, for a fault inside a kernel,
+    the note that it may be reported late. The kernel driver's words (``NVRM: Xid ... GPU has
+    fallen off the bus``) are never in it: they go to the kernel log only."""
+    msg = (
+        f"CUDA error: {text}\nSearch for `{name}' in "
+        "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information."
+    )
+    if asynchronous:
+        msg += (
+            "\nCUDA kernel errors might be asynchronously reported at some other API call, so the "
+            "stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1"
+        )
+    return msg + "\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+
+
+_LAUNCH_FAILURE = torch_cuda_error("unspecified launch failure", "cudaErrorLaunchFailure", True)
+_ECC = torch_cuda_error("uncorrectable ECC error encountered", "cudaErrorECCUncorrectable")
+_ILLEGAL_ADDRESS = torch_cuda_error(
+    "an illegal memory access was encountered", "cudaErrorIllegalAddress", True
+)
+# The CUDA error a process sees when its GPU suffers this Xid (what PyTorch raises). A GPU that
+# falls off the bus (79) fails the kernels in flight: the process sees a launch failure.
 XID_CUDA_MESSAGE: dict[int, str] = {
-    79: "CUDA error: unspecified launch failure (GPU has fallen off the bus)",
-    48: "CUDA error: uncorrectable ECC error encountered",
-    63: "CUDA error: uncorrectable ECC error encountered",
-    64: "CUDA error: uncorrectable ECC error encountered",
-    94: "CUDA error: uncorrectable ECC error encountered",
-    95: "CUDA error: uncorrectable ECC error encountered",
-    13: "CUDA error: an illegal memory access was encountered",
-    31: "CUDA error: an illegal memory access was encountered",
-    43: "CUDA error: an illegal memory access was encountered",
+    79: _LAUNCH_FAILURE,
+    48: _ECC,
+    63: _ECC,
+    64: _ECC,
+    94: _ECC,
+    95: _ECC,
+    13: _ILLEGAL_ADDRESS,
+    31: _ILLEGAL_ADDRESS,
+    43: _ILLEGAL_ADDRESS,
 }
-DEFAULT_XID_MESSAGE = "CUDA error: unspecified launch failure"
+DEFAULT_XID_MESSAGE = _LAUNCH_FAILURE
 
 _COMMON = {"kind", "rank", "at_s", "step", "name"}
 _FIELDS: dict[FaultKind, dict[str, type | tuple[type, ...]]] = {
     FaultKind.KILL: {"signal": str},
     FaultKind.STOP: {},
     FaultKind.HANG: {},
-    FaultKind.NAN: {},
+    FaultKind.NAN: {"recurs": bool},
     FaultKind.SLOW: {"delay_s": (int, float), "steps": int},
     FaultKind.XID: {"xid": int, "message": str},
     FaultKind.RAISE: {"exc": str, "message": str},
@@ -101,6 +124,9 @@ class Fault:
     code: int = 1
     bytes: int = 64  # how many bytes corrupt_checkpoint flips
     rate: float = 1.0  # wrong_products: the share of the GPU's matrix products that are wrong
+    # nan: the NaN is the data's, not the machine's: it comes back whenever the step is replayed
+    # (after a rollback or a restart), so the replay verdict is "data problem", not SDC
+    recurs: bool = False
 
     @property
     def label(self) -> str:

@@ -87,7 +87,8 @@ def changes(prev: NodeVerdict | None, cur: NodeVerdict, t: float) -> list[LogEnt
 
 
 def run_node_demo(speed: float = 2.0, console: Any = None, seed: int = 0) -> int:
-    """Play the node demo; returns 0 when the node reached the verdict the scenario expects."""
+    """Play the node demo; returns 0 when the node and every GPU reached the verdict the scenario
+    expects (`Scenario.mismatches`)."""
     from rich.console import Console, Group
     from rich.live import Live
 
@@ -134,10 +135,19 @@ def run_node_demo(speed: float = 2.0, console: Any = None, seed: int = 0) -> int
             final = agent.verdict
     console.print()
     console.print(_summary(faults, log, final))
-    ok = final is not None and final.health is spec.expected
+    # The self-test: the node's verdict and each GPU's (a faulty GPU missed, or a healthy one
+    # flagged, fails it as much as a wrong node verdict).
+    wrong = spec.mismatches(final) if final is not None else ["no verdict"]
     verdict = final.health.value if final else "none"
-    console.print(f"node verdict: {verdict} (expected {spec.expected.value})" + ("" if ok else "  MISMATCH"))
-    return 0 if ok else 1
+    node_ok = final is not None and final.health is spec.expected
+    console.print(
+        f"node verdict: {verdict} (expected {spec.expected.value})" + ("" if node_ok else "  MISMATCH")
+    )
+    if wrong:
+        console.print("self-test FAILED:\n" + "\n".join(f"  - {line}" for line in wrong))
+    else:
+        console.print(f"every GPU's verdict as expected ({len(final.gpus) if final else 0} GPUs)")
+    return 0 if not wrong else 1
 
 
 def _log_table(log: list[LogEntry]) -> Any:

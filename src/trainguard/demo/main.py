@@ -11,16 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.demo import find_example
+from trainguard.demo import reference as recorded_reference
 from trainguard.demo.live import DemoState, make_display
 from trainguard.demo.match import match
+from trainguard.demo.measure import median_step_time
 from trainguard.demo.plan import build_plan
-from trainguard.demo.report import build_report, median_step_time, render
-from trainguard.demo.runner import quiet_logs, run_chaos, run_reference
+from trainguard.demo.report import build_report, render
+from trainguard.demo.runner import quiet_logs, run_chaos, run_reference, worker_cmd
 from trainguard.demo.truth import ground_truth, read_accuracy, rollback_steps
-from trainguard.incidents import IncidentStore
+from trainguard.incidents import IncidentStore, IntervalKind
 
-SHORT = {"xid": "xid 79", "corrupt_checkpoint": "torn ckpt"}  # fault names on the live view
-EXIT_FAILED = 1  # the self-test failed: a fault unmatched, wrong root cause, or accuracy too low
+SHORT = {"xid": "xid 79", "corrupt_checkpoint": "bad ckpt"}  # fault names on the live view
+EXIT_FAILED = 1  # the self-test failed: a fault unexplained, a false incident, accuracy or ETTR off
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
@@ -50,9 +52,20 @@ def main(args: argparse.Namespace) -> int:
     display = make_display(state, force_plain=args.plain)
     display.start()
     reference = None
+    # The reference's result depends only on what is trained: recorded once, reused after.
+    what = recorded_reference.training(
+        script, list(worker_cmd(script, plan, Path("CKPT"), 0.0)[2:]), plan.nproc
+    )
+    key = recorded_reference.key_of(what)
+    recorded = recorded_reference.load(key)
     try:
         display.line(f"work dir {workdir}")
-        if not args.no_reference:
+        if recorded is not None:
+            display.line(
+                f"reference: recorded run {recorded.job} (accuracy {recorded.accuracy:.1%}) of the same "
+                "training, not run again"
+            )
+        elif not args.no_reference:
             reference = run_reference(plan, script, workdir, f"{job}-reference", display)
             if int(reference.exit_code) == EXIT_INTERRUPTED:  # Ctrl-C / SIGTERM reached the supervisor
                 raise KeyboardInterrupt
@@ -60,6 +73,10 @@ def main(args: argparse.Namespace) -> int:
             display.line(
                 f"reference run done: accuracy {acc:.1%}" if acc is not None else "reference run: no accuracy"
             )
+            if acc is not None and int(reference.exit_code) == 0:
+                recorded = recorded_reference.record(key, acc, f"{job}-reference", reference.run_dir, what)
+                path = recorded_reference.save(recorded)
+                display.line(f"reference recorded in {path}")
         chaos = run_chaos(plan, script, workdir, job, display, getattr(args, "verbose", 0))
         if int(chaos.result.exit_code) == EXIT_INTERRUPTED:
             raise KeyboardInterrupt
@@ -70,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     finally:
         display.stop()
-    report = assemble(plan, chaos, reference, workdir, job, t0, args.json)
+    report = assemble(plan, chaos, reference, recorded, workdir, job, t0, args.json)
     print(render(report), flush=True)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +99,14 @@ def main(args: argparse.Namespace) -> int:
 
 
 def assemble(
-    plan: Any, chaos: Any, reference: Any, workdir: Path, job: str, t0: float, json_path: Path | None
+    plan: Any,
+    chaos: Any,
+    reference: Any,
+    recorded: Any,
+    workdir: Path,
+    job: str,
+    t0: float,
+    json_path: Path | None,
 ) -> dict[str, Any]:
     result = chaos.result
     run_dir = Path(result.run_dir)
@@ -91,6 +115,10 @@ def assemble(
         incidents = store.incidents(job=job)
         goodput = store.goodput(job).to_dict()
         plot = _plot(store, job, workdir / "timeline.png")
+        info = store.get_job(job)
+        inits = [iv.end for iv in store.intervals(job) if iv.kind is IntervalKind.INIT]
+    # Start-up before the first step: the job's own cost, no fault's.
+    startup_s = min(inits) - info.started if inits and info is not None and info.started else None
     injected = ground_truth(plan, run_dir, [i.to_dict() for i in result.injected], chaos.gpus_by_attempt)
     outcomes = match(list(plan.faults), injected, incidents)
     supervisor = {
@@ -111,8 +139,21 @@ def assemble(
         started=chaos.started,
         goodput=goodput,
         accuracy=read_accuracy(run_dir),
-        reference_accuracy=read_accuracy(Path(reference.run_dir)) if reference is not None else None,
-        reference_ran=reference is not None,
+        reference_accuracy=(
+            recorded.accuracy
+            if recorded is not None
+            else read_accuracy(Path(reference.run_dir))
+            if reference is not None
+            else None
+        ),
+        reference_ran=reference is not None or recorded is not None,
+        reference_source=(
+            None
+            if recorded is None
+            else f"run {recorded.job}, recorded {time.strftime('%Y-%m-%d %H:%M', time.localtime(recorded.recorded))}"
+        ),
+        startup_s=startup_s,
+        run_dir=run_dir,
         supervisor=supervisor,
         step_time=median_step_time(run_dir),
         rollback_steps=_nan_rollback(run_dir, injected),

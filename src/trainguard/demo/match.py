@@ -7,19 +7,21 @@ The rule (also printed in the demo's JSON as ``matching_rule``)::
         fault with no rank (a torn checkpoint) takes only a job-wide incident (one naming
         neither rank nor GPU) whose evidence names the torn checkpoint's step, and
       - it was detected no earlier than 1 s before the injection and at most WINDOW s after it;
-    faults are taken in the order they happened, twice: first each takes the earliest candidate
-    with the expected root cause and action, then each fault still open takes its best remaining
-    candidate (expected root cause first, then the earliest); an incident matches at most one fault.
-    A left-over incident that is a candidate of matched faults is "related" to the latest of
-    them (the same fault seen by a second detector).
+    each incident belongs to the latest fault injected before it that it is a candidate for;
+    a fault's first incident is its answer, and the later ones are the same fault seen again
+    ("related"); an incident no fault claims is a false incident.
 
-A fault is OK when it matched an incident whose root cause is one of the expected ones and
-whose action is one of the expected ones. There is no exception for any fault kind: an
-incident that names another rank, or no rank at all, is not evidence about this fault.
+The self-test counts precision as well as recall: a fault is OK when its first incident has an
+expected root cause and action (an expected "unknown" must list the expected suspects, not
+the fallback's), and every related incident agrees with it (an expected or unknown root
+cause, an expected action or "continue"): a wrong first conclusion fails the fault even when
+a later incident gets it right, and so does a needless restart or exclusion. Every false
+incident fails the run. There is no exception for any fault kind.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from trainguard.demo.plan import DemoFault
@@ -50,54 +52,51 @@ def match(
 ) -> list[Outcome]:
     """One `Outcome` per planned fault, in plan order."""
     plan = {f.id: f for f in faults}
-    taken: set[int] = set()
-    results: dict[str, Outcome] = {}
-    ordered = sorted(injected, key=lambda i: (i.time is None, i.time or 0.0))
-    # Round one takes only right conclusions, so that a fault whose own incident is missing
-    # cannot take the incident a later fault on the same rank is right about; round two gives
-    # each fault still open its best remaining candidate, to report what was concluded instead.
-    for right_only in (True, False):
-        for inj in ordered:
-            spec = plan[inj.id]
-            if inj.id in results:
-                continue
-            if not inj.fired or inj.time is None:
-                results[inj.id] = Outcome(
-                    inj.id, None, False, "never injected: the run ended before its step"
-                )
-                continue
-            pool = [i for i in candidates(inj, incidents, window_s) if i.id not in taken]
-            if right_only:
-                pool = [i for i in pool if judge(i, spec)[0]]
-            if not pool:
-                if not right_only:
-                    results[inj.id] = Outcome(inj.id, None, False, f"no incident names {_where(inj)}")
-                continue
-            best = min(pool, key=lambda i: _preference(i, spec))
-            assert best.id is not None
-            taken.add(best.id)
-            ok, reason = judge(best, spec)
-            results[inj.id] = Outcome(inj.id, best.id, ok, reason, round(best.time - inj.time, 3))
-    # Second pass: the same fault seen again by another detector; a left-over incident belongs
-    # to the latest matched fault before it.
-    related: dict[str, list[int]] = {}
+    fired = [i for i in injected if i.fired and i.time is not None]
+    owned: dict[str, list[Incident]] = {i.id: [] for i in fired}
+    owner = owners(fired, incidents, window_s)
     for inc in incidents:
-        if inc.id is None or inc.id in taken:
+        if inc.id in owner:
+            owned[owner[inc.id].id].append(inc)
+    results: dict[str, Outcome] = {}
+    for inj in injected:
+        if inj.id not in owned:
+            results[inj.id] = Outcome(inj.id, None, False, "never injected: the run ended before its step")
             continue
-        owners = [
-            inj
-            for inj in ordered
-            if results[inj.id].incident_id is not None and inc in candidates(inj, incidents, window_s)
-        ]
-        if owners:
-            owner = max(owners, key=lambda i: i.time or 0.0)
-            related.setdefault(owner.id, []).append(inc.id)
-    for fid, ids in related.items():
-        out = results[fid]
-        results[fid] = Outcome(
-            out.fault_id, out.incident_id, out.ok, out.reason, out.detection_delay_s, tuple(ids)
-        )
+        mine = sorted(owned[inj.id], key=lambda i: (i.time, i.id or 0))
+        if not mine:
+            results[inj.id] = Outcome(inj.id, None, False, f"no incident names {_where(inj)}")
+            continue
+        first, later = mine[0], mine[1:]
+        assert first.id is not None and inj.time is not None
+        ok, reason = judge(first, plan[inj.id])
+        if ok:
+            disagree = [why for inc in later if (why := disagrees(inc, plan[inj.id]))]
+            if disagree:
+                ok, reason = False, "; ".join(disagree)
+        related = tuple(i.id for i in later if i.id is not None)
+        results[inj.id] = Outcome(inj.id, first.id, ok, reason, round(first.time - inj.time, 3), related)
     return [results[f.id] for f in faults if f.id in results]
+
+
+def owners(
+    fired: list[InjectedFault], incidents: list[Incident], window_s: float = WINDOW_S
+) -> dict[int, InjectedFault]:
+    """Incident id -> the fault that explains it: of the faults it is a candidate for, the latest
+    injected before it was detected (within the early margin: the first one)."""
+    out: dict[int, InjectedFault] = {}
+    for inc in incidents:
+        could = [inj for inj in fired if candidates(inj, [inc], window_s)]
+        if inc.id is None or not could:
+            continue
+        before = [inj for inj in could if (inj.time or 0.0) <= inc.time]
+        pick = max(before, key=_at) if before else min(could, key=_at)
+        out[inc.id] = pick
+    return out
+
+
+def _at(inj: InjectedFault) -> float:
+    return inj.time or 0.0
 
 
 def candidates(inj: InjectedFault, incidents: list[Incident], window_s: float = WINDOW_S) -> list[Incident]:
@@ -127,10 +126,17 @@ def names(inc: Incident, inj: InjectedFault) -> bool:
 
 
 def judge(inc: Incident, spec: DemoFault) -> tuple[bool, str]:
-    """Is the matched incident's conclusion the expected one? (ok, why in words)"""
+    """Is the fault's first incident the expected conclusion? (ok, why in words)"""
     wrong = []
     if inc.root_cause.value not in spec.expected_causes:
         wrong.append(f"root cause {inc.root_cause.value}, expected {' or '.join(spec.expected_causes)}")
+    elif inc.root_cause.value == "unknown" and spec.expected_suspects:
+        named = suspects_of(inc)
+        if set(named) != set(spec.expected_suspects):
+            wrong.append(
+                f"unknown with suspects {', '.join(named) or 'none'}, expected suspects "
+                f"{', '.join(spec.expected_suspects)}"
+            )
     if inc.action not in spec.expected_actions:
         wrong.append(f"action {inc.action}, expected {' or '.join(spec.expected_actions)}")
     if wrong:
@@ -138,18 +144,30 @@ def judge(inc: Incident, spec: DemoFault) -> tuple[bool, str]:
     return True, f"root cause {inc.root_cause.value}, action {inc.action}"
 
 
+def disagrees(inc: Incident, spec: DemoFault) -> str | None:
+    """Why a later incident of the same fault contradicts the expected conclusion, or None: it
+    may say less (root cause unknown, action continue), never something else."""
+    cause, action = inc.root_cause.value, inc.action
+    if cause not in spec.expected_causes and cause != "unknown":
+        return f"later incident #{inc.id}: root cause {cause}, expected {' or '.join(spec.expected_causes)}"
+    if action not in spec.expected_actions and action != "continue":
+        return f"later incident #{inc.id}: action {action} (needless), expected {' or '.join(spec.expected_actions)}"
+    return None
+
+
+def suspects_of(inc: Incident) -> list[str]:
+    """The root causes an "unknown; suspects: a (why); b (why)" evidence line names."""
+    for e in inc.evidence:
+        text = str(e)
+        if text.startswith("unknown; suspects: "):
+            return re.findall(r"(?:^|; )([a-z_]+) \(", text.removeprefix("unknown; suspects: "))
+    return []
+
+
 def unmatched(outcomes: list[Outcome], incidents: list[Incident]) -> list[Incident]:
     """Incidents no fault claimed (neither matched nor related): false alarms, or real trouble."""
     used = {o.incident_id for o in outcomes} | {r for o in outcomes for r in o.related}
     return [i for i in incidents if i.id not in used]
-
-
-def _preference(inc: Incident, spec: DemoFault) -> tuple[int, int, float]:
-    return (
-        0 if inc.root_cause.value in spec.expected_causes else 1,
-        0 if inc.action in spec.expected_actions else 1,
-        inc.time,
-    )
 
 
 def _where(inj: InjectedFault) -> str:

@@ -35,6 +35,9 @@ class DemoFault:
     rank: int | None = None
     expected_causes: tuple[str, ...] = ()
     expected_actions: tuple[str, ...] = ()
+    # An expected "unknown" must be earned: the incident lists exactly these suspects (the
+    # evidence ruled the others out), not the fallback's.
+    expected_suspects: tuple[str, ...] = ()
     xid: int = 79
     delay_s: float = 0.5  # straggler: extra seconds per step ...
     slow_steps: int = 6  # ... for this many steps
@@ -101,14 +104,17 @@ def build_plan(quick: bool = False, steps: int | None = None, speed: float = 1.0
             expected_causes=("software_bug",), expected_actions=("restart",),
         ),
         DemoFault(
-            "F4", "corrupt_checkpoint", "torn newest checkpoint", s("corrupt_checkpoint"),
+            "F4", "corrupt_checkpoint", "newest checkpoint corrupted on disk", s("corrupt_checkpoint"),
+            # Bytes flipped, sizes intact: storage's (a save torn mid-way is another cause).
             expected_causes=("dependency",), expected_actions=("skip_torn_checkpoint",),
         ),
         DemoFault(
             "F5", "hang", "hang: rank 2 stops before a collective", s("hang"), rank=2,
             # The laggard sits outside any collective: not a network fault, and nothing tells its
-            # code from its host apart (the incident lists both as suspects).
+            # code, its host and its GPU apart (the incident lists them as suspects; a hang with
+            # no laggard, the fallback, suspects the network and the host instead).
             expected_causes=("unknown",), expected_actions=("restart",),
+            expected_suspects=("software_bug", "host", "faulty_gpu"),
         ),
         DemoFault(
             "F6", "straggler", "straggler: GPU 2 clocks stuck low", s("straggler"), rank=1,

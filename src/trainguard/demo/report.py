@@ -2,35 +2,30 @@
 
 `build_report` gathers plain data into one JSON-ready dict (what ``--json`` writes);
 `render` prints it for a human in 80 columns. `verdict` decides the exit code: the demo is
-also a self-test.
+also a self-test, of precision as much as recall. It fails on a fault not explained right
+(`demo.match`), on any incident no fault explains, on an accuracy below the fault-free
+reference's by more than ACCURACY_TOLERANCE (or no reference to compare with), and on an ETTR
+that the incidents' own time-lost figures do not predict within ETTR_TOLERANCE.
 """
 
 from __future__ import annotations
 
-import statistics
 import textwrap
 from pathlib import Path
 from typing import Any
 
 from trainguard.demo.match import MATCHING_RULE, WINDOW_S, Outcome, unmatched
+from trainguard.demo.measure import predicted_ettr, slow_time_lost
 from trainguard.demo.plan import DemoPlan
 from trainguard.demo.truth import InjectedFault
 from trainguard.incidents import Incident
 from trainguard.records import Health
-from trainguard.rundir import read_heartbeats
 
-ACCURACY_THRESHOLD = 0.90
+# Under chaos the model may end a little below the reference (steps replayed after a rollback,
+# world sizes changing): 3 points is ~11 of the 359 test digits.
+ACCURACY_TOLERANCE = 0.03
+ETTR_TOLERANCE = 0.03  # ledger vs the incidents' own figures, as a share of the wall time
 _HEALTH = {h.value for h in Health}
-
-
-def median_step_time(run_dir: Path) -> float | None:
-    times = [
-        b.step_time
-        for path in sorted((run_dir / "heartbeat").glob("rank*.jsonl"))
-        for b in read_heartbeats(path)
-        if b.phase == "train" and b.step_time
-    ]
-    return statistics.median(times) if times else None
 
 
 def build_report(
@@ -45,6 +40,9 @@ def build_report(
     accuracy: float | None,
     reference_accuracy: float | None,
     reference_ran: bool = True,
+    reference_source: str | None = None,
+    startup_s: float | None = None,
+    run_dir: Path | None = None,
     supervisor: dict[str, Any],
     step_time: float | None,
     paths: dict[str, str | None],
@@ -65,14 +63,14 @@ def build_report(
     for inj in injected:
         f, o = spec[inj.id], out_of.get(inj.id)
         inc = by_id.get(o.incident_id) if o is not None and o.incident_id is not None else None
-        lost, estimated = _time_lost(inj, inc, f, step_time, rollback_steps)
+        lost, estimated = _time_lost(inj, inc, step_time, rollback_steps, run_dir)
         faults.append(
             {
                 "id": inj.id,
                 "kind": inj.kind,
                 "label": inj.label,
                 "fired": inj.fired,
-                "time": inj.time,
+                "time": inj.time,  # the injection (the drill's own record, not the run's evidence)
                 "t_s": round(inj.time - started, 3) if inj.time is not None else None,
                 "step": inj.step,
                 "rank": inj.rank,
@@ -114,7 +112,10 @@ def build_report(
         "accuracy": accuracy,
         "reference_accuracy": reference_accuracy,
         "reference_ran": reference_ran,
-        "accuracy_threshold": ACCURACY_THRESHOLD,
+        "reference_source": reference_source,
+        "accuracy_tolerance": ACCURACY_TOLERANCE,
+        "ettr_predicted": predicted_ettr(goodput, incidents, startup_s),
+        "ettr_tolerance": ETTR_TOLERANCE,
         "supervisor": supervisor,
         "duration_s": round(duration_s, 2),
         **paths,
@@ -132,11 +133,35 @@ def verdict(report: dict[str, Any]) -> list[str]:
     for f in report["injected"]:
         if not f["matched"]:
             problems.append(f"{f['id']} {f['label']}: {f['reason']}")
-    acc = report["accuracy"]
+    by_id = {i["id"]: i for i in report["incidents"]}
+    for iid in report["unmatched_incidents"]:
+        i = by_id.get(iid, {"id": iid})
+        where = ", ".join(f"{k} {i[k]}" for k in ("rank", "gpu") if i.get(k) is not None) or "job-wide"
+        problems.append(
+            f"false incident #{iid} ({where}): {i.get('detected_by') or '-'} -> {i.get('root_cause')} "
+            f"-> {i.get('action')}; no injected fault explains it"
+        )
+    acc, ref = report["accuracy"], report["reference_accuracy"]
     if acc is None:
         problems.append("training did not finish: no test accuracy was printed")
-    elif acc <= ACCURACY_THRESHOLD:
-        problems.append(f"accuracy {acc:.1%} is not above {ACCURACY_THRESHOLD:.0%}")
+    elif ref is None:
+        problems.append(
+            "no fault-free reference accuracy to compare with: run once without --no-reference "
+            "(its result is recorded and reused by later runs of the same training)"
+        )
+    elif acc < ref - ACCURACY_TOLERANCE:
+        problems.append(
+            f"accuracy {acc:.1%} under chaos is more than {ACCURACY_TOLERANCE:.0%} below the "
+            f"fault-free reference's {ref:.1%}"
+        )
+    ettr, predicted = report["ettr"], report["ettr_predicted"]
+    if ettr is None or predicted is None:
+        problems.append("no ETTR: the goodput ledger or the start-up time is missing")
+    elif abs(ettr - predicted) > ETTR_TOLERANCE:
+        problems.append(
+            f"ETTR {ettr:.1%} from the goodput ledger, but the incidents' time lost predicts "
+            f"{predicted:.1%} (more than {ETTR_TOLERANCE:.0%} apart)"
+        )
     if report["supervisor"].get("exit_code") != 0:
         problems.append(
             f"trainguard run ended with {report['supervisor'].get('status')}: {report['supervisor'].get('reason')}"
@@ -155,17 +180,20 @@ def _diagnostics(inc: Incident | None) -> list[str]:
 def _time_lost(
     inj: InjectedFault,
     inc: Incident | None,
-    f: Any,
     step_time: float | None,
     rollback_steps: int | None,
+    run_dir: Path | None,
 ) -> tuple[float | None, bool]:
-    """The incident's own figure when it has one, else an estimate (flagged as such)."""
+    """The incident's own figure when it has one, else an estimate from the run's evidence
+    (flagged as such): the steps a rollback replayed, the slow steps before the incident, the
+    steps redone because a checkpoint was torn."""
     if inc is not None and inc.time_lost_s is not None:
         return round(inc.time_lost_s, 2), False
     if inj.kind == "nan" and rollback_steps is not None and step_time:  # the steps replayed
         return round(rollback_steps * step_time, 2), True
-    if inj.kind == "straggler":  # every rank waits for the slow one in the all-reduce
-        return round(f.slow_steps * f.delay_s, 2), True
+    if inj.kind == "straggler" and inc is not None and run_dir is not None:  # the slow stretch it ended
+        lost = slow_time_lost(run_dir, inc.time - WINDOW_S, inc.time)
+        return (lost, True) if lost is not None else (None, False)
     if inj.kind == "corrupt_checkpoint" and inc is not None and step_time:  # the steps redone
         steps = next((e for e in inc.evidence if isinstance(e, dict) and "resume_step" in e), None)
         if steps is not None:
@@ -177,14 +205,15 @@ def render(report: dict[str, Any]) -> str:
     """The report for a terminal or a log, 80 columns."""
     lines = ["", "trainguard demo report", "=" * 22, ""]
     lines.append(f"injected faults ({len(report['injected'])}) and the incidents they became")
-    lines.append("(times are since the chaos run started):")
+    lines.append("(times since the chaos run started; a delay counts from the injection, which the")
+    lines.append("drill records: the incidents themselves know only the run's own evidence):")
     for f in report["injected"]:
         where = []
         if f["rank"] is not None:
             where.append(f"rank {f['rank']}")
         if f["gpu"] is not None:
             where.append(f"GPU {f['gpu']}")
-        when = f"at {_clock(f['t_s'])}, step {f['step']}" if f["fired"] else "never fired"
+        when = f"injected at {_clock(f['t_s'])}, step {f['step']}" if f["fired"] else "never fired"
         mark = "ok  " if f["matched"] else "FAIL"
         inc = f" -> incident #{f['matched_incident']}" if f["matched_incident"] is not None else ""
         lines.append(f" {mark} {f['id']} {f['label']}{' (' + ', '.join(where) + ')' if where else ''}")
@@ -208,9 +237,9 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"        problem: {f['reason']}")
     others = [i for i in report["incidents"] if i["matched_fault"] is None]
     if others:
-        lines += ["", "other incidents:"]
+        lines += ["", 'other incidents ("also": the same fault seen again; none: a false incident):']
         for i in others:
-            rel = f" (also {i['related_to_fault']})" if i["related_to_fault"] else ""
+            rel = f" (also {i['related_to_fault']})" if i["related_to_fault"] else " (FALSE INCIDENT)"
             lines.append(
                 f"  #{i['id']} {_clock(i['t_s'])} {i['detected_by'] or '-'}: {i['root_cause']} -> {i['action']}{rel}"
             )
@@ -237,6 +266,11 @@ def render(report: dict[str, Any]) -> str:
         ]
         lost_to = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in parts if v >= 0.05)
         lines += textwrap.wrap(lost_to, 78, initial_indent="  lost to: ", subsequent_indent=" " * 11)
+        if report.get("ettr_predicted") is not None:
+            lines.append(
+                f"  predicted from start-up, checkpoints and the incidents' time lost: "
+                f"{report['ettr_predicted']:.1%}"
+            )
     acc, ref = report["accuracy"], report["reference_accuracy"]
     acc_s = f"{acc:.1%}" if acc is not None else "n/a"
     ref_s = (
@@ -247,6 +281,8 @@ def render(report: dict[str, Any]) -> str:
         else "no reference run (--no-reference)"
     )
     lines.append(f"test accuracy {acc_s} under chaos vs {ref_s}")
+    if ref is not None and report.get("reference_source"):
+        lines.append(f"  (reference: {_clip(report['reference_source'], 64)})")
     if report.get("plot"):
         lines.append(f"timeline plot: {report['plot']}")
     if report.get("json"):
@@ -259,7 +295,8 @@ def render(report: dict[str, Any]) -> str:
         lines.append(
             f"PASSED in {_clock(report['duration_s'])}: every injected fault matched its incident with the"
         )
-        lines.append(f"expected root cause, and training reached {acc_s} accuracy.")
+        lines.append(f"expected root cause and action, no false incident, and training reached {acc_s}")
+        lines.append("accuracy (within the reference's) and the ETTR its losses predict.")
     else:
         lines.append(f"FAILED after {_clock(report['duration_s'])}:")
         lines += [f"  - {p}" for p in report["problems"]]

@@ -4,7 +4,9 @@ Pure functions over plain data (exit codes, error records, classified log events
 the node verdict, numerics findings): `supervisor.observe` gathers, this module judges,
 `recover.policy.decide` decides, the supervisor acts. Worker deaths are judged in
 `supervisor.exits`. Root causes follow from evidence, not from which detector fired; where the
-evidence cannot separate causes, the trouble says "unknown" and lists the suspects.
+evidence cannot separate causes, the trouble says "unknown" and lists the suspects. When a trouble
+started is what the run itself saw (the first timestamped evidence, the last progress before a
+hang), never a chaos drill's injection time: a drill's report compares the two, labelled as such.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def assess(obs: Observation, attempt: Attempt, history: History) -> Trouble | No
             default_classifier(),
             oom_killed=obs.oom_kills > 0,
         )
-        return drill_started(trouble, attempt, history)
+        return trouble
     if obs.verdict is not None:
         for gv in obs.verdict.gpus:
             g = gv.gpu.index
@@ -65,9 +67,9 @@ def assess(obs: Observation, attempt: Attempt, history: History) -> Trouble | No
             if key in history.reported:
                 continue
             trouble = gpu_trouble(obs.time, g, gv.health, list(gv.findings), attempt.rank_of_gpu(g))
-            return drill_started(replace(trouble, extra={**trouble.extra, "key": key}), attempt, history)
+            return replace(trouble, extra={**trouble.extra, "key": key})
     if obs.hang is not None:
-        return drill_started(hang_trouble(obs, attempt), attempt, history)
+        return hang_trouble(obs, attempt)
     numerics = numerics_trouble(obs, attempt, history)
     if numerics is not None:
         return numerics
@@ -294,16 +296,3 @@ def straggler_trouble(obs: Observation, attempt: Attempt, history: History) -> T
         summary=f"steps take {slow.step_time:.2f}s vs {slow.baseline:.2f}s baseline",
         rank=slow.rank,
     )
-
-
-def drill_started(trouble: Trouble, attempt: Attempt, history: History) -> Trouble:
-    """A chaos drill knows when its fault really happened: that is the incident's start, so the
-    detection delay is measured, not guessed (a SIGKILL leaves no timestamp of its own)."""
-    for inj in reversed(history.injected):
-        if inj.time >= attempt.started - 1 and (trouble.rank is None or inj.rank in (None, trouble.rank)):
-            return replace(
-                trouble,
-                started=min(trouble.started, inj.time),
-                extra={"injected": inj.index, **trouble.extra},
-            )
-    return trouble

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 from trainguard.chaos import ChaosExecutor, Injected, load_plan
 from trainguard.chaos.plan import refusal, step_triggered
 from trainguard.errors import MissingDependency
-from trainguard.incidents import Incident, IntervalKind, RootCause
+from trainguard.incidents import Incident, IntervalKind
 from trainguard.records import Health
 from trainguard.recover.policy import Decision, Trouble, TroubleKind, Verb, decide, with_diagnosis
 from trainguard.rundir import ATTEMPT_ENV, RUN_DIR_ENV
-from trainguard.supervisor.assess import assess, drill_started, numerics_verdicts, workers_done
+from trainguard.supervisor.assess import assess, numerics_verdicts, workers_done
 from trainguard.supervisor.attempt import Attempt, History, Pending
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.diagnostics import Diagnostics, measured, preflight_off, preflight_troubles
@@ -48,6 +48,7 @@ from trainguard.supervisor.observe import Observation, Observer
 from trainguard.supervisor.oom import oom_kills
 from trainguard.supervisor.record import JobRecorder, node_name
 from trainguard.supervisor.resume import resume_point
+from trainguard.supervisor.torn import torn_cause
 from trainguard.supervisor.watch import ProgressWatch, watchers
 
 if TYPE_CHECKING:
@@ -355,8 +356,6 @@ class Supervisor:
         )
         rank_of_gpu = ending.rank_of_gpu if ending is not None else (lambda g: None)
         for trouble in preflight_troubles(report, self.gpu_map.gpus, self.clock(), rank_of_gpu):
-            if ending is not None:  # a drill's fault: its injection is when it started
-                trouble = drill_started(trouble, ending, self.history)
             decision = decide(trouble, self.history.policy_state(self.config, len(self.gpu_map.gpus), True))
             incident = self._record_incident(trouble, decision, self.attempt_number)
             if decision.verb.stops:
@@ -534,15 +533,16 @@ class Supervisor:
             return
         self.history.skipped_checkpoints.add(step)
         resume = attempt.resume_step
+        cause, why = torn_cause(reason)  # what the verification found tells storage from a torn save
         incident = self.recorder.add(
             Incident(
                 job=self.job_id,
                 time=self.clock(),
-                root_cause=RootCause.DEPENDENCY,
+                root_cause=cause,
                 action="skip_torn_checkpoint",
                 summary=f"checkpoint step {step} failed verification; resuming from step {resume}",
                 category="checkpoint",
-                evidence=(reason, {"skipped_step": step, "resume_step": resume}),
+                evidence=(reason, *why, {"skipped_step": step, "resume_step": resume}),
                 node=self.node,
                 attempt=attempt.number,
                 detected_by="checkpoint_verify",

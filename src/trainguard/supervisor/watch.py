@@ -137,8 +137,10 @@ class ProgressWatch:
         if "exit" in phases:  # the final save and teardown
             timeout = max(timeout, self.startup_timeout)
         elif "checkpoint" in phases:  # a synchronous save: as long as the slowest one seen, x factor
+            # An attempt's first save is often handed to a writer still starting up, and returns
+            # at once; the next one waits for that writer: never less than factor x the floor.
             slowest = max(self._ckpt_times, default=None)
-            allowance = self.checkpoint_timeout if slowest is None else self.factor * slowest
+            allowance = self.checkpoint_timeout if slowest is None else self.factor * max(slowest, self.floor)
             timeout = max(timeout, allowance)
         recent = [t for p in self._ranks.values() for t in p.step_times]
         low = min(self._ranks) if self._ranks else None

@@ -13,7 +13,9 @@ The supervisor writes ``$TRAINGUARD_RUN_DIR/chaos.json``::
 
 Each fault fires at the first step boundary at or after ``step`` on its rank, exactly once per run:
 before it takes effect it is recorded in ``chaos-fired/<id>`` (atomically), so a restarted worker
-that replays the step does not fire it again. The effects are the real ones: "nan" poisons the
+that replays the step does not fire it again. The exception is a "nan" with ``"recurs": true``,
+the data's NaN: it poisons that step every time the step runs (a replay after a rollback, a
+restarted worker), as a bad batch does. The effects are the real ones: "nan" poisons the
 loss the Guard (and, through ``Guard.loss``, backward) sees; "slow" makes a straggler; "hang"
 blocks the rank forever, so its peers block inside the next collective; "raise" raises the named
 exception; "exit" ends the process with ``os._exit(code)``.
@@ -54,6 +56,7 @@ class InProcessFault:
     exc: str = "RuntimeError"  # raise
     message: str = "trainguard chaos: injected fault"  # raise
     code: int = 1  # exit
+    recurs: bool = False  # nan: every time the step runs, not once
 
     @property
     def id(self) -> str:
@@ -87,11 +90,12 @@ def load_faults(run_dir: Path, rank: int) -> list[InProcessFault]:
                 exc=str(entry.get("exc", "RuntimeError")),
                 message=str(entry.get("message", "trainguard chaos: injected fault")),
                 code=int(entry.get("code", 1)),
+                recurs=entry.get("recurs") is True,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             log.warning("ignoring bad chaos fault #%d %r: %s", index, entry, exc)
             continue
-        if fault.rank == rank and not (run_dir / FIRED_DIR / fault.id).exists():
+        if fault.rank == rank and (fault.recurs or not (run_dir / FIRED_DIR / fault.id).exists()):
             faults.append(fault)
     return sorted(faults, key=lambda f: f.step)
 
@@ -104,7 +108,11 @@ class Chaos:
         self._pending = load_faults(run_dir, rank) if run_dir is not None else []
         self._slow_until = -1
         self._slow_delay = 0.0
-        self.next_step: int | None = self._pending[0].step if self._pending else None
+        # step -> a "nan" that comes with that step's data: it fires whenever that step runs
+        self._recurring = {f.step: f for f in self._pending if f.recurs}
+        self._pending = [f for f in self._pending if not f.recurs]
+        self.next_step: int | None = None
+        self._plan_next(-1)
 
     def at_step(self, step: int) -> bool:
         """Apply the faults due at this step boundary; True when the loss must become NaN."""
@@ -121,18 +129,33 @@ class Chaos:
                 self._sleep(fault.delay_s)
             else:
                 _fire(fault)
-        self.next_step = self._pending[0].step if self._pending else None
+        if step in self._recurring:  # the bad batch, first run or replay
+            self._record_once(self._recurring[step], step)
+            nan = True
+        self._plan_next(step)
         if self._slow_until >= step + 1:
             self.next_step = step + 1
         return nan
+
+    def _plan_next(self, step: int) -> None:
+        # A rollback replays earlier steps: a recurring NaN's step stays due once passed.
+        due = [f.step for f in self._pending] + list(self._recurring)
+        self.next_step = min(due) if due else None
 
     def take_nan(self, step: int) -> bool:
         """Fire a due "nan" fault only (for ``Guard.loss``, before backward); True if one fired."""
         if self._pending and self._pending[0].step <= step and self._pending[0].kind is FaultKind.NAN:
             self._record(self._pending.pop(0), step)
-            self.next_step = self._pending[0].step if self._pending else None
+            self._plan_next(step)
+            return True
+        if step in self._recurring:
+            self._record_once(self._recurring[step], step)
             return True
         return False
+
+    def _record_once(self, fault: InProcessFault, step: int) -> None:
+        if self.run_dir is not None and not (self.run_dir / FIRED_DIR / fault.id).exists():
+            self._record(fault, step)
 
     def _record(self, fault: InProcessFault, step: int) -> None:
         if self.run_dir is None:

@@ -12,11 +12,11 @@ Each scenario scripts faults on a fleet and states the node verdict trainguard m
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainguard.clock import VirtualClock
 from trainguard.errors import ConfigError
-from trainguard.records import Health, RecoveryAction
+from trainguard.records import Health, NodeVerdict, RecoveryAction
 from trainguard.telemetry.sim.fleet import SimFleet
 
 __all__ = ["DIAGNOSE_SCENARIOS", "SCENARIOS", "DiagnoseScenario", "Scenario", "run_scenario"]
@@ -30,6 +30,30 @@ class Scenario:
     duration_s: float
     script: Callable[[SimFleet], object]
     faulty_gpus: tuple[int, ...] = ()  # GPUs the faults hit (each needs >= 8 GPUs in the fleet)
+    per_gpu: dict[int, Health] = field(default_factory=dict)  # a faulty GPU's verdict, if not `expected`
+
+    def expected_gpus(self, n_gpus: int) -> dict[int, Health]:
+        """The verdict each GPU of an ``n_gpus`` fleet must end in: a faulty GPU its own (or the
+        scenario's), every other GPU ok."""
+        return {
+            g: self.per_gpu.get(g, self.expected) if g in self.faulty_gpus else Health.OK
+            for g in range(n_gpus)
+        }
+
+    def mismatches(self, verdict: NodeVerdict) -> list[str]:
+        """Where the agent's verdict differs from the expected one, in words (empty: it matches):
+        the node, a faulty GPU missed or judged too mildly, a healthy GPU flagged."""
+        out = (
+            []
+            if verdict.health is self.expected
+            else [f"node {verdict.health.value}, expected {self.expected.value}"]
+        )
+        seen = {g.gpu.index: g.health for g in verdict.gpus}
+        n_gpus = max([*seen, *self.faulty_gpus], default=-1) + 1
+        for g, want in self.expected_gpus(n_gpus).items():
+            if seen.get(g, Health.UNKNOWN) is not want:
+                out.append(f"GPU {g} {seen.get(g, Health.UNKNOWN).value}, expected {want.value}")
+        return out
 
 
 def _tour(f: SimFleet) -> None:
@@ -142,6 +166,7 @@ _ALL = [
         60,
         _tour,
         (0, 1, 2, 3, 4, 5, 6, 7),
+        {g: Health.DEGRADED for g in (0, 1, 2, 3, 5, 7)},  # 4 and 6 fail
     ),
 ]
 
