@@ -4,7 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all test-integration integration-deps lint typecheck unit unit-all bench clean install
+.PHONY: demo test test-all test-integration integration-deps lint typecheck unit unit-all bench clean install \
+	gpu-check gpu-check-dry
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,8 +21,8 @@ demo: $(STAMP)
 	$(BIN)/trainguard demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples tools
+	$(BIN)/ruff format --check src tests benchmarks examples tools
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -44,9 +45,21 @@ integration-deps:
 test-integration: $(STAMP) integration-deps
 	$(BIN)/pytest -q -m integration
 
-test: lint typecheck unit
+test: lint typecheck unit gpu-check-dry
 
-test-all: lint typecheck integration-deps unit-all
+test-all: lint typecheck integration-deps unit-all gpu-check-dry
+
+# `make gpu-check`: every GPU-only path on a real NVIDIA GPU in one go (tools/gpu_check.py; under
+# 8 minutes, nothing installed, no network): report and logs in $(OUT). It runs with the .venv
+# where there is one, else the machine's python3 (a GPU box's own torch). Without a GPU, or with
+# GPU_CHECK_DRY=1, the same stages run on the CPU and the simulated node: `make test` runs that.
+OUT ?= gpu-check-out
+GPU_CHECK_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+gpu-check:
+	$(GPU_CHECK_PY) tools/gpu_check.py --out $(OUT) $(if $(filter-out 0,$(GPU_CHECK_DRY)),--dry)
+
+gpu-check-dry: $(STAMP)
+	$(BIN)/python tools/gpu_check.py --dry --out build/gpu-check-dry
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -63,9 +63,9 @@ from trainguard.torch import Checkpointer, TrainState
 LAYER_BYTES = 4096 * 4096 * 4
 
 
-def make_state(size_gb: float) -> TrainState:
+def make_state(size_gb: float, device: str = "cpu") -> TrainState:
     layers = max(1, math.ceil(size_gb * (1 << 30) / (3 * LAYER_BYTES)))
-    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(layers)])
+    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(layers)]).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -97,6 +97,7 @@ def timed_step(
         ckpt.save(step, state)
     saved = time.perf_counter()
     train_step(state, batch)
+    loop_overhead.settle(batch)
     return time.perf_counter() - start, saved - start
 
 
@@ -140,18 +141,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--batch", type=int, default=8, help="training batch (rows of 4096)")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    parser.add_argument("--device", default="cpu", help="where the state lives: cpu or cuda (GPU memory)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="tg-bench-ckpt-", dir=args.dir))
     try:
-        state = make_state(args.size_gb)
-        batch = torch.randn(args.batch, 4096)
+        state = make_state(args.size_gb, args.device)
+        batch = torch.randn(args.batch, 4096, device=args.device)
         train_step(state, batch)  # warm-up: allocator, first-step optimizer work
         tensors = state_tensors(state)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        floor = [torch.empty_like(t) for t in tensors]
+        # the floor: one copy into already-allocated host memory (pinned for a GPU's state)
+        cuda = batch.is_cuda
+        floor = [torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda) for t in tensors]
         torch._foreach_copy_(floor, tensors)  # fault the pages in: "already allocated"
 
         ckpt = Checkpointer(root / "ckpt", keep_last=1)
@@ -174,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             if step % 2:  # alternate the order, so neither always follows the other's flush
                 dds.append(best_dd(root / "dd.bin", nbytes))
             start = time.perf_counter()
-            torch._foreach_copy_(floor, tensors)
+            torch._foreach_copy_(floor, tensors, non_blocking=cuda)
+            loop_overhead.settle(batch)
             copies.append(time.perf_counter() - start)
             plain, _ = timed_step(state, batch, None, step)
             steps.append(plain)
@@ -201,7 +206,10 @@ def main(argv: list[str] | None = None) -> int:
                 syncs.append(sync_save(state, root / "sync.pt"))
         ckpt.close()
         plain_ckpt.close()
-        loop, pressed = loop_overhead.measure_both(state, batch, root / "loop", args.loop_rounds)
+        loop: dict[str, object] = {}
+        pressed: dict[str, object] = {}
+        if args.loop_rounds > 0:  # 0: the stall figures alone (a quick check)
+            loop, pressed = loop_overhead.measure_both(state, batch, root / "loop", args.loop_rounds)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -227,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "disk_ratio": round(disk_ratio, 3),
         **loop,
         **{f"backpressure_{k}": v for k, v in pressed.items()},
+        "device": args.device,
         "rounds": args.rounds,
         "stalls_s": [round(s, 4) for s in stalls],
         "copies_s": [round(c, 4) for c in copies],
@@ -263,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"dd bs=64M best of fsync/O_DIRECT {dd_rate:8.1f} MB/s disk_ratio {result['disk_ratio']:.3f} (target >= 0.8)"
         )
-        for name, r in (("", loop), ("back-pressure: ", pressed)):
+        for name, r in (("", loop), ("back-pressure: ", pressed)) if loop else ():
             print(
                 f"{name}{r['loop_steps']} steps, a save every {r['loop_every']} ({r['loop_plain_s']:.2f} s "
                 f"without), medians of {r['loop_rounds']} paired rounds [95% CI]:"

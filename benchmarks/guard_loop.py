@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 
 
@@ -25,6 +26,7 @@ def bare_steps(model: Any, opt: Any, data: list[Any], n: int, inside: list[float
         opt.zero_grad(set_to_none=True)
         g1 = time.thread_time()
         inside[0] += time.thread_time() - g1
+    settle(data)
     return time.thread_time() - t0, time.perf_counter() - w0
 
 
@@ -50,4 +52,12 @@ def guarded_steps(
         g1 = time.thread_time()
         step = guard.end_step(step)
         inside[0] += time.thread_time() - g1
+    settle(data)
     return time.thread_time() - t0, time.perf_counter() - w0
+
+
+def settle(data: list[Any]) -> None:
+    """On a GPU the block's wall time must include its queued kernels (and any sync the Guard
+    forced shows as the difference)."""
+    if data and data[0][0].is_cuda:
+        torch.cuda.synchronize()

@@ -162,7 +162,14 @@ def run_loop(
         state.optimizer.zero_grad(set_to_none=True)
         if save is not None and step % every == 0 and step < steps:
             save()
+    settle(batch)
     return time.perf_counter() - start
+
+
+def settle(batch: torch.Tensor) -> None:
+    """On a GPU, wait for the queued work: a wall time must include it."""
+    if batch.is_cuda:
+        torch.cuda.synchronize()
 
 
 def steps_per_write(state: TrainState, batch: torch.Tensor, ours: Checkpointer, dcp: DcpSaver) -> int:

@@ -130,6 +130,17 @@ def test_the_rank_behind_in_the_flight_recorder_is_the_laggard(tmp_path):
     assert report.laggards == (1,) and report.method == "flight_recorder"
 
 
+def test_the_only_rank_of_a_one_rank_job_is_the_laggard(tmp_path):
+    fired = tmp_path / "rank0-1.txt"
+    fired.write_text(
+        'Current thread 0x2 (most recent call first):\n  File "/src/trainguard/torch/chaos.py", line 1\n'
+    )
+    report = analyze([0], {0: "S"}, {0: [fired]}, {})
+    assert report.laggards == (0,) and report.method == "stacks"
+    assert report.reasons[0] == "the job's only rank; stack is not inside a collective"
+    assert analyze([0], {0: "S"}, {}, {}).laggards == (0,)  # no dump: still the only suspect
+
+
 def test_heartbeats_break_the_tie_when_nothing_else_does():
     beats = {0: Heartbeat(0, 30, 1.0), 1: Heartbeat(1, 29, 1.0)}
     assert analyze([0, 1], {}, {}, beats).laggards == (1,)

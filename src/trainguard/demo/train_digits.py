@@ -95,10 +95,17 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep per step (demos)")
+    p.add_argument(
+        "--deterministic", action="store_true", help="bitwise-reproducible kernels (exact-resume checks)"
+    )
     args = p.parse_args()
 
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
+    if args.deterministic:  # cuBLAS reads its workspace setting when CUDA starts, below
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
     device, rank, world = setup()
     train_set, test_set = digits()
     model: nn.Module = DigitsCNN().to(device)

@@ -119,6 +119,11 @@ def analyze(
     stopped = {r: "process stopped (state T)" for r in ranks if states.get(r) == "T"}
     if stopped:
         return HangReport(tuple(sorted(stopped)), stopped, files, "proc_state")
+    if len(ranks) == 1:  # no peer to compare with: the job's only rank is where it hangs
+        (r,) = ranks
+        where = "inside a collective" if _in_collective(dumps.get(r, [])) else "not inside a collective"
+        reason = f"the job's only rank; stack is {where}" if r in dumps else "the job's only rank"
+        return HangReport((r,), {r: reason}, files, "stacks" if r in dumps else "proc_state")
     silent = [r for r in ranks if r not in dumps]
     if dumps and silent and len(silent) < len(ranks):
         reasons = {r: "did not answer the dump request while the others did" for r in silent}

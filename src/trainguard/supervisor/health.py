@@ -41,6 +41,11 @@ class GpuMap:
     def cuda_visible_devices(self) -> str:
         return ",".join(str(g) for g in self.gpus)
 
+    def cuda_env(self) -> dict[str, str]:
+        """The worker's GPU environment. CUDA numbers devices fastest-first by default, NVML and
+        nvidia-smi by PCI bus: the indices we exclude are NVML's, so CUDA must count the same way."""
+        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": self.cuda_visible_devices()}
+
 
 class NodeHealth:
     """Ticks the node agent at most every ``interval`` seconds; never raises (a broken health

@@ -520,7 +520,7 @@ class Supervisor:
         env.update(self.config.env)
         env[RUN_DIR_ENV] = str(self.run_dir)
         env[ATTEMPT_ENV] = str(self.attempt_number)
-        env["CUDA_VISIBLE_DEVICES"] = self.gpu_map.cuda_visible_devices()
+        env.update(self.gpu_map.cuda_env())
         env["TRAINGUARD_GPU"] = str(self.gpu_map.gpu_of(local_rank))
         env["TRAINGUARD_JOB_ID"] = self.job_id
         env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT then dumps every thread's stack (hang forensics)

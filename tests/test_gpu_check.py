@@ -1,0 +1,73 @@
+"""tools/gpu_check.py judges the runs it makes: fed a wrong outcome, each judgement fails.
+
+`make test` runs the whole check in its dry mode (CPU and the simulated node); these tests feed
+its judges the outcomes a broken GPU path would produce.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parent.parent / "tools" / "gpu_check.py"
+_spec = importlib.util.spec_from_file_location("gpu_check", _PATH)
+assert _spec is not None and _spec.loader is not None
+gpu_check = importlib.util.module_from_spec(_spec)
+sys.modules["gpu_check"] = gpu_check  # dataclasses look their module up
+_spec.loader.exec_module(gpu_check)
+
+REFERENCE = {"exit_code": 0, "weights": "abc", "incidents": []}
+
+
+def _run(**changes):
+    run = {
+        "exit_code": 0,
+        "weights": "abc",
+        "stack_dumps": ["rank0-1.txt"],
+        "incidents": [{"rank": 0, "action": "rollback", "detected_by": "numerics"}],
+    }
+    return {**run, **changes}
+
+
+def test_a_clean_nan_drill_passes():
+    assert gpu_check._judge_drill("nan", _run(), REFERENCE, 1) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "changes", "problem"),
+    [
+        ("nan", {"weights": "abd"}, "final weights differ"),
+        ("nan", {"weights": None}, "final weights differ"),
+        ("nan", {"exit_code": 1}, "exit 1"),
+        ("nan", {"incidents": [{"rank": 0, "action": "restart", "detected_by": "numerics"}]}, "no rollback"),
+        ("kill", {"incidents": [{"rank": 0, "action": "restart", "detected_by": "exit_code"}]}, "rank 1"),
+        ("kill", {"incidents": []}, "rank 1"),
+        ("hang", {"incidents": [{"rank": 1, "action": "restart", "detected_by": "exit_code"}]}, "no hang"),
+        ("hang", {"stack_dumps": []}, "no stack dump"),
+    ],
+)
+def test_a_wrong_outcome_fails_its_drill(name, changes, problem):
+    base = (
+        _run()
+        if name == "nan"
+        else _run(incidents=[{"rank": 1, "action": "restart", "detected_by": "heartbeat"}])
+    )
+    problems = gpu_check._judge_drill(name, {**base, **changes}, REFERENCE, 2)
+    assert any(problem in p for p in problems), problems
+
+
+def test_junit_counts_read_pytests_report(tmp_path):
+    xml = tmp_path / "r.xml"
+    xml.write_text(
+        '<testsuites><testsuite tests="5" failures="1" errors="0" skipped="2"></testsuite></testsuites>'
+    )
+    assert gpu_check._junit_counts(xml) == {"tests": 5, "failures": 1, "errors": 0, "skipped": 2}
+    assert gpu_check._junit_counts(tmp_path / "missing.xml")["tests"] == 0
+
+
+def test_the_last_json_document_is_found_after_log_lines():
+    assert gpu_check._json('warning: x\n{"verdict": "pass"}\n') == {"verdict": "pass"}
+    assert gpu_check._json("no json at all") is None
