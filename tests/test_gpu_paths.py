@@ -213,6 +213,32 @@ def test_nvml_readings_are_physical_and_agree_with_nvidia_smi():
         assert s.pcie_gen is None or 1 <= s.pcie_gen <= (s.pcie_gen_max or 6)
 
 
+def test_nvml_modes_and_driver_agree_with_nvidia_smi():
+    import xml.etree.ElementTree as ET
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        pytest.skip("no nvidia-smi here")
+    root = ET.fromstring(subprocess.run([smi, "-q", "-x"], capture_output=True, text=True, check=True).stdout)
+    with _nvml() as backend:
+        driver = backend.driver_info()
+        modes = [backend.modes(k) for k in range(len(backend.gpus()))]
+    assert driver.driver == root.findtext("driver_version")
+    assert driver.cuda == root.findtext("cuda_version")
+    assert driver.nvml and driver.nvml.split(".")[0].isdigit()
+
+    def flag(text: str | None) -> bool | None:
+        return {"Enabled": True, "Disabled": False}.get((text or "").strip())
+
+    gpus = root.findall("gpu")
+    assert len(gpus) == len(modes)
+    for g, m in zip(gpus, modes, strict=True):
+        assert m.persistence == flag(g.findtext("persistence_mode"))
+        assert m.ecc == flag(g.findtext("ecc_mode/current_ecc"))
+        assert m.ecc_pending == flag(g.findtext("ecc_mode/pending_ecc"))
+        assert m.mig in (flag(g.findtext("mig_mode/current_mig")), None)
+
+
 # -- exclusion: a GPU left out is really not used -------------------------------------------------
 
 
