@@ -103,7 +103,7 @@ def test_bad_policy_is_a_clear_error(doc: dict[str, object], words: list[str]) -
 
 
 def test_missing_policy_file_says_where_the_example_is(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="docs/remediation.md"):
+    with pytest.raises(ConfigError, match=r"docs/remediation\.md"):
         load_policy(tmp_path / "nope.toml")
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
+from typing import Any
 
 from trainguard.remediate.jsonfile import JsonFile
 from trainguard.remediate.policy import BreakerLimits
@@ -49,7 +50,7 @@ class BreakerState:
     jobs_tripped: tuple[tuple[str, str], ...] = ()  # (job, why)
     held: int = 0  # actions held since the last reset
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "actioned": [[a.time, a.node, a.job] for a in self.actioned],
             "tripped": self.tripped,
@@ -59,16 +60,16 @@ class BreakerState:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, object]) -> BreakerState:
+    def from_dict(cls, d: dict[str, Any]) -> BreakerState:
         acts = d.get("actioned") or []
         jobs = d.get("jobs_tripped") or []
         t_at = d.get("tripped_at")
         return cls(
-            tuple(Actioned(float(t), str(n), None if j is None else str(j)) for t, n, j in acts),  # type: ignore[union-attr]
+            tuple(Actioned(float(t), str(n), None if j is None else str(j)) for t, n, j in acts),
             None if d.get("tripped") is None else str(d["tripped"]),
-            None if t_at is None else float(t_at),  # type: ignore[arg-type]
-            tuple((str(j), str(w)) for j, w in jobs),  # type: ignore[union-attr]
-            int(d.get("held") or 0),  # type: ignore[call-overload]
+            None if t_at is None else float(t_at),
+            tuple((str(j), str(w)) for j, w in jobs),
+            int(d.get("held") or 0),
         )
 
 

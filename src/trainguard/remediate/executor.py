@@ -194,7 +194,7 @@ class Remediator:
             resolved=False,
             resolution=resolution,
         )
-        return self.store.add(inc)  # type: ignore[no-any-return]
+        return self.store.add(inc)
 
     def _finish(self, rec: Incident, outcome: Outcome, tries: int) -> Incident:
         slot = provider_for(Remedy(rec.action))
@@ -203,7 +203,7 @@ class Remediator:
         resolution = f"{outcome.status.value}: {outcome.detail}" if outcome.detail else outcome.status.value
         if rec.id is None:
             return replace(rec, resolution=resolution, evidence=evidence, resolved=outcome.ok)
-        return self.store.update(rec.id, resolution=resolution, evidence=evidence, resolved=outcome.ok)  # type: ignore[no-any-return]
+        return self.store.update(rec.id, resolution=resolution, evidence=evidence, resolved=outcome.ok)
 
 
 def _finding_dict(f: Finding) -> dict[str, object]:

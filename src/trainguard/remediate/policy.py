@@ -263,7 +263,7 @@ def _section(cls: Any, raw: dict[str, Any], where: str, as_dict: bool = False) -
     _no_unknown(raw, set(names), where)
     values: dict[str, Any] = {}
     for k, v in raw.items():
-        kind = type(names[k].default)
+        kind: Any = type(names[k].default)
         if isinstance(v, bool) or not isinstance(v, int | float) or (kind is int and not isinstance(v, int)):
             raise ConfigError(f"{where}: {k} must be a {kind.__name__}, not {v!r}")
         if v < 0:
