@@ -49,19 +49,23 @@ class SlurmProvider:
 
     def show(self, node: str) -> dict[str, str] | None:
         """The node's fields (``State``, ``Reason``...); None when Slurm cannot be asked."""
+        return self._show(node)[0]
+
+    def _show(self, node: str) -> tuple[dict[str, str] | None, str]:
         try:
             r = self._run("show", "node", "-o", node)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, str(exc)
         if r.returncode != 0:
-            return None
-        return node_state(r.stdout)
+            return None, (r.stderr or r.stdout).strip()
+        return node_state(r.stdout), ""
 
     def apply(self, remedy: str, target: Target) -> Outcome:
         node, reason = target.node, clip_reason(target.reason)
-        info = self.show(node)
-        if info is None:
-            return Outcome(Status.FAILED, f"scontrol show node {node} failed", retry=True)
+        info, err = self._show(node)
+        if info is None:  # a node Slurm does not know is definite; a controller not answering may pass
+            unknown = "not found" in err or "Invalid node name" in err
+            return Outcome(Status.FAILED, f"scontrol show node {node}: {err}", retry=not unknown)
         flags = set(info.get("State", "").upper().split("+"))
         if remedy == "drain":
             if "DRAIN" in flags:
