@@ -78,16 +78,22 @@ class Remediator:
         sleep: Callable[[float], None] = time.sleep,
         backoff_s: float = 1.0,
         on_reset: Callable[[int], None] | None = None,
+        record_dry_run: bool = True,
     ) -> None:
         self.policy, self.node, self.store = policy, node, store
         self.providers = providers or {}
-        self.breaker = brk.BreakerFile(breaker_path or Path(state_dir) / "breaker.json")
+        self.breaker = brk.BreakerFile(
+            breaker_path or policy.breaker_file or Path(state_dir) / "breaker.json"
+        )
         self.escalation = esc.EscalationFile(Path(state_dir) / "escalation.json")
         self.enforce, self.job, self.gpu_model = enforce, job, gpu_model
         self.fleet_size = policy.breaker.fleet_size if fleet_size is None else fleet_size
         self.clock, self.sleep, self.backoff_s = clock, sleep, backoff_s
         self.on_reset = on_reset  # told which GPU was reset (the agent forgets its old Xids)
         self.actor = f"trainguard-agent@{node}"
+        # False: dry-run decisions are returned (and counted by the caller) but not stored; the
+        # agent's out-of-the-box default, so an unconfigured agent's store holds only detections.
+        self.record_dry_run = record_dry_run
 
     # -- the act step ---------------------------------------------------------------------------
 
@@ -194,6 +200,8 @@ class Remediator:
             resolved=False,
             resolution=resolution,
         )
+        if not self.record_dry_run and resolution.startswith("dry_run"):
+            return inc
         return self.store.add(inc)
 
     def _finish(self, rec: Incident, outcome: Outcome, tries: int) -> Incident:

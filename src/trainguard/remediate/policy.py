@@ -76,6 +76,8 @@ DEFAULT_ACTIONS: dict[str, Remedy] = {
     Action.DRAIN.value: Remedy.DRAIN,
     Action.CONTACT_SUPPORT.value: Remedy.HARDWARE_INSPECTION,
 }
+# Rules whose remedy is not their suggested action's: a stranger's process is news, not a broken GPU.
+DEFAULT_RULES: dict[str, Remedy] = {"unexpected_gpu_process": Remedy.WEBHOOK}
 PROVIDERS = ("slurm", "kubernetes", "none")
 
 
@@ -86,6 +88,7 @@ class BreakerLimits:
     fleet_size: int = 0  # nodes in the fleet, for max_fraction (0: unknown, max_nodes alone)
     window_s: float = 3600.0  # sliding window of both fleet limits
     job_window_s: float = 3600.0  # per job: at most its spare nodes actioned per window
+    job_spares: int = 0  # nodes one training job may lose per job window; 0: no job limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +119,14 @@ class Policy:
     actions: dict[str, Remedy] = field(default_factory=dict)
     groups: tuple[Group, ...] = ()
     breaker: BreakerLimits = BreakerLimits()
+    breaker_file: str = ""  # one file for the fleet (a shared path); "" = <state_dir>/breaker.json
     escalation: EscalationLimits = EscalationLimits()
     webhook_url: str | None = None
     webhook_secret_file: str | None = None
     racks: dict[str, str] = field(default_factory=dict)  # node -> rack (a node label)
+    intrusion: bool = True  # look for GPU processes that belong to no job
+    allowed_commands: tuple[str, ...] = ()  # command prefixes that may use a GPU outside a job
+    allowed_users: tuple[str, ...] = ()  # users who may
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +156,7 @@ def choose(policy: Policy, finding: Finding, node: str, gpu_model: str | None = 
         if remedy is not None:
             break
     if remedy is None:
-        remedy = DEFAULT_ACTIONS.get(finding.action.value, Remedy.NONE)
+        remedy = DEFAULT_RULES.get(finding.rule) or DEFAULT_ACTIONS.get(finding.action.value, Remedy.NONE)
     if remedy in (Remedy.DRAIN, Remedy.CORDON):
         remedy = Remedy.CORDON if policy.provider == "kubernetes" else Remedy.DRAIN
     return Decision(finding, remedy, enforce, group.name if group else None, why)
@@ -189,7 +196,18 @@ def parse_policy(data: dict[str, Any], where: str = "policy") -> Policy:
     table = data.get("remediation", data)
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: [remediation] must be a table")
-    known = {"enforce", "provider", "actions", "group", "breaker", "escalation", "webhook", "racks"}
+    known = {
+        "enforce",
+        "provider",
+        "actions",
+        "group",
+        "breaker",
+        "escalation",
+        "webhook",
+        "racks",
+        "intrusion",
+        "breaker_file",
+    }
     _no_unknown(table, known, f"{where}: [remediation]")
     provider = table.get("provider", "slurm")
     if provider not in PROVIDERS:
@@ -212,6 +230,10 @@ def parse_policy(data: dict[str, Any], where: str = "policy") -> Policy:
         )
     webhook = table.get("webhook", {})
     _no_unknown(webhook, {"url", "secret_file"}, f"{where}: [remediation.webhook]")
+    intrusion = table.get("intrusion", {})
+    _no_unknown(
+        intrusion, {"enabled", "allowed_commands", "allowed_users"}, f"{where}: [remediation.intrusion]"
+    )
     esc = dict(table.get("escalation", {}))
     per_xid = {int(k): int(v) for k, v in esc.pop("per_xid", {}).items()}
     return Policy(
@@ -219,6 +241,7 @@ def parse_policy(data: dict[str, Any], where: str = "policy") -> Policy:
         provider=provider,
         actions=_actions(table.get("actions", {}), f"{where}: [remediation.actions]"),
         groups=tuple(groups),
+        breaker_file=str(table.get("breaker_file", "")),
         breaker=_section(BreakerLimits, table.get("breaker", {}), f"{where}: [remediation.breaker]"),
         escalation=EscalationLimits(
             **_section(EscalationLimits, esc, f"{where}: [remediation.escalation]", as_dict=True),
@@ -227,6 +250,9 @@ def parse_policy(data: dict[str, Any], where: str = "policy") -> Policy:
         webhook_url=webhook.get("url"),
         webhook_secret_file=webhook.get("secret_file"),
         racks={str(k): str(v) for k, v in table.get("racks", {}).items()},
+        intrusion=_bool(intrusion.get("enabled", True), f"{where}: [remediation.intrusion] enabled"),
+        allowed_commands=tuple(str(c) for c in intrusion.get("allowed_commands", [])),
+        allowed_users=tuple(str(u) for u in intrusion.get("allowed_users", [])),
     )
 
 
