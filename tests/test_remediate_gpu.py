@@ -7,6 +7,8 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from trainguard.agent import Agent
 from trainguard.agentd.judge import all_findings, onsets
 from trainguard.clock import VirtualClock
@@ -125,3 +127,54 @@ def test_procinfo_reads_user_command_and_slurm_job(tmp_path: Path) -> None:
     (fake / "environ").write_bytes(b"SLURM_JOB_ID=99\0")
     assert describe(77, 1, proc=tmp_path / "proc").job == "99"
     assert describe(78, 1, proc=tmp_path / "proc").job is None  # gone: nothing known, no crash
+
+
+def test_nvml_running_processes_become_gpu_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML's running-process list, with /proc filling in user and command (here: this process)."""
+    import types
+
+    from trainguard.records import Gpu
+    from trainguard.telemetry import nvml
+
+    class NVMLError(Exception):
+        pass
+
+    entry = types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=3 * 2**30)
+    fake = types.SimpleNamespace(
+        NVMLError=NVMLError, nvmlDeviceGetComputeRunningProcesses=lambda h: [entry] if h == "h1" else []
+    )
+    monkeypatch.setattr(nvml, "pynvml", fake)
+    backend = object.__new__(nvml.NvmlBackend)
+    backend._handles, backend._gpus = ["h0", "h1"], [Gpu(0), Gpu(1)]
+    assert backend.processes(0) == []
+    (p,) = backend.processes(1)
+    assert (p.pid, p.gpu, p.used_mib) == (os.getpid(), 1, 3072.0) and p.command and p.user
+
+
+@pytest.mark.gpu
+def test_a_cuda_process_outside_any_job_is_flagged_on_a_real_gpu() -> None:
+    """On a GPU machine: a CUDA process this test starts (no Slurm job) shows up as unexpected."""
+    import subprocess
+    import sys
+
+    from trainguard.errors import BackendUnavailable
+    from trainguard.telemetry.nvml import NvmlBackend
+
+    try:
+        backend = NvmlBackend()
+    except BackendUnavailable:
+        pytest.skip("no NVIDIA driver or GPU on this machine")
+    code = "import torch,sys,time; x=torch.ones(1,device='cuda'); print('up',flush=True); time.sleep(60)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "up"
+        with backend:
+            procs = [p for g in backend.gpus() for p in backend.processes(g.index)]
+        ours = [p for p in procs if p.pid == child.pid]
+        assert ours, procs  # in a container NVML may report host pids: then this says so
+        (f,) = unexpected_processes(ours, 0.0)
+        assert f"pid {child.pid}" in f.reason
+    finally:
+        child.kill()
+        child.wait()
