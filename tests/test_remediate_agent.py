@@ -25,6 +25,7 @@ def test_default_agent_decides_but_does_not_act(tmp_path: Path) -> None:
         daemon.step()
         daemon.fleet.now().xid(79, gpu=3)
         daemon.step()
+        daemon.remediation.flush()
         assert daemon.remediation.counts[("reboot_node", "dry_run")] == 1
         assert daemon.remediation.enforcing is False
         node = daemon.remediation.remediator.providers.get("node")
@@ -42,6 +43,7 @@ def test_enforcing_agent_acts_records_and_exports(tmp_path: Path) -> None:
         daemon.step()
         daemon.fleet.now().xid(79, gpu=3)
         daemon.step()
+        daemon.remediation.flush()
         sched = daemon.remediation.remediator.providers["node"]
         assert sched.state("node-a")[0] == "drained"  # type: ignore[attr-defined]
         with IncidentStore(tmp_path / "tg.db") as store:
@@ -62,6 +64,7 @@ def test_agent_reports_a_stranger_process_once(tmp_path: Path) -> None:
         daemon.fleet.start_process(5, 4242, "xmrig -o pool", user="mallory")
         for _ in range(3):
             daemon.step()
+        daemon.remediation.flush()
         with IncidentStore(tmp_path / "tg.db") as store:
             (rec,) = [i for i in store.incidents() if i.detected_by == "remediation"]
         assert (
@@ -79,6 +82,7 @@ def test_breaker_reset_needs_the_admin_token(tmp_path: Path) -> None:
         agent.daemon.step()
         agent.daemon.fleet.now().xid(79, gpu=2)
         agent.daemon.step()
+        agent.daemon.remediation.flush()
         status = agent.json("/api/v1/remediation")
         assert status["breaker"]["open"] is True and status["breaker"]["held"] == 1
         assert agent.get("/api/v1/breaker/reset", token=TOKEN, method="POST")[0] == 403  # read token
@@ -88,3 +92,20 @@ def test_breaker_reset_needs_the_admin_token(tmp_path: Path) -> None:
         code, _, body = agent.get("/api/v1/breaker/reset", token=ADMIN, method="POST")
         assert code == 200 and json.loads(body)["was"].startswith("0 node(s) already actioned")
         assert agent.json("/api/v1/remediation")["breaker"]["open"] is False
+
+
+def test_enforcing_agent_resets_a_gpu_and_the_next_tick_sees_it_healthy(tmp_path: Path) -> None:
+    from trainguard.records import Health
+
+    daemon = AgentDaemon(sim_config(tmp_path, enforce=True))  # --enforce with the built-in defaults
+    try:
+        daemon.step()
+        daemon.fleet.now().dbe(gpu=2)
+        assert daemon.step().verdict.gpus[2].health is Health.FAILED  # type: ignore[union-attr]
+        daemon.remediation.flush()
+        assert daemon.remediation.counts[("reset_gpu", "done")] == 1
+        daemon.step()  # its act step tells the agent (on the tick's thread) that GPU 2 was reset
+        snap = daemon.step()
+        assert snap.verdict.gpus[2].health is Health.OK  # type: ignore[union-attr]
+    finally:
+        daemon.close()

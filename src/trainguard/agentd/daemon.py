@@ -286,6 +286,7 @@ class AgentDaemon:
         return time.monotonic() - self.last_tick_monotonic > max(5.0, 3 * self.config.interval_s)
 
     def close(self) -> None:
+        self.remediation.close()
         self.agent.close()
         if self._store is not None:
             self._store.close()

@@ -12,6 +12,8 @@ done unless the policy (or ``--enforce``) enforces: by default every decision is
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +49,8 @@ class AgentRemediation:
     ) -> None:
         self.policy: Policy = load_policy(policy_path) if policy_path else Policy()
         self.node, self.backend, self._store = node, backend, store
+        self._on_reset = on_reset  # the agent's gpu_was_reset: not thread-safe, so called from step()
+        self._resets: list[int] = []
         self.enforcing = enforce or self.policy.enforce or any(g.enforce for g in self.policy.groups)
         providers = self._providers(fleet) if self.enforcing else {}
         kw: dict[str, Any] = {"clock": clock} if clock is not None else {}
@@ -60,7 +64,7 @@ class AgentRemediation:
             enforce=True if enforce else None,
             job=self._job,
             gpu_model=gpus[0].name if gpus else None,
-            on_reset=on_reset,
+            on_reset=self._resets.append,  # applied on the tick's thread, in step()
             record_dry_run=bool(policy_path) or enforce,
             **kw,
         )
@@ -68,6 +72,10 @@ class AgentRemediation:
         self._jobs: Counter[str] = Counter()
         self.counts: Counter[tuple[str, str]] = Counter()  # (remedy, result) -> n
         self.errors = 0
+        # Providers block (scontrol, retries with backoff, nvidia-smi -r): they run on one worker
+        # thread, in order, so a slow controller never stalls sampling.
+        self._work: queue.Queue[list[Finding] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
 
     def _providers(self, fleet: Any) -> dict[str, Provider]:
         p = self.policy
@@ -107,11 +115,43 @@ class AgentRemediation:
             return None
         return JobInfo(self._jobs.most_common(1)[0][0], self.policy.breaker.job_spares)
 
-    def step(self, new: list[Finding], now: float) -> list[Incident]:
-        """The act step: remediate this tick's new findings (plus new intrusions); the records made."""
+    def step(self, new: list[Finding], now: float) -> None:
+        """The act step: queue this tick's new findings (plus new intrusions) for the worker."""
+        while self._resets:  # GPUs the worker reset since the last tick: their old Xids are behind them
+            gpu = self._resets.pop(0)
+            if self._on_reset is not None:
+                self._on_reset(gpu)
         findings = list(new) + self._intrusions(now)
         if not findings:
-            return []
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="trainguard-remediation", daemon=True)
+            self._thread.start()
+        self._work.put(findings)
+
+    def _run(self) -> None:
+        while (item := self._work.get()) is not None:
+            try:
+                self.act(item)
+            except Exception:  # a bug must not end remediation for the agent's lifetime
+                self.errors += 1
+                log.exception("remediation failed")
+            finally:
+                self._work.task_done()
+        self._work.task_done()
+
+    def flush(self) -> None:
+        """Wait until every queued finding has been handled (tests, shutdown)."""
+        self._work.join()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        if self._thread is not None:
+            self._work.put(None)
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def act(self, findings: list[Finding]) -> list[Incident]:
+        """Remediate now, on this thread; the records made."""
         try:
             records = self.remediator.act(findings)
         except StoreError as exc:  # no record, no action: held until the store works again
