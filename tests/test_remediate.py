@@ -288,3 +288,19 @@ def load_policy_text(tmp_path: Path, text: str) -> Policy:
     path = tmp_path / "policy.toml"
     path.write_text(text)
     return load_policy(path)
+
+
+def test_a_rack_with_half_its_nodes_bad_is_recorded_once(tmp_path: Path) -> None:
+    racks = {f"r1n{i}": "r1" for i in range(4)} | {f"r2n{i}": "r2" for i in range(4)}
+    pol = Policy(enforce=True, racks=racks, breaker=BreakerLimits(max_nodes=1, max_fraction=1.0))
+    sched = SimScheduler(list(racks))
+    got = []
+    with IncidentStore(tmp_path / "tg.db") as store:
+        for node in ["r1n0", "r2n0", "r1n1", "r1n2"]:  # the breaker holds all but the first
+            r = Remediator(pol, node, store, state_dir=tmp_path / node, breaker_path=tmp_path / "b.json",
+                           providers={"node": sched})  # fmt: skip
+            got += r.act([XID79])
+    rack = [i for i in got if i.job.startswith("rack:")]
+    assert [(i.job, i.evidence) for i in rack] == [("rack:r1", ("bad node r1n0", "bad node r1n1"))]
+    assert "2 of its 4 nodes bad" in rack[0].summary
+    assert sum(1 for i in got if (i.resolution or "").startswith("held")) == 3  # held nodes count as bad

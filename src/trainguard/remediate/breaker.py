@@ -32,7 +32,7 @@ from typing import Any
 from trainguard.remediate.jsonfile import JsonFile
 from trainguard.remediate.policy import BreakerLimits
 
-__all__ = ["Actioned", "BreakerFile", "BreakerState", "admit", "fleet_limit", "reset"]
+__all__ = ["Actioned", "BreakerFile", "BreakerState", "admit", "fleet_limit", "rack_to_report", "reset"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,8 @@ class BreakerState:
     tripped_at: float | None = None
     jobs_tripped: tuple[tuple[str, str], ...] = ()  # (job, why)
     held: int = 0  # actions held since the last reset
+    bad: tuple[Actioned, ...] = ()  # every node a take-out was asked for, actioned or held (racks)
+    racks_reported: tuple[tuple[str, float], ...] = ()  # (rack, when its rack incident was recorded)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +59,8 @@ class BreakerState:
             "tripped_at": self.tripped_at,
             "jobs_tripped": [list(j) for j in self.jobs_tripped],
             "held": self.held,
+            "bad": [[a.time, a.node, a.job] for a in self.bad],
+            "racks_reported": [list(r) for r in self.racks_reported],
         }
 
     @classmethod
@@ -70,6 +74,10 @@ class BreakerState:
             None if t_at is None else float(t_at),
             tuple((str(j), str(w)) for j, w in jobs),
             int(d.get("held") or 0),
+            tuple(
+                Actioned(float(t), str(n), None if j is None else str(j)) for t, n, j in d.get("bad") or []
+            ),
+            tuple((str(r), float(t)) for r, t in d.get("racks_reported") or []),
         )
 
 
@@ -96,7 +104,8 @@ def admit(
     nodes per job window) out of service now."""
     horizon = max(limits.window_s, limits.job_window_s)
     recent = tuple(a for a in state.actioned if now - a.time < horizon)
-    state = replace(state, actioned=recent)
+    bad = tuple(a for a in state.bad if now - a.time < limits.window_s and a.node != node)
+    state = replace(state, actioned=recent, bad=(*bad, Actioned(now, node, job)))
     if state.tripped:
         return _hold(state, f"fleet breaker open: {state.tripped}")
     tripped_job = dict(state.jobs_tripped).get(job) if job else None
@@ -136,6 +145,23 @@ def reset(state: BreakerState, job: str | None = None) -> BreakerState:
     if job is not None:
         return replace(state, jobs_tripped=tuple(j for j in state.jobs_tripped if j[0] != job))
     return replace(state, tripped=None, tripped_at=None, jobs_tripped=(), held=0)
+
+
+def rack_to_report(
+    state: BreakerState, racks: dict[str, str], node: str, now: float, window_s: float
+) -> tuple[str, list[str], BreakerState] | None:
+    """(rack, its bad nodes, the state marking it reported) when ``node``'s rack has at least half
+    its nodes bad in the window and no rack incident was recorded for it in the window."""
+    from trainguard.remediate.escalation import rack_incidents
+
+    rack = racks.get(node)
+    if rack is None or any(r == rack and now - t < window_s for r, t in state.racks_reported):
+        return None
+    hit = rack_incidents({a.node for a in state.bad if now - a.time < window_s}, racks).get(rack)
+    if not hit:
+        return None
+    kept = tuple(r for r in state.racks_reported if now - r[1] < window_s)
+    return rack, hit, replace(state, racks_reported=(*kept, (rack, now)))
 
 
 class BreakerFile(JsonFile[BreakerState]):

@@ -127,14 +127,16 @@ class Remediator:
             ok, why, _ = self._admit(d, save=False)
             note = "" if ok or not d.remedy.takes_node_out else f" (the breaker would hold it: {why})"
             return [self._record(d, f"dry_run: would {d.remedy.value}{note}", now)]
+        racks: list[Incident] = []
         if d.remedy.takes_node_out:
             ok, why, _ = self._admit(d, save=True)
+            racks = self._rack_incident(now)
             if not ok:
-                return [self._record(d, f"held: {why}", now)]
+                return [*racks, self._record(d, f"held: {why}", now)]
         rec = self._record(d, "in_progress", now)
         outcome, tries = self._call(d.remedy, f, rec)
         rec = self._finish(rec, outcome, tries)
-        records = [rec]
+        records = [*racks, rec]
         if d.remedy.takes_node_out and outcome.ok:
             self._remember(d, xid, now)
         if d.remedy is Remedy.RESET_GPU and not outcome.ok:  # a GPU that won't reset: ask for a reboot
@@ -155,6 +157,31 @@ class Remediator:
         with self.breaker.update() as box:
             ok, why, box[0] = brk.admit(box[0], limits, self.node, job, now, self.fleet_size, spares)
             return ok, why, box[0]
+
+    def _rack_incident(self, now: float) -> list[Incident]:
+        """One incident for a rack with half its nodes bad (a switch, a PDU, cooling), recorded by the
+        first agent that sees it (the breaker file is shared)."""
+        if not self.policy.racks:
+            return []
+        with self.breaker.update() as box:
+            found = brk.rack_to_report(
+                box[0], self.policy.racks, self.node, now, self.policy.breaker.window_s
+            )
+            if found is None:
+                return []
+            rack, hit, box[0] = found
+        size = sum(1 for r in self.policy.racks.values() if r == rack)
+        inc = Incident(
+            job=f"rack:{rack}",
+            time=now,
+            action=Remedy.HARDWARE_INSPECTION.value,
+            summary=f"rack {rack}: {len(hit)} of its {size} nodes bad ({', '.join(hit)}): inspect what they share",
+            evidence=tuple(f"bad node {n}" for n in hit),
+            node=None,
+            detected_by=DETECTED_BY,
+            resolution="recorded",
+        )
+        return [self.store.add(inc)]
 
     def _remember(self, d: Decision, xid: int | None, now: float) -> None:
         with self.escalation.update() as box:
