@@ -304,3 +304,15 @@ def test_a_rack_with_half_its_nodes_bad_is_recorded_once(tmp_path: Path) -> None
     assert [(i.job, i.evidence) for i in rack] == [("rack:r1", ("bad node r1n0", "bad node r1n1"))]
     assert "2 of its 4 nodes bad" in rack[0].summary
     assert sum(1 for i in got if (i.resolution or "").startswith("held")) == 3  # held nodes count as bad
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["policy", "breaker", "escalation", "executor", "intrusion", "providers.sim"],
+)
+def test_docstring_examples_run(module: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"trainguard.remediate.{module}"))
+    assert result.attempted > 0 and result.failed == 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from agent_service import TOKEN, Running, sim_config, write_token
 from trainguard.agentd import AgentDaemon
 from trainguard.export.prometheus import MetricsView
@@ -109,3 +111,41 @@ def test_enforcing_agent_resets_a_gpu_and_the_next_tick_sees_it_healthy(tmp_path
         assert snap.verdict.gpus[2].health is Health.OK  # type: ignore[union-attr]
     finally:
         daemon.close()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_dashboard_shows_an_open_breaker(tmp_path: Path) -> None:
+    """In a real Chromium: the header says when the fleet breaker is open and how much it held."""
+    import shutil
+    import time
+
+    if shutil.which("chromedriver") is None:
+        pytest.skip("Debian's chromium-driver is not installed (make test-integration installs it)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    policy = _policy(tmp_path, "[remediation]\nenforce = true\n[remediation.breaker]\nmax_nodes = 0\n")
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(arg)
+    with Running(sim_config(tmp_path, policy=policy)) as agent:
+        driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+        try:
+            agent.daemon.step()
+            agent.daemon.fleet.now().xid(79, gpu=2)
+            agent.daemon.step()
+            agent.daemon.remediation.flush()
+            driver.get(f"http://viewer:{TOKEN}@127.0.0.1:{agent.port}/")
+            deadline, box = time.monotonic() + 30, {}
+            while time.monotonic() < deadline:
+                box = driver.execute_script(
+                    "const b = document.querySelector('#remediation'); return {s: b.dataset.breaker, t: b.textContent};"
+                )
+                if box["s"] == "open":
+                    break
+                time.sleep(0.2)
+            assert box["s"] == "open", box
+            assert "breaker OPEN" in box["t"] and "1 held" in box["t"] and "enforcing" in box["t"]
+        finally:
+            driver.quit()
