@@ -115,3 +115,19 @@ def test_bad_webhook_settings_are_clear_errors() -> None:
         WebhookProvider("ftp://x", SECRET)
     with pytest.raises(ConfigError, match="16 bytes"):
         WebhookProvider("http://127.0.0.1/", b"short")
+
+
+def test_a_tripping_breaker_is_announced_once(receiver: Receiver, tmp_path: Path) -> None:
+    from trainguard.remediate.policy import BreakerLimits, Policy
+    from trainguard.remediate.providers.sim import SimScheduler
+
+    xid = Finding("xid", Health.FAILED, Action.REBOOT_NODE, "Xid 79: GPU has fallen off the bus.", gpu=1)
+    policy = Policy(enforce=True, breaker=BreakerLimits(max_nodes=1, max_fraction=1.0))
+    hook = WebhookProvider(receiver.url, SECRET)
+    with IncidentStore(tmp_path / "tg.db") as store:
+        for node in ["a", "b", "c"]:
+            Remediator(policy, node, store, state_dir=tmp_path / node, breaker_path=tmp_path / "b.json",
+                       providers={"node": SimScheduler([node]), "webhook": hook}).act([xid])  # fmt: skip
+    ((_headers, body),) = receiver.requests  # b trips it (announced); c is held quietly
+    sent = json.loads(body)
+    assert sent["node"] == "b" and sent["incident"]["resolution"].startswith("held: fleet breaker tripped")

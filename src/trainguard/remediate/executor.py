@@ -132,7 +132,10 @@ class Remediator:
             ok, why, _ = self._admit(d, save=True)
             racks = self._rack_incident(now)
             if not ok:
-                return [*racks, self._record(d, f"held: {why}", now)]
+                held = self._record(d, f"held: {why}", now)
+                if "tripped" in why:  # the moment a breaker opens: tell a person (best effort)
+                    self._call(Remedy.WEBHOOK, d.finding, held)
+                return [*racks, held]
         rec = self._record(d, "in_progress", now)
         outcome, tries = self._call(d.remedy, f, rec)
         rec = self._finish(rec, outcome, tries)
