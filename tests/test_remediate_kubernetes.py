@@ -121,3 +121,11 @@ def _rbac_of(method: str, path: str) -> tuple[str, str, str]:
     if parts[2] == "namespaces":
         return ("", parts[4], verb)
     return ("", "/".join([parts[2], *parts[4:]]), verb)
+
+
+def test_outside_a_pod_without_a_client_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainguard.errors import ConfigError
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigError, match="not inside a Kubernetes pod"):
+        KubernetesProvider()

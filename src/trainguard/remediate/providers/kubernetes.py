@@ -18,6 +18,7 @@ import datetime as dt
 import re
 from typing import Any
 
+from trainguard.errors import ConfigError
 from trainguard.remediate.providers import Outcome, Status, Target
 
 try:
@@ -45,7 +46,13 @@ class KubernetesProvider:
         if api_client is None:
             from kubernetes import config
 
-            config.load_incluster_config()
+            try:
+                config.load_incluster_config()
+            except config.ConfigException as exc:
+                raise ConfigError(
+                    f"not inside a Kubernetes pod ({exc}): run the agent from the DaemonSet in deploy/kubernetes/, "
+                    'or set provider = "slurm" or "none"'
+                ) from None
             api_client = k8s.ApiClient()
         self.api = k8s.CoreV1Api(api_client)
         self.namespace, self.host = namespace, host
