@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all test-integration integration-deps slurm-deps lint typecheck unit unit-all bench clean install
+.PHONY: demo test test-all test-integration integration-deps lint typecheck unit unit-all bench clean install
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,17 +42,19 @@ integration-deps:
 		|| echo "apt-get failed: the integration tests will skip what is missing"
 
 # Debian's slurm-wlm and munge: the remediation tests start a real munged, slurmctld and slurmd on
-# loopback. Unlike the packages above this one fails when it cannot install them.
+# loopback. Unlike the packages above, this fails (and so does test-all) when it cannot install them.
+.PHONY: slurm-deps
+integration-deps: slurm-deps
 slurm-deps:
 	command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
 		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge)
 
-test-integration: $(STAMP) integration-deps slurm-deps
+test-integration: $(STAMP) integration-deps
 	$(BIN)/pytest -q -m integration
 
 test: lint typecheck unit
 
-test-all: lint typecheck integration-deps slurm-deps unit-all
+test-all: lint typecheck integration-deps unit-all
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
