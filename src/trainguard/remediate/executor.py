@@ -127,6 +127,10 @@ class Remediator:
             ok, why, _ = self._admit(d, save=False)
             note = "" if ok or not d.remedy.takes_node_out else f" (the breaker would hold it: {why})"
             return [self._record(d, f"dry_run: would {d.remedy.value}{note}", now)]
+        return self._enforce(d, xid, now)
+
+    def _enforce(self, d: Decision, xid: int | None, now: float) -> list[Incident]:
+        f = d.finding
         racks: list[Incident] = []
         if d.remedy.takes_node_out:
             ok, why, _ = self._admit(d, save=True)
@@ -134,19 +138,16 @@ class Remediator:
             if not ok:
                 held = self._record(d, f"held: {why}", now)
                 if "tripped" in why:  # the moment a breaker opens: tell a person (best effort)
-                    self._call(Remedy.WEBHOOK, d.finding, held)
+                    self._call(Remedy.WEBHOOK, f, held)
                 return [*racks, held]
         rec = self._record(d, "in_progress", now)
         outcome, tries = self._call(d.remedy, f, rec)
-        rec = self._finish(rec, outcome, tries)
-        records = [*racks, rec]
+        records = [*racks, self._finish(rec, outcome, tries)]
         if d.remedy.takes_node_out and outcome.ok:
             self._remember(d, xid, now)
         if d.remedy is Remedy.RESET_GPU and not outcome.ok:  # a GPU that won't reset: ask for a reboot
-            esc_d = replace(d, remedy=Remedy.REBOOT_NODE, why=f"reset_gpu failed: {outcome.detail}")
-            rec2 = self._record(esc_d, "in_progress", self.clock())
-            o2, n2 = self._call(Remedy.REBOOT_NODE, f, rec2)
-            records.append(self._finish(rec2, o2, n2))
+            reboot = replace(d, remedy=Remedy.REBOOT_NODE, why=f"reset_gpu failed: {outcome.detail}")
+            records += self._enforce(reboot, xid, self.clock())  # through the breaker like any other
         if d.remedy is Remedy.RESET_GPU and outcome.ok and f.gpu is not None and self.on_reset:
             self.on_reset(f.gpu)
         return records
