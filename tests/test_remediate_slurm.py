@@ -4,6 +4,7 @@ node is resumed only after ``trainguard diagnose`` passes."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -127,3 +128,35 @@ def test_trainguard_check_drains_as_slurm_health_check_program(
     with SlurmCluster(root, extra_conf=extra) as c:
         c.wait(lambda: c.state() == "drained", 120, "the health check never drained the node")
         assert "trainguard check" in c.reasons(), c.reasons()
+
+
+def test_trainguard_check_as_prolog_drains_a_failing_node_before_the_job_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The documented Prolog (docs/health.md): exit 1 on a failed check; slurmd drains the node and
+    the job does not run on it. A healthy check lets the job run."""
+    require_slurm()
+    root = tmp_path_factory.mktemp("slurm-prolog")
+    scenario = root / "scenario"
+    scenario.write_text("healthy")
+    prolog = root / "prolog.sh"
+    prolog.write_text(
+        f"#!/bin/sh\n{sys.executable} -m trainguard.cli check --backend sim --gpus 4 "
+        f'--scenario "$(cat {scenario})" > {root}/prolog.out 2>&1\n'
+        "[ $? -eq 2 ] && exit 1\nexit 0\n"
+    )
+    prolog.chmod(0o755)
+    with SlurmCluster(root, extra_conf=f"Prolog={prolog}") as c:
+        ran = root / "ran"
+
+        def sbatch(name: str) -> None:
+            subprocess.run(["sbatch", "-N1", "-o", "/dev/null", f"--wrap=touch {ran}-{name}"],
+                           env=c.env, check=True, capture_output=True)  # fmt: skip
+
+        sbatch("healthy")
+        c.wait(lambda: (root / "ran-healthy").exists(), 120, "the job on a healthy node never ran")
+        scenario.write_text("xid79")
+        sbatch("failing")
+        c.wait(lambda: c.state() == "drained", 120, "the failing prolog did not drain the node")
+        assert not (root / "ran-failing").exists()
+        assert "prolog" in c.reasons().lower(), c.reasons()
