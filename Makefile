@@ -42,6 +42,14 @@ integration-deps:
 	(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver prometheus strace) \
 		|| echo "apt-get failed: the integration tests will skip what is missing"
 
+# Debian's slurm-wlm and munge: the remediation tests start a real munged, slurmctld and slurmd on
+# loopback. Unlike the packages above, this fails (and so does test-all) when it cannot install them.
+.PHONY: slurm-deps
+integration-deps: slurm-deps
+slurm-deps:
+	command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
+		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge)
+
 test-integration: $(STAMP) integration-deps
 	$(BIN)/pytest -q -m integration
 

@@ -308,3 +308,15 @@ class DriverInfo:
     driver: str | None = None  # "550.90.07"
     cuda: str | None = None  # the newest CUDA the driver supports, "12.4"
     nvml: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A compute process on a GPU (NVML's running-process list, with what /proc says of it)."""
+
+    pid: int
+    gpu: int
+    used_mib: float | None = None
+    user: str | None = None
+    command: str | None = None
+    job: str | None = None  # the scheduler job it belongs to (SLURM_JOB_ID, a cgroup); None: none found

@@ -43,6 +43,9 @@ class AgentConfig:
     max_connections: int = 256  # open connections at once
     history_s: float = 600.0  # seconds of readings kept per GPU for the charts
     hostname: str = ""  # Hostname label; "" = this host's name
+    policy: str = ""  # remediation policy file (docs/remediation.md); "" = built-in defaults, dry run
+    enforce: bool = False  # act on the policy's decisions (default: dry run, every decision recorded)
+    admin_token_file: str = ""  # for remediation endpoints; "" = <state_dir>/admin.token
 
     def __post_init__(self) -> None:
         host_port(self.listen)

@@ -75,6 +75,13 @@ class AgentDaemon:
         self.agent = Agent(
             backend, kernel_log=kernel_log, clock=self.clock, thresholds=thresholds, follower=follower
         )
+        from trainguard.remediate.hook import AgentRemediation
+
+        self.remediation = AgentRemediation(
+            node=self.hostname, state_dir=self.state_dir, store=self._open_store, backend=backend,
+            policy_path=config.policy, enforce=config.enforce, fleet=self.fleet,
+            on_reset=self.agent.gpu_was_reset, clock=self.clock.time,
+        )  # fmt: skip
         self._active: Counter[FindingKey] = saved.active
         self._saved = saved
         self._pending: deque[Incident] = deque()
@@ -158,6 +165,7 @@ class AgentDaemon:
             with self.tally.lock:
                 self.tally.incidents_dropped += dropped
         self._flush(problems)
+        self.remediation.step(new, now)
         if not self._pending:  # only then is everything before the cursor safely stored
             self._save_state(problems)
         if not samples:
@@ -255,6 +263,8 @@ class AgentDaemon:
                 "backend",
                 "scenario",
                 "state_dir",
+                "policy",
+                "enforce",
             )
             if getattr(config, name) != getattr(self.config, name)
         ]
@@ -276,6 +286,7 @@ class AgentDaemon:
         return time.monotonic() - self.last_tick_monotonic > max(5.0, 3 * self.config.interval_s)
 
     def close(self) -> None:
+        self.remediation.close()
         self.agent.close()
         if self._store is not None:
             self._store.close()

@@ -25,6 +25,7 @@ SUBCOMMANDS = [
     "report",
     "checkpoints",
     "agent",
+    "remediate",
     "plan",
     "simulate",
     "reliability",

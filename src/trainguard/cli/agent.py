@@ -29,6 +29,7 @@ FLAGS = {
     "gpus": "gpus",
     "seed": "seed",
     "state_dir": "state_dir",
+    "policy": "policy",
 }
 
 
@@ -57,8 +58,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--gpus", type=int, metavar="N", help="GPUs of the simulated node (default 8)")
     p.add_argument("--seed", type=int, metavar="S", help="seed of the simulated node")
+    p.add_argument("--policy", metavar="PATH", help="remediation policy (TOML); see docs/remediation.md")
+    p.add_argument("--enforce", action="store_true", help="act on remediation decisions (default: dry run)")
     add_config_args(p)
     p.set_defaults(func=run)
+    from trainguard.cli.remediate import add_set_healthy
+
+    add_set_healthy(p.add_subparsers(dest="agent_verb", metavar="VERB"))
 
 
 def load_config(args: argparse.Namespace) -> Any:
@@ -72,6 +78,8 @@ def load_config(args: argparse.Namespace) -> Any:
     ]
     if args.scenario:
         flags.append("agent.backend=sim")
+    if getattr(args, "enforce", False):
+        flags.append("agent.enforce=true")
     return load(AgentConfig, "agent", path=args.config, overrides=[*args.settings, *flags])
 
 

@@ -4,6 +4,7 @@
     trainguard check --backend sim --scenario dbe     # a simulated node through a named fault
     trainguard check --from-nvidia-smi smi.xml        # triage a saved `nvidia-smi -q -x`
     trainguard check --list-scenarios
+    trainguard check --slurm-drain                    # as Slurm's HealthCheckProgram: drain on failed
 
 Exit code: 0 ok, 1 degraded, 2 failed, 3 unknown or could not check (also for a bad flag).
 """
@@ -39,6 +40,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--from-nvidia-smi", type=Path, metavar="FILE", help="a saved `nvidia-smi -q -x` file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--list-scenarios", action="store_true", help="list the simulated scenarios and exit")
+    p.add_argument(
+        "--slurm-drain", action="store_true", help="on failed, drain this Slurm node (HealthCheckProgram)"
+    )
     p.add_argument("--gpus", type=int, default=8, metavar="N", help="GPUs of the simulated node (default 8)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the simulated node")
     p.add_argument(
@@ -75,6 +79,12 @@ def run(args: argparse.Namespace) -> int:
         if extra.get("scenario"):
             print(f"scenario {extra['scenario']}: {extra['description']} (expected: {extra['expected']})")
         print(verdict_text(verdict))
+    if args.slurm_drain:
+        from trainguard.remediate.healthcheck import drain_if_failed
+
+        drained = drain_if_failed(verdict)
+        if drained is not None:
+            print(f"trainguard check: slurm drain {drained.status.value}: {drained.detail}", file=sys.stderr)
     return verdict.health.exit_code
 
 

@@ -157,6 +157,7 @@ class _Collector:
         yield lost
         yield from self._verdicts(snap, labels)
         yield from self._agent(snap, tally)
+        yield from _remediation(self.daemon)
 
     def _verdicts(self, snap: Any, labels: dict[int, list[str]]) -> Iterator[Metric]:
         gpu_health = GaugeMetricFamily(
@@ -264,6 +265,15 @@ class _Collector:
         )
         info.add_metric([__version__, snap.hostname], 1.0)
         yield info
+
+
+def _remediation(daemon: AgentDaemon) -> Iterator[Metric]:
+    """The breaker and the remediation counts (trainguard.remediate.hook says what they are)."""
+    for name, kind, doc, samples in daemon.remediation.metrics():
+        m = Metric(name, doc, kind)
+        for labels, value in samples:
+            m.add_sample(name + ("_total" if kind == "counter" else ""), labels, value)
+        yield m
 
 
 def _counter(name: str, doc: str, labels: list[str]) -> Metric:

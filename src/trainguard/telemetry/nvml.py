@@ -26,6 +26,7 @@ from trainguard.records import (
     DriverInfo,
     Gpu,
     GpuModes,
+    GpuProcess,
     RecoveryAction,
     Sample,
     Throttle,
@@ -163,6 +164,22 @@ class NvmlBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def processes(self, k: int) -> list[GpuProcess]:
+        """The compute processes on the k-th GPU (NVML's running-process list, /proc for the rest)."""
+        from trainguard.telemetry.procinfo import describe
+
+        try:
+            running = pynvml.nvmlDeviceGetComputeRunningProcesses(self._handles[k])
+        except pynvml.NVMLError as exc:
+            raise map_nvml_error(exc, f"GPU {self._gpus[k].index} processes") from None
+        out = []
+        for p in running:
+            used = getattr(p, "usedGpuMemory", None)
+            out.append(
+                describe(int(p.pid), self._gpus[k].index, used / 2**20 if isinstance(used, int) else None)
+            )
+        return out
 
     # -- settings (pre-flight diagnostics) --------------------------------------------------
     def modes(self, k: int) -> GpuModes:

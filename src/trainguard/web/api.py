@@ -14,6 +14,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+from trainguard.remediate.api import ADMIN_PATHS, breaker_reset
 from trainguard.web import views
 from trainguard.web.http import Request, Response
 
@@ -75,6 +76,13 @@ class Api:
         if path in self.static:
             body, kind = self.static[path]
             return Response(200, body, kind)
+        if path in ADMIN_PATHS:  # remediation: the admin token, checked there
+            code, answer = breaker_reset(
+                self.daemon, req.method, req.headers.get("authorization"), req.query, req.client
+            )
+            return Response(code, json.dumps(answer).encode(), JSON)
+        if path == "/api/v1/remediation":
+            return self._json(self.daemon.remediation.status())
         if path == "/api/v1/openapi.json":
             from trainguard.web.openapi import spec_bytes
 
@@ -99,7 +107,7 @@ class Api:
 
     def gate(self, req: Request) -> Response | None:
         """The refusals, cheapest first; None lets the request through."""
-        if req.method not in ("GET", "HEAD"):
+        if req.method not in ("GET", "HEAD") and not (req.method == "POST" and req.path in ADMIN_PATHS):
             return Response.error(
                 405, "the agent's API is read-only (GET, HEAD)", "method", headers=(("Allow", "GET, HEAD"),)
             )
@@ -114,7 +122,7 @@ class Api:
             )
         if not self.limiter.allow(req.client):
             return Response.error(429, "rate limit exceeded", "rate_limited", headers=(("Retry-After", "1"),))
-        if req.path == "/healthz":
+        if req.path == "/healthz" or req.path in ADMIN_PATHS:
             return None
         ok = self.tokens.verify(req.headers.get("authorization"))
         if ok is None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from trainguard.clock import Clock, RealClock, VirtualClock
 from trainguard.errors import ConfigError
-from trainguard.records import DriverInfo, Gpu, GpuModes, Sample
+from trainguard.records import DriverInfo, Gpu, GpuModes, GpuProcess, Sample
 from trainguard.telemetry.sim import kmsg, profiles
 from trainguard.telemetry.sim.faults import Fault
 from trainguard.telemetry.sim.profiles import GpuProfile
@@ -78,6 +78,7 @@ class SimFleet:
         self._quirks = [profiles.Quirks.draw(seed, hostname, i) for i in range(n_gpus)]
         self._states = [GpuState() for _ in range(n_gpus)]
         self._queue: list[tuple[float, int, Fault]] = []
+        self._procs: list[GpuProcess] = []
         self._seq = itertools.count()
         self._lock = threading.RLock()
         self.kernel_log: deque[str] = deque(maxlen=100_000)  # every line written, also without a path
@@ -110,6 +111,33 @@ class SimFleet:
     def modes(self, k: int) -> GpuModes:
         """A well-configured node: persistence on, ECC on, MIG off (as NvmlBackend.modes)."""
         return GpuModes(persistence=True, ecc=True, ecc_pending=True, mig=False)
+
+    def processes(self, k: int) -> list[GpuProcess]:
+        """As NvmlBackend.processes: the compute processes on GPU ``k`` (none on a lost GPU)."""
+        with self._lock:
+            st = self._states[k]
+            if st.lost_at is not None and self.clock.time() >= st.lost_at:
+                return []
+            return [p for p in self._procs if p.gpu == k]
+
+    def start_process(
+        self,
+        gpu: int,
+        pid: int,
+        command: str,
+        user: str = "root",
+        job: str | None = None,
+        used_mib: float = 512.0,
+    ) -> GpuProcess:
+        """A compute process appears on ``gpu``: a job's worker (``job=``) or a stranger's (none)."""
+        proc = GpuProcess(pid, gpu, used_mib, user, command, job)
+        with self._lock:
+            self._procs.append(proc)
+        return proc
+
+    def end_process(self, pid: int) -> None:
+        with self._lock:
+            self._procs = [p for p in self._procs if p.pid != pid]
 
     def driver_info(self) -> DriverInfo:
         """As NvmlBackend.driver_info: the R550 driver supports CUDA 12.4."""

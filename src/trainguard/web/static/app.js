@@ -166,6 +166,17 @@ async function slow() {
   } catch (e) { /* the store may be busy; the next round retries */ }
 }
 
-fast(); slow();
+async function remediation() {
+  try {
+    const r = await get("/api/v1/remediation"), b = r.breaker || {}, box = $("remediation");
+    box.textContent = `remediation: ${r.enforcing ? "enforcing" : "dry run"} · breaker ${b.open ? "OPEN: " + b.why : "closed"}` +
+      (b.held ? ` · ${b.held} held` : "");
+    box.className = b.open ? "badge failed" : "muted";
+    box.dataset.breaker = b.open ? "open" : "closed";
+  } catch (e) { /* an agent without remediation: nothing to show */ }
+}
+
+fast(); slow(); remediation();
 setInterval(fast, 1000);
 setInterval(slow, 3000);
+setInterval(remediation, 3000);

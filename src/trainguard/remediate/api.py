@@ -1,0 +1,59 @@
+"""The agent API's remediation routes (the HTTP layer calls these; they hold no HTTP code).
+
+    GET  /api/v1/remediation            the read token: enforcing?, breaker state, action counts
+    POST /api/v1/breaker/reset[?job=J]  the ADMIN token only: a person closes the breaker
+
+The admin token is a second file (``admin_token_file``, default ``<state_dir>/admin.token``,
+created mode 0600 when missing); the read token that the dashboard and Prometheus hold can never
+act. A reset is an incident record naming who asked (the client address).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from trainguard.incidents import Incident
+from trainguard.remediate.breaker import reset
+from trainguard.web.auth import TokenCheck, create_token_file
+
+__all__ = ["ADMIN_PATHS", "admin_token_path", "breaker_reset"]
+
+ADMIN_PATHS = frozenset({"/api/v1/breaker/reset"})
+
+
+def admin_token_path(daemon: Any) -> Path:
+    return Path(daemon.config.admin_token_file or Path(daemon.state_dir) / "admin.token")
+
+
+def breaker_reset(
+    daemon: Any, method: str, authorization: str | None, query: dict[str, list[str]], client: str
+) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, JSON body)."""
+    if method != "POST":
+        return 405, {"error": "POST with the admin token resets the breaker", "reason": "method"}
+    path = admin_token_path(daemon)
+    create_token_file(path)
+    ok = TokenCheck(path).verify(authorization)
+    if not ok:
+        return 403, {"error": f"remediation needs the admin token ({path}); the read token cannot act",
+                     "reason": "not_admin"}  # fmt: skip
+    jobs = query.get("job")
+    job = jobs[0] if jobs else None
+    breaker = daemon.remediation.remediator.breaker
+    with breaker.update() as box:
+        before = box[0]
+        box[0] = reset(before, job=job)
+    was = dict(before.jobs_tripped).get(job) if job else before.tripped
+    what = f"job {job}'s breaker" if job else "the fleet breaker"
+    inc = Incident(job=f"node:{daemon.hostname}", time=time.time(), action="breaker_reset",
+                   summary=f"{what} reset through the API from {client} (was: {was or 'closed'})",
+                   evidence=(f"by admin token from {client}",), node=daemon.hostname, detected_by="person",
+                   resolved=True, resolution="done")  # fmt: skip
+    try:
+        rec = daemon.store().add(inc)
+        rec_id = rec.id
+    except Exception:  # the reset stands; the record is best effort and said so
+        rec_id = None
+    return 200, {"reset": what, "was": was, "incident": rec_id}

@@ -1,0 +1,298 @@
+"""The remediation policy: which remedy a finding gets on which node (pure, loaded from TOML).
+
+    findings  ->  policy.choose  ->  breaker.admit  ->  executor (the one place that acts)
+
+A policy file maps a finding to a remedy, with defaults and per node-group / GPU-model
+overrides. **Dry run is the default**: nothing is done unless ``enforce = true`` (or the agent's
+``--enforce``); every decision is still recorded. ::
+
+    [remediation]
+    enforce = false                # dry run: decide and record, never act
+    provider = "slurm"             # "slurm" | "kubernetes" | "none": who carries out drain/cordon
+    [remediation.actions]          # finding rule, or the finding's suggested action -> remedy
+    reset_gpu = "reset_gpu"
+    unexpected_gpu_process = "webhook"
+    [[remediation.group]]          # first matching group wins; its actions override the defaults
+    name = "h100-pod-a"
+    nodes = ["gpu-a*"]             # shell globs over the node name
+    gpu_model = "H100"             # a substring of the GPU's model name
+    actions = { xid = "drain" }
+
+    >>> from trainguard.records import Action, Finding, Health
+    >>> p = Policy()
+    >>> d = choose(p, Finding("xid", Health.FAILED, Action.RESET_GPU, "Xid 48", gpu=2), "n1", "H100")
+    >>> d.remedy.value, d.enforce
+    ('reset_gpu', False)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import ConfigError
+from trainguard.records import Action, Finding, Health
+
+__all__ = [
+    "DEFAULT_ACTIONS",
+    "BreakerLimits",
+    "Decision",
+    "EscalationLimits",
+    "Group",
+    "Policy",
+    "Remedy",
+    "choose",
+    "load_policy",
+    "parse_policy",
+    "strongest",
+]
+
+
+class Remedy(str, Enum):
+    """What the node agent can do about a finding, weakest first."""
+
+    NONE = "none"
+    WEBHOOK = "webhook"  # tell someone (JSON POST, HMAC-signed)
+    DRAIN = "drain"  # Slurm: no new jobs on the node
+    CORDON = "cordon"  # Kubernetes: unschedulable + taint
+    RESET_GPU = "reset_gpu"  # nvidia-smi -r on an idle GPU
+    REBOOT_NODE = "reboot_node"  # scheduler-driven reboot (Slurm: scontrol reboot ASAP)
+    HARDWARE_INSPECTION = "hardware_inspection"  # out of service until a person says otherwise
+
+    @property
+    def takes_node_out(self) -> bool:
+        """Whether this remedy removes the node (or a GPU of it) from service: breakers count these."""
+        return self not in (Remedy.NONE, Remedy.WEBHOOK)
+
+
+# A finding's suggested action -> the remedy when the policy says nothing about it.
+DEFAULT_ACTIONS: dict[str, Remedy] = {
+    Action.RESET_GPU.value: Remedy.RESET_GPU,
+    Action.REBOOT_NODE.value: Remedy.REBOOT_NODE,
+    Action.DRAIN.value: Remedy.DRAIN,
+    Action.CONTACT_SUPPORT.value: Remedy.HARDWARE_INSPECTION,
+}
+# Rules whose remedy is not their suggested action's: a stranger's process is news, not a broken GPU.
+DEFAULT_RULES: dict[str, Remedy] = {"unexpected_gpu_process": Remedy.WEBHOOK}
+PROVIDERS = ("slurm", "kubernetes", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerLimits:
+    max_nodes: int = 4  # fleet: at most this many nodes actioned per window
+    max_fraction: float = 0.05  # fleet: ... and at most this fraction of the fleet
+    fleet_size: int = 0  # nodes in the fleet, for max_fraction (0: unknown, max_nodes alone)
+    window_s: float = 3600.0  # sliding window of both fleet limits
+    job_window_s: float = 3600.0  # per job: at most its spare nodes actioned per window
+    job_spares: int = 0  # nodes one training job may lose per job window; 0: no job limit
+
+
+@dataclass(frozen=True, slots=True)
+class EscalationLimits:
+    max_remediations: int = 3  # a node or GPU remediated this often in the window -> inspection
+    window_s: float = 7 * 86400.0
+    per_xid: dict[int, int] = field(default_factory=dict)  # Xid -> its own max (e.g. {79: 1})
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    name: str
+    nodes: tuple[str, ...] = ()  # globs; empty: every node
+    gpu_model: str | None = None  # substring of the GPU model; None: any
+    actions: dict[str, Remedy] = field(default_factory=dict)
+    enforce: bool | None = None  # None: the policy's
+
+    def matches(self, node: str, gpu_model: str | None) -> bool:
+        if self.nodes and not any(fnmatch.fnmatchcase(node, g) for g in self.nodes):
+            return False
+        return self.gpu_model is None or (gpu_model is not None and self.gpu_model in gpu_model)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    enforce: bool = False  # dry run unless true
+    provider: str = "slurm"  # who carries out drain / cordon / reboot
+    actions: dict[str, Remedy] = field(default_factory=dict)
+    groups: tuple[Group, ...] = ()
+    breaker: BreakerLimits = BreakerLimits()
+    breaker_file: str = ""  # one file for the fleet (a shared path); "" = <state_dir>/breaker.json
+    escalation: EscalationLimits = EscalationLimits()
+    webhook_url: str | None = None
+    webhook_secret_file: str | None = None
+    racks: dict[str, str] = field(default_factory=dict)  # node -> rack (a node label)
+    intrusion: bool = True  # look for GPU processes that belong to no job
+    allowed_commands: tuple[str, ...] = ()  # command prefixes that may use a GPU outside a job
+    allowed_users: tuple[str, ...] = ()  # users who may
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    finding: Finding
+    remedy: Remedy
+    enforce: bool
+    group: str | None
+    why: str  # which policy entry chose the remedy
+
+
+def choose(policy: Policy, finding: Finding, node: str, gpu_model: str | None = None) -> Decision:
+    """The remedy for ``finding`` on ``node``: the first matching group's entry, else the policy's,
+    else the built-in default for the finding's suggested action. Only degraded and failed findings
+    are acted on; ``drain`` and ``cordon`` follow the provider (a Slurm site never cordons)."""
+    group = next((g for g in policy.groups if g.matches(node, gpu_model)), None)
+    enforce = policy.enforce if group is None or group.enforce is None else group.enforce
+    if finding.health not in (Health.DEGRADED, Health.FAILED):
+        return Decision(finding, Remedy.NONE, enforce, None, f"health {finding.health.value}")
+    remedy, why = None, "default"
+    for table, where in ((group.actions if group else {}, f"group {group.name}" if group else ""),
+                         (policy.actions, "policy")):  # fmt: skip
+        for k in (finding.rule, finding.action.value):
+            if k in table:
+                remedy, why = table[k], f"{where} actions.{k}"
+                break
+        if remedy is not None:
+            break
+    if remedy is None:
+        remedy = DEFAULT_RULES.get(finding.rule) or DEFAULT_ACTIONS.get(finding.action.value, Remedy.NONE)
+    if remedy in (Remedy.DRAIN, Remedy.CORDON):
+        remedy = Remedy.CORDON if policy.provider == "kubernetes" else Remedy.DRAIN
+    return Decision(finding, remedy, enforce, group.name if group else None, why)
+
+
+def strongest(decisions: list[Decision]) -> list[Decision]:
+    """One decision per GPU (and per node-scoped finding): several findings about one GPU in one
+    tick (an Xid 79 line and NVML losing the GPU) are one fault and get one remedy, the strongest."""
+    order = list(Remedy)
+    by_gpu: dict[int, Decision] = {}
+    out: list[Decision] = []
+    for d in decisions:
+        g = d.finding.gpu
+        if g is None:
+            if all(o.remedy is not d.remedy for o in out if o.finding.gpu is None):
+                out.append(d)
+        elif g not in by_gpu or order.index(d.remedy) > order.index(by_gpu[g].remedy):
+            by_gpu[g] = d
+    return [*by_gpu.values(), *out]
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read a policy file; a ConfigError names the file, the entry and what would be accepted."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"policy file {p} does not exist (see docs/remediation.md for an example)"
+        ) from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"policy file {p} cannot be read: {exc}") from None
+    return parse_policy(data, where=str(p))
+
+
+def parse_policy(data: dict[str, Any], where: str = "policy") -> Policy:
+    table = data.get("remediation", data)
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: [remediation] must be a table")
+    known = {
+        "enforce",
+        "provider",
+        "actions",
+        "group",
+        "breaker",
+        "escalation",
+        "webhook",
+        "racks",
+        "intrusion",
+        "breaker_file",
+    }
+    _no_unknown(table, known, f"{where}: [remediation]")
+    provider = table.get("provider", "slurm")
+    if provider not in PROVIDERS:
+        raise ConfigError(f"{where}: provider = {provider!r}: choose one of {', '.join(PROVIDERS)}")
+    groups = []
+    for i, g in enumerate(table.get("group", [])):
+        here = f"{where}: [[remediation.group]] #{i + 1}"
+        _no_unknown(g, {"name", "nodes", "gpu_model", "actions", "enforce"}, here)
+        nodes = g.get("nodes", [])
+        if isinstance(nodes, str):
+            nodes = [nodes]
+        groups.append(
+            Group(
+                name=str(g.get("name", f"group{i + 1}")),
+                nodes=tuple(str(n) for n in nodes),
+                gpu_model=g.get("gpu_model"),
+                actions=_actions(g.get("actions", {}), here),
+                enforce=_bool(g["enforce"], f"{here} enforce") if "enforce" in g else None,
+            )
+        )
+    webhook = table.get("webhook", {})
+    _no_unknown(webhook, {"url", "secret_file"}, f"{where}: [remediation.webhook]")
+    intrusion = table.get("intrusion", {})
+    _no_unknown(
+        intrusion, {"enabled", "allowed_commands", "allowed_users"}, f"{where}: [remediation.intrusion]"
+    )
+    esc = dict(table.get("escalation", {}))
+    per_xid = {int(k): int(v) for k, v in esc.pop("per_xid", {}).items()}
+    return Policy(
+        enforce=_bool(table.get("enforce", False), f"{where}: enforce"),
+        provider=provider,
+        actions=_actions(table.get("actions", {}), f"{where}: [remediation.actions]"),
+        groups=tuple(groups),
+        breaker_file=str(table.get("breaker_file", "")),
+        breaker=_section(BreakerLimits, table.get("breaker", {}), f"{where}: [remediation.breaker]"),
+        escalation=EscalationLimits(
+            **_section(EscalationLimits, esc, f"{where}: [remediation.escalation]", as_dict=True),
+            per_xid=per_xid,
+        ),
+        webhook_url=webhook.get("url"),
+        webhook_secret_file=webhook.get("secret_file"),
+        racks={str(k): str(v) for k, v in table.get("racks", {}).items()},
+        intrusion=_bool(intrusion.get("enabled", True), f"{where}: [remediation.intrusion] enabled"),
+        allowed_commands=tuple(str(c) for c in intrusion.get("allowed_commands", [])),
+        allowed_users=tuple(str(u) for u in intrusion.get("allowed_users", [])),
+    )
+
+
+def _actions(raw: Any, where: str) -> dict[str, Remedy]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: actions must be a table of finding = remedy")
+    out = {}
+    for k, v in raw.items():
+        try:
+            out[str(k)] = Remedy(v)
+        except ValueError:
+            raise ConfigError(
+                f"{where}: {k} = {v!r} is not a remedy: choose one of {', '.join(r.value for r in Remedy)}"
+            ) from None
+    return out
+
+
+def _bool(v: Any, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{where} must be true or false, not {v!r}")
+    return v
+
+
+def _no_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown setting(s) {', '.join(unknown)}: known are {', '.join(sorted(known))}"
+        )
+
+
+def _section(cls: Any, raw: dict[str, Any], where: str, as_dict: bool = False) -> Any:
+    names = {f.name: f for f in fields(cls) if f.name != "per_xid"}
+    _no_unknown(raw, set(names), where)
+    values: dict[str, Any] = {}
+    for k, v in raw.items():
+        kind: Any = type(names[k].default)
+        if isinstance(v, bool) or not isinstance(v, int | float) or (kind is int and not isinstance(v, int)):
+            raise ConfigError(f"{where}: {k} must be a {kind.__name__}, not {v!r}")
+        if v < 0:
+            raise ConfigError(f"{where}: {k} must not be negative ({v})")
+        values[k] = kind(v)
+    return values if as_dict else cls(**values)
