@@ -1,6 +1,7 @@
 """The agent against the real things that consume it: a Prometheus server scraping it and a
 headless Chromium showing its dashboard. `make test-integration` installs both (Debian packages
-prometheus, chromium, chromium-driver); without them these tests are skipped and say why.
+prometheus, chromium, chromium-driver); without them `make test-all` fails naming what to install
+(tests/real_parts.py).
 
 The dashboard screenshot is kept in build/test-artifacts/agent-dashboard.png.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from agent_service import TOKEN, Running, sim_config
+from real_parts import require_module, require_real
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,9 +63,7 @@ def agent(tmp_path: Path):
 
 @pytest.fixture
 def prometheus(agent: Running, tmp_path: Path):
-    exe = shutil.which("prometheus")
-    if exe is None:
-        pytest.skip("Debian's prometheus package is not installed (make test-integration installs it)")
+    exe = require_real("prometheus", install="apt-get install prometheus (make integration-deps)")
     port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -154,13 +154,9 @@ def test_a_real_prometheus_scrapes_the_agent_and_sees_a_fault(agent: Running, pr
 
 @pytest.fixture
 def browser():
-    if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
-        pytest.skip(
-            "Debian's chromium and chromium-driver are not installed (make test-integration installs them)"
-        )
-    webdriver = pytest.importorskip(
-        "selenium.webdriver", reason="selenium missing: pip install 'trainguard[integration]'"
-    )
+    require_real("chromium", install="apt-get install chromium (make integration-deps)")
+    require_real("chromedriver", install="apt-get install chromium-driver (make integration-deps)")
+    webdriver = require_module("selenium.webdriver", install="pip install 'trainguard[integration]'")
     from selenium.webdriver.chrome.service import Service
 
     profile = tempfile.TemporaryDirectory(prefix="trainguard-chromium-")
