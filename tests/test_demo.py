@@ -16,13 +16,13 @@ pytestmark = pytest.mark.slow
 KINDS = {"nan", "xid", "crash", "hang", "straggler", "corrupt_checkpoint", "wrong_products"}
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(1000)
 def test_quick_demo_matches_every_injected_fault_to_its_incident_and_trains_above_90_percent(tmp_path):
     report_path = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "trainguard.cli", "demo", "--quick", "--no-reference",
          "--workdir", str(tmp_path / "work"), "--json", str(report_path)],
-        capture_output=True, text=True, timeout=230, cwd=Path(__file__).parents[1],
+        capture_output=True, text=True, timeout=900, cwd=Path(__file__).parents[1],
     )  # fmt: skip
     assert report_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(report_path.read_text())
