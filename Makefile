@@ -56,8 +56,11 @@ test: lint typecheck unit
 test-all: lint typecheck integration-deps
 	TRAINGUARD_REQUIRE_REAL=1 $(BIN)/pytest -q -m "not gpu"
 
+# Every benchmark runs; each checks its targets (benchmarks/targets.py) and exits non-zero on a
+# miss, and `make bench` then fails, naming them.
 bench: $(STAMP)
-	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@failed=""; for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || failed="$$failed $$b"; done; \
+		if [ -n "$$failed" ]; then echo "make bench: targets missed or errors in:$$failed"; exit 1; fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
