@@ -99,3 +99,20 @@ def test_silent_defects_survive_a_gpu_reset():
     fleet.now().slow_products(gpu=4).detoured_link(gpu=6).stuck_bits(gpu=0)
     fleet.now().reset_gpu(gpu=4).reset_gpu(gpu=6).reset_gpu(gpu=0)
     assert all(fleet.state(g).defects for g in (0, 4, 6))
+
+
+def test_a_detoured_link_is_measured_slow_from_the_copies_it_really_makes():
+    from trainguard.diagnose import open_target
+    from trainguard.diagnose.interconnect import measure_interconnect
+
+    fleet = SimFleet(n_gpus=3, load=0.0)
+    fleet.now().detoured_link(gpu=2, bounces=4)
+    target = open_target("sim", fleet=fleet)
+    try:
+        per_gpu, ring = measure_interconnect(target.devices, 2**18, 4, timeout_s=60.0)
+    finally:
+        target.close()
+    healthy = per_gpu[0]
+    assert per_gpu[1] == healthy  # the pair 0-1 never touches the detour
+    # Every pair with GPU 2 waits for its copies (1 direct + 4 bounces, measured, not a formula).
+    assert per_gpu[2] < healthy / 2 and ring < healthy / 2
