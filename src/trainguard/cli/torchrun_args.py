@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.errors import ConfigError
+from trainguard.errors import ConfigError, MissingDependency
 
 __all__ = ["LOG_OPTIONS", "TORCHRUN_OPTIONS", "Launch", "resolve", "split_command"]
 
@@ -119,12 +119,17 @@ class Launch:
 def resolve(tokens: list[str], words: list[str], full_command: bool, max_restarts: int | None) -> Launch:
     """Parse ``tokens`` (torchrun options as written) and the worker ``words`` with torchrun's
     parser and resolve them as torchrun's ``run()`` does."""
-    from torch.distributed.run import (
-        determine_local_world_size,
-        get_args_parser,
-        get_rdzv_endpoint,
-        parse_min_max_nnodes,
-    )
+    try:
+        from torch.distributed.run import (
+            determine_local_world_size,
+            get_args_parser,
+            get_rdzv_endpoint,
+            parse_min_max_nnodes,
+        )
+    except ImportError as exc:
+        raise MissingDependency(
+            f"trainguard run reads torchrun's options with torch ({exc}): pip install 'trainguard[torch]'"
+        ) from None
 
     if not words:
         raise ConfigError("no worker command: use `trainguard run [options] -- python train.py ...`")
