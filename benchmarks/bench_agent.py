@@ -33,6 +33,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from targets import Target, finish
+
+TARGETS = (
+    Target("rps", ">=", 1000),
+    Target("p99_ms", "<=", 50),
+    Target("agent_cpu_idle", "<=", 0.02),
+    Target("scrape_ms", "<", 10),
+)
+
 TOKEN = "bench-token-0123456789abcdef"
 PATHS = ("/metrics", "/api/v1/gpus", "/api/v1/node")
 TRAINGUARD = str(Path(sys.executable).with_name("trainguard"))
@@ -219,7 +228,7 @@ def main() -> int:
             "targets (rps >= 1000, p99 <= 50 ms, idle CPU <= 0.02, scrape < 10 ms):",
             "met" if ok else "NOT met",
         )
-    return 0
+    return finish("bench_agent", TARGETS, out, json_mode=args.json)
 
 
 if __name__ == "__main__":

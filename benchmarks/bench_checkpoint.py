@@ -58,7 +58,15 @@ from pathlib import Path
 import torch
 
 import loop_overhead
+from targets import Target, finish
 from trainguard.torch import Checkpointer, TrainState
+
+TARGETS = (
+    Target("stall_ratio", "<=", 0.04),
+    Target("copy_ratio", "<=", 1.5),
+    Target("disk_ratio", ">=", 0.8),
+    Target("overhead_vs_dcp", "<=", 0.8),
+)
 
 LAYER_BYTES = 4096 * 4096 * 4
 
@@ -289,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"    training blocked in the checkpointer per loop: trainguard {r['loop_blocked_s']:.3f} s, "
                 f"DCP {r['dcp_async_loop_blocked_s']:.3f} s (blocked_vs_dcp {r['blocked_vs_dcp']})"
             )
-    return 0
+    return finish("bench_checkpoint", TARGETS, result, json_mode=args.json)
 
 
 if __name__ == "__main__":

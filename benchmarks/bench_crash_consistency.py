@@ -245,9 +245,12 @@ def run_corruptions(
 
 
 def run_power_loss(root: Path, saves: int, subsets: int, rng: random.Random) -> tuple[int, int, list[str]]:
-    """(crash states tried, bad resumes, problems); (0, 0, [why]) without strace."""
+    """(crash states tried, bad resumes, problems); (0, 0, [why]) without strace, which fails
+    the run (``--power-loss-saves 0`` leaves the power-loss states out on purpose)."""
+    if saves <= 0:
+        return 0, 0, []
     if shutil.which("strace") is None:
-        return 0, 0, ["strace not found: power-loss states skipped"]
+        return 0, 0, [MISSING_STRACE]
     probe = make_state(small=True)
 
     def resume_ok(directory: Path, promised: int) -> str | None:
@@ -264,6 +267,9 @@ def run_power_loss(root: Path, saves: int, subsets: int, rng: random.Random) -> 
 
     root.mkdir(parents=True)
     return power_loss.check(root, saves, rng, subsets, resume_ok)
+
+
+MISSING_STRACE = "strace not found: no power-loss crash state was tried (apt-get install strace)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,7 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         for problem in result["problems"]:
             print("  PROBLEM", problem)
         print(f"({elapsed:.1f} s)")
-    return 0 if bad == 0 and undetected == 0 else 1
+    # Power-loss states were asked for: none tried (no strace, a trace that recorded nothing) fails.
+    power_untried = args.power_loss_saves > 0 and states == 0
+    if power_untried and not args.json:
+        print(f"FAILED: {power_problems[0] if power_problems else 'no power-loss crash state was tried'}")
+    return 0 if bad == 0 and undetected == 0 and not power_untried else 1
 
 
 if __name__ == "__main__":

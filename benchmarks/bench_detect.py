@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import replace
 
+from targets import Target, finish
 from trainguard.detect.rules import RuleState, sample_findings
 from trainguard.detect.thresholds import Thresholds
 from trainguard.records import Gpu, RecoveryAction, Sample, Throttle
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  ratio        {result['ratio']:>12} of the bare loop; meets target: {result['meets_target']}"
         )
-    return 0
+    return finish("bench_detect", (Target("samples_per_s", ">=", TARGET),), result, json_mode=args.json)
 
 
 if __name__ == "__main__":

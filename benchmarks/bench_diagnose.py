@@ -21,8 +21,11 @@ from typing import Any
 
 import torch
 
+from targets import Target, finish
 from trainguard.diagnose import budget_for, open_target, run_diagnostics
 from trainguard.diagnose.torch_device import DTYPES
+
+TARGETS = (Target("min_ratio", ">=", 0.9), Target("sim8_level2_seconds", "<=", 60, optional=True))
 
 
 def _best_block(
@@ -114,7 +117,7 @@ def main() -> int:
             print(
                 f"level 2 over 8 simulated GPUs: {out['sim8_level2_seconds']} s ({out['sim8_verdict']}; target <= 60 s)"
             )
-    return 0
+    return finish("bench_diagnose", TARGETS, out, json_mode=args.json)
 
 
 if __name__ == "__main__":

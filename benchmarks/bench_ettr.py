@@ -44,6 +44,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from targets import Target, finish
+
+TARGETS = (Target("ratio_vs_torchrun", ">=", 1.05),)
+
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
@@ -262,7 +266,7 @@ def main() -> int:
     }
     if args.json:
         print(json.dumps(out))
-        return 0
+        return finish("bench_ettr", TARGETS, out, json_mode=True)
     print(
         f"{seconds / 60:.1f} min per launcher, {len(faults)} SIGKILLs (MTBF {mtbf:.0f} s, seed {args.seed})"
     )
@@ -275,7 +279,7 @@ def main() -> int:
     print(f"  ratio_vs_torchrun {out['ratio_vs_torchrun']} (target >= 1.05)")
     print(f"  Young/Daly optimum with our R {opt:.3f} (ratio {out['ratio']}), with torchrun's R {opt_tr:.3f}")
     print(f"  trainguard's own ledger says ETTR {ours.ledger_ettr}")
-    return 0
+    return finish("bench_ettr", TARGETS, out)
 
 
 if __name__ == "__main__":

@@ -42,8 +42,11 @@ import torch
 
 import guard_2rank
 from guard_loop import bare_steps, guarded_steps
+from targets import Target, finish
 from trainguard.demo.train_digits import DigitsCNN  # the example's network: the same model
 from trainguard.torch.guard import Guard
+
+TARGETS = (Target("overhead_direct", "<=", 0.005), Target("overhead_2rank", "<=", 0.01))
 
 VARIANTS = {  # name -> (Guard options, check_grads)
     "default": ({}, False),
@@ -213,7 +216,7 @@ def main() -> int:
             f"{result['bare_step_ms_2rank']:.2f} ms step); watchdog thread "
             f"{result['watchdog_cpu_s']} s CPU = {result['watchdog_cpu_fraction']} of a core"
         )
-    return 0
+    return finish("bench_guard_overhead", TARGETS, result, json_mode=args.json)
 
 
 if __name__ == "__main__":

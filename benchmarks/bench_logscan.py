@@ -43,6 +43,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import loggen
+from targets import Target, finish
 from trainguard.cli.logs import emit_events
 from trainguard.detect.follow import LogFollower
 from trainguard.detect.scan import EventMerger, ScanStats, merge_events, scan_bytes, scan_file
@@ -190,9 +191,14 @@ def main(argv: list[str] | None = None) -> int:
         "generate_s": round(gen_s, 2),
         "target_ratio": TARGET,
     }
+    targets = (
+        Target("ratio", ">=", TARGET),
+        Target("ratio_training", ">=", TARGET),
+        Target("follow_core_share", "<", 1.0),
+    )
     if args.json:
         print(json.dumps(result))
-        return 0
+        return finish("bench_logscan", targets, result, json_mode=True)
     for label, r, p in (
         ("syslog", node, planted),
         ("training log (NCCL_DEBUG=INFO)", rank, planted_training),
@@ -211,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
               f"CPU time {r['trainguard_cpu_s']} s vs {r['grep_cpu_s']} s: {r['ratio_cpu']}")  # fmt: skip
     print(f"logs follow at {followed['follow_mb_per_s']} MB/s: {followed['follow_core_share']} of a core, "
           f"{followed['follow_findings']} findings, done {followed['follow_lag_s']} s after the writer")  # fmt: skip
-    return 0
+    return finish("bench_logscan", targets, result)
 
 
 if __name__ == "__main__":

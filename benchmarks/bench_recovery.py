@@ -37,6 +37,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from targets import Target, finish
+
+TARGETS = (Target("ratio", "<=", 0.5), Target("mttr_s", "<=", 10))
+
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
@@ -253,7 +257,7 @@ def main() -> int:
                 f"(floor {args.hang_floor} s), torchrun {sign}{out['torchrun_hang_detect_s']} s, torchrun with "
                 f"a 60 s process-group timeout {'>=' if pg60_capped else ''}{out['torchrun_pg60_hang_detect_s']} s"
             )
-    return 0
+    return finish("bench_recovery", TARGETS, out, json_mode=args.json)
 
 
 if __name__ == "__main__":

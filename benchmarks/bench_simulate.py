@@ -19,7 +19,10 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+
+from targets import Target, finish
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -37,7 +40,7 @@ def _cpu(fn: object) -> float:
     return time.process_time() - t0
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=16_384)
     ap.add_argument("--days", type=float, default=54.0)
@@ -71,9 +74,10 @@ def main() -> None:
         "interruptions_mean": summary["interruptions_mean"],
         "ettr_mean": summary["ettr_mean"],
     }
+    targets = (Target("seconds", "<", TARGET_S),)
     if args.json:
         print(json.dumps(out))
-        return
+        return finish("bench_simulate", targets, out, json_mode=True)
     print(
         f"simulate: {args.gpus:,} GPUs x {args.days:g} days x {args.trials} trials (median of {args.repeats}, CPU time)"
     )
@@ -82,7 +86,8 @@ def main() -> None:
     print(
         f"  ratio: {out['ratio']}x the bare draw; {summary['interruptions_mean']:.1f} interruptions per trial, ETTR {summary['ettr_mean']:.4f}"
     )
+    return finish("bench_simulate", targets, out)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

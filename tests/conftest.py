@@ -106,9 +106,30 @@ _LEAKS = pytest.StashKey[list[Proc]]()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    _summarize_missing_real_parts(terminalreporter)
     left = config.stash.get(_LEAKS, [])
     if left:
         terminalreporter.section("processes left running by the tests (killed now)", red=True)
         for p in left:
             terminalreporter.line(f"pid {p.pid}: {p.cmdline[:200]}")
         terminalreporter.line("Every process a test starts must end with it (see tests/conftest.py).")
+
+
+def _summarize_missing_real_parts(terminalreporter: pytest.TerminalReporter) -> None:
+    """Tests skipped for a missing real part (tests/real_parts.py): said, never silent. Under
+    TRAINGUARD_REQUIRE_REAL=1 or CI=true (`make test-all`) they failed instead."""
+    from real_parts import MISSING
+
+    skipped = [
+        (r.nodeid, str(r.longrepr[2]) if isinstance(r.longrepr, tuple) else str(r.longrepr))
+        for r in terminalreporter.stats.get("skipped", [])
+    ]
+    missing = [(node, why) for node, why in skipped if MISSING in why]
+    if not missing:
+        return
+    terminalreporter.section("real parts missing: these tests did not run", yellow=True)
+    for node, why in missing:
+        terminalreporter.line(f"{node}: {why[why.index(MISSING) :]}")
+    terminalreporter.line(
+        "`make test-all` (CI) fails on each of these; `make integration-deps` installs the Debian ones."
+    )

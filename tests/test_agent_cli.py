@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -58,6 +59,22 @@ class AgentProcess:
         else:
             raise AssertionError("agent did not start:\n" + "".join(self.log))
 
+    def wait_for_log(self, text: str, ceiling_s: float = 120.0) -> None:
+        """Read the agent's stderr until a line holds ``text`` (kept in ``log`` for stop())."""
+        found = threading.Event()
+
+        def read() -> None:
+            for line in self.proc.stderr:  # type: ignore[union-attr]
+                self.log.append(line)
+                if text in line:
+                    found.set()
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        assert found.wait(ceiling_s), f"no {text!r} in the agent's log:\n" + "".join(self.log)
+        reader.join()
+
     def get(self, path: str) -> dict:
         req = urllib.request.Request(
             f"http://127.0.0.1:{self.port}{path}", headers={"Authorization": f"Bearer {TOKEN}"}
@@ -94,7 +111,7 @@ def test_agent_serves_reloads_on_sighup_and_stops_cleanly_on_sigterm(tmp_path: P
         wait_for(lambda: agent.get("/api/v1/node")["agent"]["interval_s"] == 0.5)
         agent.config.write_text("[agent]\ninterval_s = -1\n")  # a broken edit keeps the running config
         agent.proc.send_signal(signal.SIGHUP)
-        time.sleep(0.3)
+        agent.wait_for_log("config reload refused")  # the broken edit was read, and refused
         assert agent.get("/api/v1/node")["agent"]["interval_s"] == 0.5
         code, log = agent.stop()
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent_service import sim_config
+from real_parts import require_real
 from trainguard.agentd import AgentDaemon
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -80,16 +80,16 @@ def test_grafana_dashboard_uses_only_exported_metrics(exported: set[str]) -> Non
     assert len(ids) == len(set(ids))
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing: apt-get install prometheus")
 def test_alert_rules_pass_promtool() -> None:
+    require_real("promtool", install="apt-get install prometheus")
     done = subprocess.run(
         ["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing: apt-get install prometheus")
 def test_promtool_check_refuses_a_broken_rule(tmp_path: Path) -> None:
+    require_real("promtool", install="apt-get install prometheus")
     bad = tmp_path / "bad.yml"
     bad.write_text("groups:\n  - name: x\n    rules:\n      - alert: X\n        expr: sum(by (\n")
     assert (
@@ -104,10 +104,8 @@ def _verify_unit(path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.skipif(
-    shutil.which("systemd-analyze") is None, reason="systemd-analyze missing (not a systemd host)"
-)
 def test_systemd_unit_verifies(tmp_path: Path) -> None:
+    require_real("systemd-analyze", install="apt-get install systemd")
     # verify insists that ExecStart exists: point it at this checkout's trainguard
     trainguard = Path(sys.executable).with_name("trainguard")
     unit = tmp_path / UNIT.name
@@ -118,10 +116,8 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     assert "ExecReload=/bin/kill -HUP $MAINPID" in text and "KillSignal=SIGTERM" in text
 
 
-@pytest.mark.skipif(
-    shutil.which("systemd-analyze") is None, reason="systemd-analyze missing (not a systemd host)"
-)
 def test_systemd_verify_refuses_a_broken_unit(tmp_path: Path) -> None:
+    require_real("systemd-analyze", install="apt-get install systemd")
     unit = tmp_path / "broken.service"
     unit.write_text("[Service]\nExecStart=/nonexistent/trainguard agent\nRestartt=always\n")
     done = _verify_unit(unit)

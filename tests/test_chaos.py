@@ -7,7 +7,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -135,10 +134,9 @@ def test_exit_and_raise_end_the_worker_for_real_once_each_across_restarts(tmp_pa
 @pytest.mark.slow
 def test_hang_blocks_the_rank_until_the_watchdog_ends_it_once(tmp_path):
     _chaos_file(tmp_path, {"kind": "hang", "rank": 0, "step": 6})
-    started = time.monotonic()
     first = _run_worker(tmp_path, "--hang-floor", "1.0", "--step-sleep", "0.01")
     assert first.returncode == WorkerExit.HANG == 84
-    assert time.monotonic() - started < 40 and "hang detected" in first.stderr
+    assert "hang detected" in first.stderr
     [dump] = rundir.dumps_dir(tmp_path).glob("rank0-*.txt")
     text = dump.read_text()
     assert "no step completed" in text and "chaos.py" in text  # the stack shows where it is stuck

@@ -12,11 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from real_parts import require_real
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_crash_consistency.py"
 
 
 @pytest.mark.slow
 def test_sigkilled_saves_always_resume_from_a_valid_checkpoint_and_flips_are_detected():
+    require_real(
+        "strace", install="apt-get install strace (make integration-deps); records the power-loss saves"
+    )
     out = subprocess.run(
         [
             sys.executable,
@@ -42,5 +47,6 @@ def test_sigkilled_saves_always_resume_from_a_valid_checkpoint_and_flips_are_det
     # either way the resume is valid (asserted above); the error surfacing is in test_checkpoint_torch.
     assert result["async_errors_raised"] <= 1
     assert all(c["detected"] == c["tried"] == 10 for c in result["corruptions"].values())
+    assert result["power_loss_states"] > 0, result["problems"]  # the power-loss check really ran
     assert result["power_loss_bad_resumes"] == 0 and result["bad_resumes"] == 0
     assert out.returncode == 0

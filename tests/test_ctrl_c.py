@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 from trainguard.cli.interrupt import CtrlC
 
@@ -16,9 +15,7 @@ def test_ctrl_c_ends_a_sleep_early_and_the_previous_handler_comes_back():
     with CtrlC() as ctrl_c:
         assert not ctrl_c.sleep(0.01)
         signal.raise_signal(signal.SIGINT)
-        t0 = time.monotonic()
-        assert ctrl_c.sleep(30) and ctrl_c.pressed
-        assert time.monotonic() - t0 < 5
+        assert ctrl_c.sleep(3600) and ctrl_c.pressed  # at once: an hour's wait would time the test out
     assert signal.getsignal(signal.SIGINT) == before
 
 

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -230,11 +231,24 @@ def test_a_second_sigterm_while_the_first_is_pending_ends_the_process(tmp_path):
         assert time.time() < deadline and proc.poll() is None
         time.sleep(0.05)
     time.sleep(0.3)
+    lines: list[str] = []
+    noticed = threading.Event()
+
+    def read_stderr() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            lines.append(line)
+            if "received SIGTERM: will checkpoint" in line:
+                noticed.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
+    # The second signal only after the worker handled the first (two pending ones would merge).
+    assert noticed.wait(120), "".join(lines)[-3000:]
     assert proc.poll() is None  # the first one waits for a step boundary that never comes
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=30)
+    proc.wait(timeout=120)
+    reader.join(timeout=30)
     assert proc.returncode == -signal.SIGTERM
 
 

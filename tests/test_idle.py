@@ -31,11 +31,30 @@ def test_the_job_is_hung_only_when_every_rank_has_been_idle_past_the_timeout():
     assert idle_since({}, now=20.0, timeout=5.0) is None
 
 
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+_spun: dict[int, float] = {}
+
+
+def _wait_for_cpu(pid: int, more_s: float = 0.03) -> None:
+    """Until ``pid`` used ``more_s`` more CPU than at the last call: on a loaded machine a busy
+    process may get no CPU for a while, and a sample must follow real work."""
+    start = _spun.get(pid, _cpu_s(pid))
+    deadline = time.monotonic() + 120
+    while _cpu_s(pid) < start + more_s:
+        assert time.monotonic() < deadline, "the spinning process got no CPU"
+        time.sleep(0.02)
+    _spun[pid] = _cpu_s(pid)
+
+
 def test_idle_watch_flags_sleeping_ranks_and_not_a_busy_one(tmp_path):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        time.sleep(0.5)  # past interpreter start, which uses CPU
+        _wait_for_cpu(spinner.pid)  # running, past interpreter start
         both, busy = IdleWatch(timeout=3.0), IdleWatch(timeout=3.0)
         both.begin_attempt(0.0)
         busy.begin_attempt(0.0)
@@ -43,7 +62,7 @@ def test_idle_watch_flags_sleeping_ranks_and_not_a_busy_one(tmp_path):
         for now in range(8):  # one sample per (virtual) second
             hung_both = both.poll(float(now), {0: sleeper.pid}, tmp_path)
             hung_busy = busy.poll(float(now), {0: sleeper.pid, 1: spinner.pid}, tmp_path)
-            time.sleep(0.2)
+            _wait_for_cpu(spinner.pid)  # the busy rank really worked before the next sample
         assert hung_both == 0.0  # idle since the first sample
         assert hung_busy is None
     finally:

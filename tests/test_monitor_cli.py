@@ -106,13 +106,13 @@ def test_ctrl_c_quits_cleanly_and_restores_the_terminal(inherited):
                     return
 
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120  # start-up and imports on a loaded machine
         while b"node:" not in out and time.monotonic() < deadline and proc.poll() is None:
             drain(0.2)
         assert b"node:" in out, out[-2000:]
         proc.send_signal(signal.SIGINT)
         # Keep reading while it exits: a full pty buffer would block its last frame (and the test).
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
             drain(0.2)
         code = proc.wait(timeout=1)
@@ -145,10 +145,12 @@ def test_ctrl_c_during_start_up_quits_with_exit_0(monkeypatch, capsys):
         return session
 
     monkeypatch.setattr(Session, "open", open_then_ctrl_c)
+    waits: list[float] = []  # every wait the monitor asks for (an interval, a settle)
+    real_sleep = CtrlC.sleep
+    monkeypatch.setattr(CtrlC, "sleep", lambda self, s: waits.append(s) or real_sleep(self, s))
     before = signal.getsignal(signal.SIGINT)
-    t0 = time.monotonic()
     assert main(["monitor", "--backend", "sim", "--interval", "5"]) == 0
-    assert time.monotonic() - t0 < 4  # did not wait for the first interval
+    assert waits == []  # did not wait for the first interval
     assert len(opened) == 1 and not os.path.exists(opened[0]._tmp.name)  # the node was closed
     assert "node:" not in capsys.readouterr().out  # nothing drawn
     assert signal.getsignal(signal.SIGINT) == before  # the previous handler is back
@@ -181,13 +183,11 @@ def test_a_second_ctrl_c_breaks_a_stuck_tick_and_still_restores_the_terminal(mon
         def stuck_tick():
             signal.raise_signal(signal.SIGINT)  # noticed only after the tick...
             threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
-            time.sleep(30)  # ...which never ends: the second Ctrl-C ends it
+            time.sleep(3600)  # ...which never ends: the second Ctrl-C ends it (else the test times out)
 
         monkeypatch.setattr(session.agent, "tick", stuck_tick)
-        t0 = time.monotonic()
         with CtrlC() as ctrl_c, pytest.raises(KeyboardInterrupt):
             watch(session, 0.01, console, ctrl_c)
-    assert time.monotonic() - t0 < 10
     out = buf.getvalue()
     assert out.rfind("\x1b[?25h") > out.rfind("\x1b[?25l") >= 0
 
@@ -237,12 +237,12 @@ def test_outside_a_terminal_monitor_prints_one_plain_line_per_gpu_per_interval(t
             stdout=f, stderr=subprocess.PIPE,
         )  # fmt: skip
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 120
             while time.monotonic() < deadline and out.read_text().count("\n") < 6:
                 time.sleep(0.1)
         finally:
             proc.send_signal(signal.SIGINT)
-            proc.wait(10)
+            proc.wait(120)
     lines = out.read_text().splitlines()
     assert len(lines) >= 6 and "\x1b[" not in out.read_text()
     assert [line.split()[1] for line in lines[:4]] == ["gpu=0", "gpu=1", "gpu=0", "gpu=1"]

@@ -36,7 +36,7 @@ def free_port() -> int:
 def start_node(tmp_path: Path, name: str, port: int, steps: int, plan: str | None = None) -> subprocess.Popen:
     args = [
         sys.executable, "-m", "trainguard.cli", "run", "--nnodes", "1:2", "--nproc-per-node", "1",
-        "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "mn", "--max-restarts", "3",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "mn", "--max-restarts", "3",
         # node a hosts the rendezvous store, b only connects (it waits for a's store): with both on
         # 127.0.0.1 the first to bind the port would host it, and b leaving would take it away
         "--rdzv-conf", f"{RDZV_CONF},is_host={str(name == 'a').lower()}",

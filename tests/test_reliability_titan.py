@@ -8,20 +8,30 @@ from pathlib import Path
 
 import pytest
 
+from real_parts import require_real
 from trainguard.cli import main
 from trainguard.errors import InputError
 
 pytest.importorskip("lifelines")
 
 TITAN = Path(__file__).resolve().parents[2] / "shared" / "data" / "titan"
-needs_titan = pytest.mark.skipif(
-    not (TITAN / "gc_summary_loc.csv").exists(),
-    reason=f"the Titan data set is not at {TITAN} (olcf/TitanGPULife, data/)",
-)
 
 
 @pytest.fixture(scope="module")
-def fit():
+def titan_data() -> Path:
+    return require_real(
+        "the Titan data set (../shared/data/titan)",
+        install=f"check out the project's shared folder beside the repository, so that {TITAN} holds "
+        "olcf/TitanGPULife's data/ files",
+        found=(TITAN / "gc_summary_loc.csv").exists() and TITAN,
+    )
+
+
+needs_titan = pytest.mark.usefixtures("titan_data")
+
+
+@pytest.fixture(scope="module")
+def fit(titan_data):
     from trainguard.reliability.fit import fit_titan
     from trainguard.reliability.titan import load_titan
 

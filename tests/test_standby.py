@@ -114,7 +114,9 @@ def test_a_standby_dies_when_its_parent_is_killed(tmp_path):
         rank = pool._take()
         rank.stdin.write((json.dumps({job!r}) + "\\n").encode()); rank.stdin.close()
         pool.fill(1)
-        time.sleep(1.0)
+        deadline = time.monotonic() + 120
+        while not pool._idle and time.monotonic() < deadline:  # the refill has started
+            time.sleep(0.05)
         print(rank.pid, *[p.pid for p in pool._idle], flush=True)
         time.sleep(120)
         """
@@ -125,7 +127,7 @@ def test_a_standby_dies_when_its_parent_is_killed(tmp_path):
     assert len(pids) == 2 and all(_alive(p) for p in pids)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.05)
     left = [p for p in pids if _alive(p)]

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -20,9 +19,31 @@ WORKER = Path(__file__).with_name("test_guard_worker.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
-def _watchdog(**kw: float) -> tuple[HangWatchdog, threading.Event]:
+class StepClock:
+    """The watchdog's clock, moved by the test; ``observed(n)`` waits until the watchdog thread has
+    read it ``n`` more times (it reads it once per poll), so each check follows a real poll."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.reads = 0
+        self._cond = threading.Condition()
+
+    def __call__(self) -> float:
+        with self._cond:
+            self.reads += 1
+            self._cond.notify_all()
+            return self.now
+
+    def observed(self, polls: int = 3) -> None:
+        with self._cond:
+            target = self.reads + polls
+            assert self._cond.wait_for(lambda: self.reads >= target, timeout=60), "watchdog thread stalled"
+
+
+def _watchdog(clock: StepClock | None = None, **kw: float) -> tuple[HangWatchdog, threading.Event]:
     fired = threading.Event()
-    wd = HangWatchdog(None, 0, on_hang=lambda reason: fired.set(), poll_s=0.01, **kw)
+    extra = {"clock": clock} if clock is not None else {}
+    wd = HangWatchdog(None, 0, on_hang=lambda reason: fired.set(), poll_s=0.01, **extra, **kw)  # type: ignore[arg-type]
     return wd, fired
 
 
@@ -40,29 +61,36 @@ def test_timeout_is_learned_from_the_slowest_step_with_a_floor():
 
 
 def test_the_watchdog_fires_when_steps_stop_and_not_while_they_continue():
-    wd, fired = _watchdog(floor_s=1.0, factor=3.0, first_step_s=1.0)
+    clock = StepClock()
+    wd, fired = _watchdog(clock, floor_s=1.0, factor=3.0, first_step_s=1.0)
     wd.start()
     try:
-        for _ in range(50):  # 1 s of steady 20 ms steps: no hang
-            time.sleep(0.02)
+        for _ in range(50):  # 1 s of steady 20 ms steps, each seen by the watchdog: no hang
+            clock.now += 0.02
             wd.beat(0.02)
+            clock.observed(1)
+        clock.now += 0.99  # just under the 1 s floor since the last step
+        clock.observed()
         assert not fired.is_set()
-        t0 = time.monotonic()
-        assert fired.wait(10.0)
-        assert 0.9 < time.monotonic() - t0 < 5.0
+        clock.now += 0.02  # past it
+        assert fired.wait(60)
     finally:
         wd.stop()
 
 
 def test_a_checkpoint_allowance_holds_the_watchdog_back():
-    wd, fired = _watchdog(floor_s=0.2, factor=1.0, first_step_s=0.2)
+    clock = StepClock()
+    wd, fired = _watchdog(clock, floor_s=0.2, factor=1.0, first_step_s=0.2)
     wd.beat(0.01)
     wd.beat(0.01)
     wd.start()
     try:
         with wd.allowance(5.0):
-            assert not fired.wait(0.6)
-        assert fired.wait(3.0)
+            clock.now += 5.0  # past the 0.2 s timeout, within the allowance
+            clock.observed()
+            assert not fired.is_set()
+        clock.now += 0.3  # the allowance is over: 0.3 s since it ended
+        assert fired.wait(60)
     finally:
         wd.stop()
 

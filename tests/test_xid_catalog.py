@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from real_parts import require_real
 from trainguard.detect.xid import XidClass, xid_catalog, xid_info
 from trainguard.records import Action, Category, Severity
 
@@ -15,8 +16,11 @@ GENERATIONS = ("A100", "H100", "B100", "GB200")
 
 
 def _reference_rows() -> list[dict[str, str]]:
-    if not REFERENCE.is_file():
-        pytest.skip(f"NVIDIA reference catalog not found at {REFERENCE} (../shared is not checked out)")
+    require_real(
+        "NVIDIA's Xid catalog (../shared/reference/xid)",
+        install=f"check out the project's shared folder beside the repository, so that {REFERENCE} exists",
+        found=REFERENCE.is_file(),
+    )
     with REFERENCE.open(newline="", encoding="utf-8") as fh:
         return list(csv.DictReader(fh))
 

@@ -1,8 +1,9 @@
 """`trainguard run [options] -- python train.py ARGS...`: torchrun, kept alive.
 
     trainguard run --standalone --nproc-per-node 2 -- python examples/train_digits.py --steps 200
-    trainguard run --nnodes 1:2 --rdzv-endpoint 10.0.0.1:29400 --rdzv-id job7 --nproc-per-node 8 \\
-        --backend nvml -- python train.py
+    trainguard run --nproc-per-node 2 train.py --lr 0.1        # as torchrun: python -u train.py
+    trainguard run --nnodes 1:2 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29400 --rdzv-id job7 \\
+        --nproc-per-node 8 --backend nvml -- python train.py
     trainguard run --standalone --nproc-per-node 4 --backend sim --chaos examples/chaos/mixed.toml \\
         -- python examples/train_digits.py --checkpoint-dir ckpt
 
@@ -19,34 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.cli.options import add_config_args, thresholds
-
-# torchrun's other options, handed to torchrun's own parser as given (docs/supervisor.md). The
-# worker command after ``--`` is always the full command line (torchrun's --no-python), so -m,
-# --no-python and --run-path do not apply; worker output always goes to the run directory's log
-# files, copied to the console unless --no-tee, so torchrun's log options do not apply either.
-TORCHRUN_PASSTHROUGH: list[tuple[tuple[str, ...], str]] = [
-    (("--start-method", "--start_method"), "{spawn,fork,forkserver}"),
-    (("--event-log-handler", "--event_log_handler"), "HANDLER"),
-    (("--role",), "ROLE"),
-    (("--node-rank", "--node_rank"), "N"),
-    (("--master-addr", "--master_addr"), "HOST"),
-    (("--master-port", "--master_port"), "PORT"),
-    (("--local-addr", "--local_addr"), "HOST"),
-    (("--numa-binding", "--numa_binding"), "MODE"),
-    (("--signals-to-handle", "--signals_to_handle"), "SIGNALS"),
-    (("--shutdown-timeout", "--shutdown_timeout"), "S"),
-    (("--duplicate-stdout-filters", "--duplicate_stdout_filters"), "FILTERS"),
-    (("--duplicate-stderr-filters", "--duplicate_stderr_filters"), "FILTERS"),
-]
-
-
-class _PassThrough(argparse.Action):
-    """Collects a torchrun option as it was written, for torchrun's parser."""
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
-        given = list(getattr(namespace, self.dest, None) or [])
-        given += [str(option_string)] + ([] if self.nargs == 0 else [str(values)])
-        setattr(namespace, self.dest, given)
+from trainguard.cli.torchrun_args import add_torchrun_options
 
 
 def register(subparsers: Any) -> None:
@@ -56,31 +30,16 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    t = p.add_argument_group("torchrun-compatible launch options")
-    t.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, metavar="N")
-    t.add_argument("--nnodes", default="1:1", help="N or MIN:MAX nodes (default 1:1)")
-    t.add_argument("--standalone", action="store_true", help="single node, private rendezvous")
-    t.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default="", metavar="HOST:PORT")
-    t.add_argument("--rdzv-id", "--rdzv_id", default="", metavar="ID")
-    t.add_argument("--rdzv-backend", "--rdzv_backend", default="c10d")
-    t.add_argument("--rdzv-conf", "--rdzv_conf", default="", metavar="K=V,...")
+    t = p.add_argument_group(
+        "torchrun's options (all of them, read by torchrun's own parser: docs/supervisor.md)"
+    )
+    add_torchrun_options(t)
     t.add_argument(
         "--max-restarts",
         "--max_restarts",
         type=int,
-        default=3,
+        default=None,
         help="restart budget; GPU exclusions and membership changes are free (default 3)",
-    )
-    t.add_argument("--monitor-interval", "--monitor_interval", type=float, default=0.1, metavar="S")
-    for names, metavar in TORCHRUN_PASSTHROUGH:
-        t.add_argument(*names, action=_PassThrough, dest="torchrun_args", metavar=metavar, help="as torchrun")
-    t.add_argument(
-        "--virtual-local-rank",
-        "--virtual_local_rank",
-        action=_PassThrough,
-        nargs=0,
-        dest="torchrun_args",
-        help="as torchrun",
     )
     g = p.add_argument_group("trainguard options")
     g.add_argument("--job-id", default="", help="default: --rdzv-id, else a timestamp")
@@ -149,33 +108,39 @@ def register(subparsers: Any) -> None:
     )
     g.add_argument("--no-tee", action="store_true", help="do not copy worker output to the console")
     g.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the run result as JSON")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the worker command")
+    p.add_argument(
+        "cmd",
+        nargs=argparse.REMAINDER,
+        help="-- then the worker command (python train.py ...), or torchrun's: train.py ARGS",
+    )
     p.set_defaults(func=run)
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
-    from trainguard.errors import ConfigError
+    from trainguard.cli.torchrun_args import resolve, split_command
     from trainguard.supervisor.config import SupervisorConfig
 
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        raise ConfigError("no worker command: use `trainguard run [options] -- python train.py ...`")
-    if not args.standalone and not args.rdzv_endpoint:
-        raise ConfigError("give --standalone (one node) or --rdzv-endpoint HOST:PORT (several nodes)")
+    tokens = list(getattr(args, "torchrun_args", None) or [])
+    words, full = split_command(list(args.cmd), tokens)
+    launch = resolve(tokens, words, full, args.max_restarts)
+    if launch.ignored:
+        print(
+            f"trainguard run: {', '.join(launch.ignored)} do not apply: worker output goes to the run "
+            "directory's log files (copied to the console unless --no-tee)",
+            file=sys.stderr,
+        )
     return SupervisorConfig(
-        cmd=tuple(cmd),
-        nproc_per_node=args.nproc_per_node,
-        nnodes=args.nnodes,
-        standalone=args.standalone,
-        rdzv_endpoint=args.rdzv_endpoint,
-        rdzv_id=args.rdzv_id,
-        rdzv_backend=args.rdzv_backend,
-        rdzv_conf=args.rdzv_conf,
-        max_restarts=args.max_restarts,
-        monitor_interval=args.monitor_interval,
-        extra_torchrun_args=tuple(getattr(args, "torchrun_args", None) or ()),
+        cmd=launch.cmd,
+        nproc_per_node=launch.nproc_per_node,
+        nnodes=launch.nnodes,
+        standalone=launch.standalone,
+        rdzv_endpoint=launch.rdzv_endpoint,
+        rdzv_id=launch.rdzv_id,
+        rdzv_backend=launch.rdzv_backend,
+        rdzv_conf=launch.rdzv_conf,
+        max_restarts=launch.max_restarts,
+        monitor_interval=launch.monitor_interval,
+        extra_torchrun_args=launch.extra,
         job_id=args.job_id,
         runs_root=args.runs_dir,
         db=args.db,

@@ -43,6 +43,9 @@ class Device(Protocol):
     def write(self, dst: Any, src: Any) -> None:
         """Store ``src`` (a tensor or a scalar) into ``dst`` in device memory."""
 
+    def all_reduce(self, group: Any, tensor: Any) -> None:
+        """Sum ``tensor`` over ``group`` (a torch process group this device is a rank of) and wait."""
+
     def link_seconds(self, nbytes: int, ranks: int, wall_s: float) -> float:
         """How long an all-reduce of ``nbytes`` among ``ranks`` took on this device's link, given
         its wall time: the wall time on real devices."""

@@ -66,12 +66,12 @@ def _group_busbw(
             else:
                 pg = dist.ProcessGroupGloo(prefix, r, n, timeout)
             t = torch.ones(nbytes // 4, dtype=torch.float32, device=dev.torch_device)
-            pg.allreduce([t]).wait()  # warm-up: connections, buffers
+            dev.all_reduce(pg, t)  # warm-up: connections, buffers
             for _ in range(_BLOCKS):  # the best block: robust to a host busy for a moment
                 dev.sync()
                 t0 = time.perf_counter()
                 for _ in range(iters):
-                    pg.allreduce([t]).wait()
+                    dev.all_reduce(pg, t)
                 dev.sync()
                 took = dev.link_seconds(nbytes, n, (time.perf_counter() - t0) / iters)
                 times[r] = min(times[r], took)

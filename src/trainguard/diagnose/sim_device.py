@@ -5,11 +5,16 @@ It does the real work on the CPU, then does to it what the fleet's faults do to 
 - its SM clock (the fleet's reading under load) sets its speed: a straggler's half clock or a
   thermal slowdown makes every product take twice as long on the device's clock, which counts
   the CPU time of the work (``clock()``), so other load on the host does not skew it;
+- ``SlowProducts`` (clocks read normal) makes it really do more work per product: the compute
+  test sees the time it took, telemetry sees nothing;
 - ``WrongProducts`` flips a bit in that share of its matrix products;
-- ``HbmCorruption`` flips bits in what is written to its memory;
+- ``HbmCorruption`` flips bits in what is written to its memory; ``StuckBits`` holds a bit of some
+  bytes at 0 or 1, so a written pattern that needs the other value really reads back wrong;
 - its link moves data at its model's rate (``profiles.link_gbps``): the collective's bytes really
   travel between threads through gloo, but the time charged is what they take on the simulated
-  NVLink, since the host's loopback says nothing about it; ``SlowLink`` caps that rate;
+  NVLink, since the host's loopback says nothing about it; ``SlowLink`` caps that rate.
+  ``DetouredLink`` really copies each transfer through host bounce buffers (the partner waits for
+  it): the charge is stretched by the CPU time of those copies over that of one direct copy;
 - ``busy()`` raises the GPU's load in the fleet, so heat builds up as it would (``HotUnderLoad``).
 
 The tests see only the computed tensors and the time they took, as on real hardware.
@@ -57,6 +62,10 @@ class SimDevice(TorchDevice):
         self._ratio, self._ratio_at = 1.0, float("-inf")
         self._added_s = 0.0  # device time the faults added (a slow clock)
         self._before: float | None = None  # the GPU's own load before busy()
+        self._link_direct_s = 0.0  # CPU time of the direct copies of a detoured link's transfers
+        self._link_total_s = 0.0  # ... and of those copies with the detour's bounces
+        self._bounce: Any = None  # a detoured link's bounce buffer
+        self._stuck: tuple[object, list[tuple[int, int, bool]]] | None = None  # (defect, cells)
 
     # -- what the faults do -----------------------------------------------------------------
     def _active(self, kind: type[C]) -> C | None:
@@ -82,6 +91,27 @@ class SimDevice(TorchDevice):
             k = self._rng.randrange(raw.numel())
             raw[k] ^= 1 << self._rng.randrange(8)
 
+    def _stuck_cells(self, defect: state.StuckBits) -> list[tuple[int, int, bool]]:
+        """(byte offset, bit, stuck at 1) of each cell, the same for every allocation (seeded)."""
+        if self._stuck is None or self._stuck[0] is not defect:
+            rng = self.fleet.rng("stuck-bits", self.index)
+            cells = [
+                (rng.randrange(defect.span), rng.randrange(8), rng.random() < 0.5)
+                for _ in range(defect.cells)
+            ]
+            self._stuck = (defect, cells)
+        return self._stuck[1]
+
+    def _hold_stuck_bits(self, dst: Any, defect: state.StuckBits) -> None:
+        if not dst.is_contiguous():
+            return
+        start = dst.storage_offset() * dst.element_size()
+        raw = dst.view(-1).view(torch.uint8)
+        for offset, bit, high in self._stuck_cells(defect):
+            k = offset - start
+            if 0 <= k < raw.numel():
+                raw[k] = int(raw[k]) | (1 << bit) if high else int(raw[k]) & ~(1 << bit) & 0xFF
+
     # -- Device -----------------------------------------------------------------------------
     def clock(self) -> float:
         """The CPU time of the calling thread plus the time the faults added: a simulated GPU is not
@@ -91,6 +121,15 @@ class SimDevice(TorchDevice):
     def matmul(self, a: Any, b: Any) -> Any:
         t0 = time.thread_time()
         c = a @ b
+        slow = self._active(state.SlowProducts)
+        if slow is not None and slow.fraction > 0:
+            # The work a GPU at this fraction of its rate spends on one product, really done.
+            extra = 1 / slow.fraction - 1
+            for _ in range(int(extra)):
+                a @ b
+            rows = round(a.shape[-2] * (extra - int(extra)))
+            if rows:
+                a[..., :rows, :] @ b
         ratio = self._clock_ratio()
         if ratio < 0.999:
             self._added_s += (time.thread_time() - t0) * (1 / ratio - 1)
@@ -107,14 +146,41 @@ class SimDevice(TorchDevice):
             expected = hbm.per_gib * dst.numel() * dst.element_size() / 2**30
             with self._lock:
                 self._flip_bits(dst, int(expected + self._rng.random()))
+        stuck = self._active(state.StuckBits)
+        if stuck is not None:
+            self._hold_stuck_bits(dst, stuck)
+
+    def all_reduce(self, group: Any, tensor: Any) -> None:
+        group.allreduce([tensor]).wait()
+        detour = self._active(state.DetouredLink)
+        if detour is None:
+            return
+        # What this rank sent in the ring, moved again: once directly, then through the bounces.
+        sent = tensor.view(-1)[: max(1, tensor.numel() * 2 * (group.size() - 1) // group.size())]
+        if self._bounce is None or self._bounce.numel() != sent.numel():
+            self._bounce = torch.empty_like(sent)
+            self._bounce.copy_(sent)  # its pages mapped before anything is timed
+        bounce = self._bounce
+        bounce.copy_(sent)  # the bytes in cache, as for the copies timed next
+        t0 = time.thread_time()
+        bounce.copy_(sent)
+        t1 = time.thread_time()
+        for _ in range(detour.bounces):
+            bounce.copy_(sent)
+        t2 = time.thread_time()
+        self._link_direct_s += t1 - t0
+        self._link_total_s += t2 - t0
 
     def link_seconds(self, nbytes: int, ranks: int, wall_s: float) -> float:
         """The time a ring all-reduce of ``nbytes`` among ``ranks`` spends on this GPU's link: each
         rank sends ``2 (n - 1) / n`` of the buffer, at the rate NCCL reaches on the link (the
-        partners wait for the slowest link: the caller takes the slowest rank's time)."""
+        partners wait for the slowest link: the caller takes the slowest rank's time), stretched
+        by what the copies of a detoured link took since the last call."""
         link = self._active(state.SlowLink)
         rate = LINK_EFFICIENCY * link_gbps(self.fleet.profile) * 1e9 * (link.fraction if link else 1.0)
-        return nbytes * 2 * (ranks - 1) / ranks / rate
+        stretch = self._link_total_s / self._link_direct_s if self._link_direct_s > 0 else 1.0
+        self._link_direct_s = self._link_total_s = 0.0
+        return nbytes * 2 * (ranks - 1) / ranks / rate * stretch
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:

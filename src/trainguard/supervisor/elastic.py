@@ -91,8 +91,15 @@ class GuardedAgent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self._store_port = None
-        if worker_group.group_world_size == 1 and os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
-            self._store_port = private_port()  # one node: only its own workers use their store
+        # One node: only its own workers use their store. Not with a rendezvous whose workers
+        # always use the agent's store (static: its TCPStore on --master-port).
+        own_store = not worker_group.spec.rdzv_handler.use_agent_store
+        if (
+            worker_group.group_world_size == 1
+            and own_store
+            and os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1"
+        ):
+            self._store_port = private_port()
         with _swapped(local_elastic_agent, "start_processes", self._start_processes):
             return super()._start_workers(worker_group)
 
@@ -179,6 +186,14 @@ class GuardedAgent(LocalElasticAgent):
             return 0
 
 
+def launch_config(torchrun_argv: list[str]) -> tuple[Any, Any, list[str]]:
+    """torchrun's (LaunchConfig, entrypoint, arguments) for ``torchrun TORCHRUN_ARGV``."""
+    args = get_args_parser().parse_args(torchrun_argv)
+    if args.master_port is None:  # what torchrun's run() does
+        args.master_port = 29500
+    return config_from_args(args)
+
+
 def launch(
     torchrun_argv: list[str],
     monitor: Monitor,
@@ -189,10 +204,7 @@ def launch(
 ) -> str | None:
     """Run the job as ``torchrun TORCHRUN_ARGV`` would, with a `GuardedAgent`. Returns None when
     the agent's run ended (finished or stopped by the policy), else the signal that ended it."""
-    args = get_args_parser().parse_args(torchrun_argv)
-    if args.master_port is None:  # what torchrun's run() does
-        args.master_port = 29500
-    config, entrypoint, cmd_args = config_from_args(args)
+    config, entrypoint, cmd_args = launch_config(torchrun_argv)
     config.logs_specs = logs_specs
 
     def make_agent(**kwargs: Any) -> GuardedAgent:

@@ -35,10 +35,11 @@ from types import TracebackType
 from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1
+PARENT_ENV = "TRAINGUARD_STANDBY_PARENT"  # the pid of the supervisor that started it
 
 
 def main(modules: list[str]) -> int:
-    _die_with_parent(os.getppid())
+    _die_with_parent(int(os.environ.pop(PARENT_ENV, "") or os.getppid()))
     for name in modules:
         with contextlib.suppress(ImportError):  # a missing preload only costs the time it saves
             importlib.import_module(name)
@@ -153,6 +154,8 @@ def _die_with_parent(parent: int) -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died while this interpreter started, before the signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
     threading.Thread(target=_kill_if_orphaned, args=(parent,), daemon=True, name="standby-parent").start()
 
 

@@ -192,6 +192,8 @@ class WarmPool:
                         log.warning("could not start a warm standby: %s", e)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
+        from trainguard.supervisor.standby import PARENT_ENV
+
         cmd = [sys.executable, "-m", "trainguard.supervisor.standby", *self.preload]
         return subprocess.Popen(
             cmd,
@@ -199,7 +201,7 @@ class WarmPool:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-            env=self._env,
+            env={**self._env, PARENT_ENV: str(os.getpid())},  # who it must die with
         )
 
 

@@ -35,7 +35,7 @@ Progress = Callable[[], tuple[float, int, float]]  # (perf_counter of the last s
 class HangWatchdog:
     """``start()`` once; report progress with ``beat()`` after every step, or give ``progress``,
     a callable the watchdog thread polls (the Guard's: nothing at all runs per step).
-    ``stop()`` disarms it. Times are ``time.perf_counter`` (monotonic)."""
+    ``stop()`` disarms it. Times are ``clock()``'s (``time.perf_counter``: monotonic)."""
 
     def __init__(
         self,
@@ -48,13 +48,15 @@ class HangWatchdog:
         on_hang: Callable[[str], None] | None = None,  # default: dump, then os._exit(HANG)
         poll_s: float | None = None,
         progress: Progress | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.dump_dir, self.rank = dump_dir, rank
         self.floor_s, self.factor, self.first_step_s = floor_s, factor, first_step_s
         self._on_hang = on_hang
         self._progress = progress
         self._poll_s = poll_s if poll_s is not None else max(0.05, min(1.0, floor_s / 10))
-        self._last = time.perf_counter()
+        self._clock = clock
+        self._last = clock()
         self._slowest = 0.0
         self._steps = 0
         self._extra = 0.0  # allowance of the phase in progress (checkpoint)
@@ -80,7 +82,7 @@ class HangWatchdog:
         if step_time is not None and self._steps > 0 and step_time > self._slowest:
             self._slowest = step_time
         self._steps += 1
-        self._last = time.perf_counter()
+        self._last = self._clock()
 
     @contextlib.contextmanager
     def allowance(self, seconds: float) -> Iterator[None]:
@@ -90,11 +92,11 @@ class HangWatchdog:
             yield
         finally:
             self._extra -= seconds
-            self._last = time.perf_counter()
+            self._last = self._clock()
 
     def start(self) -> HangWatchdog:
         if self._thread is None:
-            self._last = time.perf_counter()
+            self._last = self._clock()
             self._thread = threading.Thread(target=self._run, name="trainguard-watchdog", daemon=True)
             self._thread.start()
         return self
@@ -107,7 +109,7 @@ class HangWatchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(self._poll_s):
-            idle = time.perf_counter() - self._state()[0]
+            idle = self._clock() - self._state()[0]
             limit = self.timeout()
             if idle > limit:
                 self.fired = True

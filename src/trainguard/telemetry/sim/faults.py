@@ -23,6 +23,7 @@ from trainguard.telemetry.sim.state import FaultContext
 
 __all__ = [
     "RECOVERY_CODES",
+    "DetouredLink",
     "DoubleBitEcc",
     "FallOffBus",
     "Fault",
@@ -38,7 +39,9 @@ __all__ = [
     "RecoveryActionChange",
     "RowRemapFailure",
     "SlowLink",
+    "SlowProducts",
     "Straggler",
+    "StuckBits",
     "ThermalRunaway",
     "Uncontained",
     "WrongProducts",
@@ -327,6 +330,46 @@ class SlowLink:
 
 
 @dataclass(frozen=True, slots=True)
+class SlowProducts:
+    """Matrix products run at ``fraction`` of the GPU's rate while its clocks read full speed,
+    with no throttle reason and normal power (unlike ``Straggler``, whose clock shows it): the
+    compute test finds it because the products really take longer. A defect: resets keep it."""
+
+    gpu: int
+    fraction: float = 0.5
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        ctx.state(self.gpu).defects.append(state.SlowProducts(at, self.fraction))
+
+
+@dataclass(frozen=True, slots=True)
+class DetouredLink:
+    """The GPU's peer-to-peer traffic detours through host memory (PCIe ACS redirect, a wrong
+    IOMMU setting): the link trains at full width and its counters stay clean, but each transfer
+    is really copied through ``bounces`` more buffers, so it takes longer (the interconnect test
+    finds it). A platform setting: a GPU reset keeps it."""
+
+    gpu: int
+    bounces: int = 4
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        ctx.state(self.gpu).defects.append(state.DetouredLink(at, self.bounces))
+
+
+@dataclass(frozen=True, slots=True)
+class StuckBits:
+    """``cells`` bytes of HBM each hold a bit stuck at 0 or 1 (seeded), with no ECC event: a
+    pattern written over them reads back wrong wherever it needs the other value (the memory
+    pattern test finds it)."""
+
+    gpu: int
+    cells: int = 8
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        ctx.state(self.gpu).defects.append(state.StuckBits(at, self.cells))
+
+
+@dataclass(frozen=True, slots=True)
 class HotUnderLoad:
     """Marginal cooling: fine at idle, past the slowdown temperature after ``after_s`` seconds of
     continuous load, then HW thermal slowdown (the thermal/power test under stress finds it)."""
@@ -357,5 +400,8 @@ Fault = (
     | WrongProducts
     | HbmCorruption
     | SlowLink
+    | SlowProducts
+    | DetouredLink
+    | StuckBits
     | HotUnderLoad
 )

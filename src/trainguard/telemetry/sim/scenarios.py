@@ -159,6 +159,29 @@ _ALL = [
         lambda f: f.at(10).app_xid_burst(gpu=2),
         (2,),
     ),
+    # Defects with no telemetry symptom: the node reads healthy; only `trainguard diagnose` (the
+    # DIAGNOSE_SCENARIOS of the same name) finds the GPU, from the work it does.
+    Scenario(
+        "silent-slow-gpu",
+        "GPU 4 computes at half rate with normal clocks (only diagnose finds it)",
+        Health.OK,
+        20,
+        lambda f: f.at(5).slow_products(gpu=4),
+    ),
+    Scenario(
+        "detoured-link",
+        "GPU 6's transfers detour through host memory, clean counters (only diagnose finds it)",
+        Health.OK,
+        20,
+        lambda f: f.at(5).detoured_link(gpu=6),
+    ),
+    Scenario(
+        "stuck-bits",
+        "GPU 0 has memory bits stuck at 0 or 1, no ECC event (only diagnose finds it)",
+        Health.OK,
+        20,
+        lambda f: f.at(5).stuck_bits(gpu=0),
+    ),
     Scenario(
         "tour",
         "an 8-GPU node through many faults over 60 s (the live demo)",
@@ -240,6 +263,25 @@ _DIAGNOSE = [
         "GPU 3's link runs at a quarter of its bandwidth, with clean counters",
         lambda f: f.now().slow_link(gpu=3, fraction=0.25),
         (("interconnect", 3),),
+    ),
+    # The node of each of these reads healthy (`trainguard check --scenario NAME` passes).
+    DiagnoseScenario(
+        "silent-slow-gpu",
+        "GPU 4 computes at half rate while its clocks, power and throttle reasons read normal",
+        lambda f: f.now().slow_products(gpu=4, fraction=0.5),
+        (("compute", 4),),
+    ),
+    DiagnoseScenario(
+        "detoured-link",
+        "GPU 6's transfers are copied through 4 host buffers on the way, with clean counters",
+        lambda f: f.now().detoured_link(gpu=6, bounces=4),
+        (("interconnect", 6),),
+    ),
+    DiagnoseScenario(
+        "stuck-bits",
+        "GPU 0 has 8 memory bits stuck at 0 or 1, with no ECC event",
+        lambda f: f.now().stuck_bits(gpu=0, cells=8),
+        (("memory_pattern", 0),),
     ),
     DiagnoseScenario(
         "hot-gpu",

@@ -95,6 +95,18 @@ class At:
     def slow_link(self, gpu: int, fraction: float = 0.25) -> At:
         return self.fault(F.SlowLink(gpu, fraction))
 
+    def slow_products(self, gpu: int, fraction: float = 0.5) -> At:
+        """Products at ``fraction`` of the rate, clocks reading normal (only ``diagnose`` sees it)."""
+        return self.fault(F.SlowProducts(gpu, fraction))
+
+    def detoured_link(self, gpu: int, bounces: int = 4) -> At:
+        """Transfers copied through ``bounces`` host buffers, counters clean (only ``diagnose``)."""
+        return self.fault(F.DetouredLink(gpu, bounces))
+
+    def stuck_bits(self, gpu: int, cells: int = 8) -> At:
+        """Memory cells with a stuck bit, no ECC event (only ``diagnose`` sees it)."""
+        return self.fault(F.StuckBits(gpu, cells))
+
     def hot_under_load(self, gpu: int, after_s: float = 2.0) -> At:
         return self.fault(F.HotUnderLoad(gpu, after_s))
 

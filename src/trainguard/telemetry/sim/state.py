@@ -17,6 +17,7 @@ from trainguard.telemetry.sim.profiles import GpuProfile
 
 __all__ = [
     "Condition",
+    "DetouredLink",
     "Downtrain",
     "FaultContext",
     "GpuState",
@@ -27,7 +28,9 @@ __all__ = [
     "PowerBrake",
     "ReplayStorm",
     "SlowLink",
+    "SlowProducts",
     "Straggler",
+    "StuckBits",
     "ThermalRunaway",
     "WrongProducts",
 ]
@@ -234,6 +237,45 @@ class SlowLink:
 
     since: float
     fraction: float = 0.25
+
+    def apply(self, r: dict[str, Any], now: float, p: GpuProfile, rng: random.Random) -> None:
+        return
+
+
+@dataclass(frozen=True, slots=True)
+class SlowProducts:
+    """Matrix products run at ``fraction`` of the rate while clocks, power and throttle reasons
+    read normal: the simulated GPU really does ``1 / fraction`` of the work for each product."""
+
+    since: float
+    fraction: float = 0.5
+
+    def apply(self, r: dict[str, Any], now: float, p: GpuProfile, rng: random.Random) -> None:
+        return
+
+
+@dataclass(frozen=True, slots=True)
+class DetouredLink:
+    """Peer-to-peer traffic detours through host memory (a PCIe ACS redirect): the link trains at
+    full width, its counters stay clean, and every transfer is really copied through ``bounces``
+    more buffers on the way."""
+
+    since: float
+    bounces: int = 4
+
+    def apply(self, r: dict[str, Any], now: float, p: GpuProfile, rng: random.Random) -> None:
+        return
+
+
+@dataclass(frozen=True, slots=True)
+class StuckBits:
+    """``cells`` bytes of device memory each hold one bit stuck at 0 or 1, with no ECC event: a
+    written pattern that needs the other value reads back wrong. ``span`` bytes from the start of
+    an allocation hold the cells (the memory pattern test writes at least 1 MiB)."""
+
+    since: float
+    cells: int = 8
+    span: int = 2**20
 
     def apply(self, r: dict[str, Any], now: float, p: GpuProfile, rng: random.Random) -> None:
         return

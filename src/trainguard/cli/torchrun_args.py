@@ -1,0 +1,207 @@
+"""torchrun's command line, read by torchrun's own parser: what makes `trainguard run` a drop-in.
+
+`trainguard run` takes every torchrun option (``TORCHRUN_OPTIONS`` lists them; a test checks the
+list against ``torch.distributed.run.get_args_parser``), collects them as written, and hands them
+to torchrun's parser, so defaults, ``PET_*`` environment variables and validation are torchrun's.
+The rendezvous then follows torchrun's ``run()``: ``--standalone``, and a single node with the
+static default and no ``--master-port``, get a private c10d rendezvous on a free port; otherwise
+the static rendezvous is on ``--master-addr:--master-port`` (127.0.0.1:29500 by default).
+
+The worker command is torchrun's too: ``trainguard run [opts] train.py ARGS`` (or ``-- train.py``,
+``-m pkg.mod``) runs ``python -u train.py ARGS``; ``--no-python CMD`` runs CMD; and trainguard's own
+form, ``-- python train.py ARGS`` (a command line whose first word is not a ``.py`` file), is the
+full command line, as torchrun's ``--no-python`` takes it. Imports torch (in ``resolve``).
+
+    >>> split_command(["--", "python", "train.py"], [])
+    (['python', 'train.py'], True)
+    >>> split_command(["train.py", "--lr", "1"], [])
+    (['train.py', '--lr', '1'], False)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from trainguard.errors import ConfigError, MissingDependency
+
+__all__ = ["LOG_OPTIONS", "TORCHRUN_OPTIONS", "Launch", "resolve", "split_command"]
+
+# (option strings, metavar; None: a flag), in torchrun's order. --max-restarts is trainguard's own
+# option (its default is a restart budget of 3; torchrun's is 0).
+TORCHRUN_OPTIONS: list[tuple[tuple[str, ...], str | None]] = [
+    (("--nnodes",), "N|MIN:MAX"),
+    (("--nproc-per-node", "--nproc_per_node"), "N|gpu|cpu|auto"),
+    (("--rdzv-backend", "--rdzv_backend"), "BACKEND"),
+    (("--rdzv-endpoint", "--rdzv_endpoint"), "HOST:PORT"),
+    (("--rdzv-id", "--rdzv_id"), "ID"),
+    (("--rdzv-conf", "--rdzv_conf"), "K=V,..."),
+    (("--standalone",), None),
+    (("--monitor-interval", "--monitor_interval"), "S"),
+    (("--start-method", "--start_method"), "{spawn,fork,forkserver}"),
+    (("--event-log-handler", "--event_log_handler"), "HANDLER"),
+    (("--role",), "ROLE"),
+    (("-m", "--module"), None),
+    (("--no-python", "--no_python"), None),
+    (("--run-path", "--run_path"), None),
+    (("--log-dir", "--log_dir"), "DIR"),
+    (("-r", "--redirects"), "STD"),
+    (("-t", "--tee"), "STD"),
+    (("--local-ranks-filter", "--local_ranks_filter"), "RANKS"),
+    (("--duplicate-stdout-filters", "--duplicate_stdout_filters"), "FILTERS"),
+    (("--duplicate-stderr-filters", "--duplicate_stderr_filters"), "FILTERS"),
+    (("--node-rank", "--node_rank"), "N"),
+    (("--master-addr", "--master_addr"), "HOST"),
+    (("--master-port", "--master_port"), "PORT"),
+    (("--local-addr", "--local_addr"), "HOST"),
+    (("--logs-specs", "--logs_specs"), "NAME"),
+    (("--numa-binding", "--numa_binding"), "MODE"),
+    (("--signals-to-handle", "--signals_to_handle"), "SIGNALS"),
+    (("--shutdown-timeout", "--shutdown_timeout"), "S"),
+    (("--virtual-local-rank", "--virtual_local_rank"), None),
+]
+# Accepted, and said not to apply: worker output always goes to the run directory's log files
+# (copied to the console unless --no-tee).
+LOG_OPTIONS = ("log_dir", "redirects", "tee", "local_ranks_filter", "logs_specs")
+_COMMAND_FLAGS = {"-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path"}
+
+
+class PassThrough(argparse.Action):
+    """Collects a torchrun option as it was written, for torchrun's parser."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        given = list(getattr(namespace, self.dest, None) or [])
+        given += [str(option_string)] + ([] if self.nargs == 0 else [str(values)])
+        setattr(namespace, self.dest, given)
+
+
+def add_torchrun_options(group: Any) -> None:
+    for names, metavar in TORCHRUN_OPTIONS:
+        if metavar is None:
+            group.add_argument(*names, action=PassThrough, nargs=0, dest="torchrun_args", help="as torchrun")
+        else:
+            group.add_argument(
+                *names, action=PassThrough, dest="torchrun_args", metavar=metavar, help="as torchrun"
+            )
+
+
+def split_command(words: list[str], tokens: list[str]) -> tuple[list[str], bool]:
+    """(the words after the options, whether they are a full command line). After ``--``, a first
+    word that is not a ``.py`` file is a full command line unless torchrun's -m / --no-python /
+    --run-path says how to run it; without ``--`` the words are torchrun's script and its arguments."""
+    explicit = bool(words) and words[0] == "--"
+    words = words[1:] if explicit else list(words)
+    full = explicit and bool(words) and not words[0].endswith(".py") and not _COMMAND_FLAGS & set(tokens)
+    return words, full
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """What torchrun would run, as `SupervisorConfig` fields and torchrun options."""
+
+    cmd: tuple[str, ...]
+    nproc_per_node: int
+    nnodes: str
+    standalone: bool
+    rdzv_backend: str
+    rdzv_endpoint: str
+    rdzv_id: str
+    rdzv_conf: str
+    max_restarts: int
+    monitor_interval: float
+    extra: tuple[str, ...]  # the other torchrun options, resolved
+    ignored: tuple[str, ...]  # log options given that do not apply
+
+
+def resolve(tokens: list[str], words: list[str], full_command: bool, max_restarts: int | None) -> Launch:
+    """Parse ``tokens`` (torchrun options as written) and the worker ``words`` with torchrun's
+    parser and resolve them as torchrun's ``run()`` does."""
+    try:
+        from torch.distributed.run import (
+            determine_local_world_size,
+            get_args_parser,
+            get_rdzv_endpoint,
+            parse_min_max_nnodes,
+        )
+    except ImportError as exc:
+        raise MissingDependency(
+            f"trainguard run reads torchrun's options with torch ({exc}): pip install 'trainguard[torch]'"
+        ) from None
+
+    if not words:
+        raise ConfigError("no worker command: use `trainguard run [options] -- python train.py ...`")
+    parser = get_args_parser()
+    parser.prog = "trainguard run (torchrun's options)"
+    parser.exit_on_error = False
+    try:
+        ns = parser.parse_args([*tokens, *(["--no-python"] if full_command else []), *words])
+        min_nodes, max_nodes = parse_min_max_nnodes(ns.nnodes)
+        nproc = determine_local_world_size(ns.nproc_per_node)
+    except (argparse.ArgumentError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"torchrun's options: {exc}") from None
+    except SystemExit:  # argparse printed what was wrong
+        raise ConfigError("torchrun's options: see the error above") from None
+    if ns.module and ns.no_python:
+        raise ConfigError("give either -m (a module) or --no-python (a command), as torchrun")
+    # torchrun's run(): a private rendezvous for --standalone, and for one node with no endpoint
+    # and no --master-port; the static rendezvous on master_addr:master_port otherwise.
+    standalone = bool(ns.standalone) or (
+        ns.rdzv_backend == "static" and not ns.rdzv_endpoint and ns.master_port is None and max_nodes == 1
+    )
+    if ns.master_port is None:
+        ns.master_port = 29500
+    if ns.no_python:
+        cmd = [ns.training_script, *ns.training_script_args]
+    else:
+        python = os.getenv("PYTHON_EXEC", sys.executable)
+        cmd = [python, "-u", *(["-m"] if ns.module else []), ns.training_script, *ns.training_script_args]
+    if max_restarts is None:  # trainguard's budget, unless torchrun's PET_MAX_RESTARTS sets one
+        max_restarts = ns.max_restarts if "PET_MAX_RESTARTS" in os.environ else 3
+    if min_nodes < 1 or max_restarts < 0:
+        raise ConfigError(
+            f"--nnodes {ns.nnodes} / --max-restarts {max_restarts}: need nodes >= 1, restarts >= 0"
+        )
+    extra = [
+        "--start-method",
+        ns.start_method,
+        "--event-log-handler",
+        ns.event_log_handler,
+        "--role",
+        ns.role,
+    ]
+    extra += ["--node-rank", str(ns.node_rank), "--master-addr", ns.master_addr]
+    extra += ["--master-port", str(ns.master_port), "--signals-to-handle", ns.signals_to_handle]
+    for flag, value in (
+        ("--local-addr", ns.local_addr),
+        ("--numa-binding", ns.numa_binding),
+        ("--shutdown-timeout", ns.shutdown_timeout),
+    ):
+        if value is not None:
+            extra += [flag, str(value)]
+    for flag, items in (
+        ("--duplicate-stdout-filters", ns.duplicate_stdout_filters),
+        ("--duplicate-stderr-filters", ns.duplicate_stderr_filters),
+    ):
+        if items:
+            extra += [flag, ",".join(item.replace(",", ",,") for item in items)]
+    if ns.virtual_local_rank:
+        extra.append("--virtual-local-rank")
+    defaults = {"log_dir": None, "redirects": "0", "tee": "0", "local_ranks_filter": "", "logs_specs": None}
+    ignored = tuple(f"--{k.replace('_', '-')}" for k in LOG_OPTIONS if getattr(ns, k) != defaults[k])
+    return Launch(
+        cmd=tuple(cmd),
+        nproc_per_node=nproc,
+        nnodes=ns.nnodes,
+        standalone=standalone,
+        rdzv_backend="c10d" if standalone else ns.rdzv_backend,
+        rdzv_endpoint="localhost:0" if standalone else get_rdzv_endpoint(ns),
+        rdzv_id=ns.rdzv_id,
+        rdzv_conf=ns.rdzv_conf,
+        max_restarts=max_restarts,
+        monitor_interval=ns.monitor_interval,
+        extra=tuple(extra),
+        ignored=ignored,
+    )
