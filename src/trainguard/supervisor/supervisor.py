@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from trainguard.chaos import ChaosExecutor, load_plan
-from trainguard.chaos.plan import refusal, step_triggered
+from trainguard.chaos.plan import GROUP_ENV, for_group, refusal, step_triggered
 from trainguard.errors import MissingDependency
 from trainguard.incidents import IntervalKind
 from trainguard.records import Health
@@ -113,9 +113,10 @@ class Supervisor:
         self._diagnose_hook = diagnose
         self.checkpoint_dir = config.resolved_checkpoint_dir()
         self.recorder = JobRecorder(self.job_id, self.run_dir, config.resolved_db())
+        gpus = config.gpus or tuple(range(config.nproc_per_node))
         self.health = NodeHealth(
             config.backend,
-            config.nproc_per_node,
+            max(gpus) + 1,
             self.run_dir,
             config.kernel_log,
             config.health_interval,
@@ -136,7 +137,11 @@ class Supervisor:
         self.chaos: ChaosExecutor | None = None
         if config.chaos is not None:
             self.chaos = ChaosExecutor(
-                load_plan(config.chaos), self.run_dir, 0.0, self.health.fleet, self.checkpoint_dir
+                for_group(load_plan(config.chaos), os.environ.get(GROUP_ENV)),
+                self.run_dir,
+                0.0,
+                self.health.fleet,
+                self.checkpoint_dir,
             )
         self.history = History()
         self.book = Bookkeeper(self.job_id, self.node, self.recorder, self.history, watch, self._emit, clock)
@@ -145,7 +150,7 @@ class Supervisor:
         if config.backend in ("sim", "nvml") and self.health.active:
             self.diagnostics = Diagnostics(config.backend, self.health.fleet, self.run_dir)
         self._preflight_on = preflight_off(config, self.health.active) is None
-        self.gpu_map = GpuMap(tuple(range(config.nproc_per_node)))  # what the next start uses
+        self.gpu_map = GpuMap(gpus)  # what the next start uses
         self.attempt_number = 0  # of the next (or current) start
         self.attempt: Attempt | None = None
         self.started = 0.0
