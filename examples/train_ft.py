@@ -14,6 +14,7 @@ The lines a user adds to a plain DDP loop are marked ``# trainguard``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 
@@ -40,8 +41,10 @@ def main() -> None:
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep per step (demos, tests)")
+    p.add_argument("--metrics", default=None, help="group rank 0 appends one JSON line per step ({group})")
     p.add_argument("--out", default=None, help="group rank 0 saves the final weights here ({group}: its id)")
     args = p.parse_args()
+    t_main = time.time()
 
     torch.set_num_threads(1)
     torch.manual_seed(0)  # every group starts from the same weights
@@ -55,6 +58,9 @@ def main() -> None:
         mgr.load_state_dict({"step": start, "batches_committed": start})  # trainguard
     group, _ = replica_group()
     rank = int(os.environ.get("RANK", "0"))
+    metrics = open(args.metrics.format(group=group), "a") if args.metrics and rank == 0 else None  # noqa: SIM115
+    if metrics is not None:
+        metrics.write(json.dumps({"t": time.time(), "group": group, "event": "start", "main": t_main}) + "\n")
 
     with Guard(None, state, on_nan="skip", on_spike="warn") as guard:  # trainguard
         while (step := mgr.current_step()) < args.steps:
@@ -65,11 +71,16 @@ def main() -> None:
             loss.backward()
             if guard.step(step, loss) != "proceed":  # trainguard: this group discards the step
                 mgr.report_error(RuntimeError(f"Guard: step {step} not applied"))
-            if mgr.should_commit():  # trainguard: False when any part of the step failed
+            committed = mgr.should_commit()  # trainguard: False when any part of the step failed
+            if committed:
                 optimizer.step()
                 done = mgr.current_step()
                 if ckpt is not None and done % args.checkpoint_every == 0 and should_save(mgr):  # trainguard
                     ckpt.save(done, state)
+            if metrics is not None:  # one line per step: committed or discarded, by how many groups
+                line = {"t": time.time(), "group": group, "step": step, "ok": committed}
+                metrics.write(json.dumps({**line, "groups": mgr.num_participants()}) + "\n")
+                metrics.flush()
             if args.step_delay:
                 time.sleep(args.step_delay)
     if ckpt is not None:

@@ -58,8 +58,8 @@ def start(tmp_path: Path, lh: Lighthouse, group: int, *args: str) -> subprocess.
 def healthy_and_faulty(
     tmp_path: Path, lh: Lighthouse, fault: str, *healthy_args: str
 ) -> tuple[int, str, dict]:
-    healthy = start(tmp_path, lh, 0, "--steps", "40", *healthy_args)
-    faulty = start(tmp_path, lh, 1, "--steps", "40", "--fault", fault, "--fault-step", "10")
+    healthy = start(tmp_path, lh, 0, "--steps", "1000", *healthy_args)
+    faulty = start(tmp_path, lh, 1, "--steps", "1000", "--fault", fault)
     try:
         output, _ = healthy.communicate(timeout=300)
     finally:
@@ -78,7 +78,7 @@ def test_a_peer_lost_mid_all_reduce_discards_the_step_and_the_healthy_group_trai
 ):
     code, output, result = healthy_and_faulty(tmp_path, lighthouse, fault)
     assert code == 0, output[-3000:]
-    assert result["committed"] == 40
+    assert result["peers"] == 2 and result["committed"] < 1000  # it trained beside the peer, then alone
     assert result["discarded"] >= 1  # the step whose all-reduce failed was not applied
     assert "step" in output and "is discarded" in output
 
