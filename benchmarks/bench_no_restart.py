@@ -153,6 +153,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--groups3", action="store_true", help="also --replica-groups 3")
+    p.add_argument("--plot", metavar="PATH.png", help="draw the last faulty groups2 run, one line per group")
     args = p.parse_args()
     modes = ["restart", "groups2"] + (["groups3"] if args.groups3 else [])
     per: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
@@ -163,7 +164,12 @@ def main() -> None:
             for faulty in (False, True):
                 for mode in modes:  # interleaved: A B A B
                     n += 1
-                    f = figures(run(mode, faulty, args.steps, Path(tmp) / f"run{n}"))
+                    r = run(mode, faulty, args.steps, Path(tmp) / f"run{n}")
+                    f = figures(r)
+                    if args.plot and faulty and mode == "groups2":
+                        from trainguard.incidents.groups_plot import plot_groups
+
+                        plot_groups(r["result"], args.plot)
                     if not faulty:
                         clean[mode] = f
                         per[mode].setdefault("pause_clean_s", []).append(f["pause_s"])

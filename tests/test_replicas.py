@@ -116,3 +116,25 @@ def test_only_trainguard_torch_ft_imports_torchft():
             if any(n.split(".")[0] == "torchft" for n in names):
                 importers.add(path.relative_to(src).as_posix())
     assert importers == {"torch/ft.py"}
+
+
+def test_the_groups_timeline_has_a_line_per_group_and_marks_each_groups_incident(tmp_path):
+    from trainguard.incidents.groups_plot import groups_timeline, plot_groups
+
+    incident = {"time": 105.0, "rank": 0, "gpu": 1, "root_cause": "faulty_gpu"}
+    result = {
+        "job_id": "j",
+        "capacity": {"capacity": 0.8},
+        "groups": [
+            {"group": 0, "steps": [[100.0, 0], [104.0, 40], [108.0, 80]], "runs": [{"incidents": []}]},
+            {"group": 1, "steps": [[100.0, 0], [104.0, 40], [108.0, 80]], "runs": [{"incidents": [incident]}]},
+        ],
+    }
+    data = groups_timeline(result)
+    assert [line.group for line in data.lines] == [0, 1] and data.lines[0].x == (0.0, 4.0, 8.0)
+    [mark] = data.marks
+    assert (mark.x, mark.group) == (5.0, 1) and "GPU 1: faulty_gpu" in mark.label
+    assert "capacity 0.80" in data.title
+    pytest.importorskip("matplotlib")
+    plot_groups(result, tmp_path / "t.png")
+    assert (tmp_path / "t.png").stat().st_size > 1000

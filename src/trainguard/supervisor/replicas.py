@@ -377,6 +377,8 @@ class ReplicaSupervisor:
             chaos.parent.mkdir(parents=True, exist_ok=True)
             chaos.write_text(plan_toml(g.faults))
         argv = group_argv(self.config, g, self.job_id, self.run_dir, self._result_path(g), chaos)
+        floor = min(self.config.hang_timeout_floor, self.replicas.quorum_timeout_s / 2)
+        argv[argv.index("--hang-timeout-floor") + 1] = f"{floor:g}"  # stopped before the quorum times out
         env = {**os.environ, **self.config.env}
         env.update(
             {
