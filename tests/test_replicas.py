@@ -8,7 +8,7 @@ import pytest
 from trainguard.chaos.plan import for_group, parse_plan, plan_toml
 from trainguard.errors import ConfigError
 from trainguard.supervisor.config import ExitCode
-from trainguard.supervisor.replicas import ActKind, Group, GroupsView, capacity, judge
+from trainguard.supervisor.groups import ActKind, Group, GroupsView, capacity, judge
 from trainguard.supervisor.state import RunState, job_state
 
 
@@ -127,7 +127,11 @@ def test_the_groups_timeline_has_a_line_per_group_and_marks_each_groups_incident
         "capacity": {"capacity": 0.8},
         "groups": [
             {"group": 0, "steps": [[100.0, 0], [104.0, 40], [108.0, 80]], "runs": [{"incidents": []}]},
-            {"group": 1, "steps": [[100.0, 0], [104.0, 40], [108.0, 80]], "runs": [{"incidents": [incident]}]},
+            {
+                "group": 1,
+                "steps": [[100.0, 0], [104.0, 40], [108.0, 80]],
+                "runs": [{"incidents": [incident]}],
+            },
         ],
     }
     data = groups_timeline(result)
