@@ -142,3 +142,19 @@ def test_the_groups_timeline_has_a_line_per_group_and_marks_each_groups_incident
     pytest.importorskip("matplotlib")
     plot_groups(result, tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 1000
+
+
+def test_gpus_and_replica_groups_parse_and_a_bad_gpu_list_is_a_clear_error():
+    import argparse
+
+    from trainguard.cli import run as run_cli
+
+    parser = argparse.ArgumentParser()
+    run_cli.register(parser.add_subparsers())
+    ok = parser.parse_args(
+        ["run", "--standalone", "--replica-groups", "2", "--gpus", "2,3", "--", "python", "t.py"]
+    )
+    assert ok.replica_groups == 2 and run_cli.config_from_args(ok).gpus == (2, 3)
+    bad = parser.parse_args(["run", "--standalone", "--gpus", "a,b", "--", "python", "t.py"])
+    with pytest.raises(ConfigError, match="--gpus 'a,b': give GPU indices"):
+        run_cli.config_from_args(bad)
