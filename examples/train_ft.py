@@ -41,6 +41,12 @@ def main() -> None:
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep per step (demos, tests)")
+    p.add_argument(
+        "--all-groups-at-end",
+        action="store_true",
+        help="train past --steps until every replica group commits a step together (demos, tests: "
+        "the groups end with the same weights even when one healed late)",
+    )
     p.add_argument("--metrics", default=None, help="group rank 0 appends one JSON line per step ({group})")
     p.add_argument("--out", default=None, help="group rank 0 saves the final weights here ({group}: its id)")
     args = p.parse_args()
@@ -56,14 +62,15 @@ def main() -> None:
     ckpt = Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None  # trainguard
     if ckpt is not None and (start := ckpt.resume(state)):  # trainguard: every group was down
         mgr.load_state_dict({"step": start, "batches_committed": start})  # trainguard
-    group, _ = replica_group()
+    group, groups = replica_group()
     rank = int(os.environ.get("RANK", "0"))
     metrics = open(args.metrics.format(group=group), "a") if args.metrics and rank == 0 else None  # noqa: SIM115
     if metrics is not None:
         metrics.write(json.dumps({"t": time.time(), "group": group, "event": "start", "main": t_main}) + "\n")
 
     with Guard(None, state, on_nan="skip", on_spike="warn") as guard:  # trainguard
-        while (step := mgr.current_step()) < args.steps:
+        loss, together = None, not args.all_groups_at_end
+        while (step := mgr.current_step()) < args.steps or not together:
             optimizer.zero_grad(set_to_none=True)
             mgr.start_quorum()  # trainguard: runs while the forward pass does
             x, y = batch(step, group, rank)
@@ -72,6 +79,7 @@ def main() -> None:
             if guard.step(step, loss) != "proceed":  # trainguard: this group discards the step
                 mgr.report_error(RuntimeError(f"Guard: step {step} not applied"))
             committed = mgr.should_commit()  # trainguard: False when any part of the step failed
+            together = together or (committed and mgr.num_participants() == groups and step + 1 >= args.steps)
             if committed:
                 optimizer.step()
                 done = mgr.current_step()
@@ -87,7 +95,8 @@ def main() -> None:
         ckpt.close()
     if args.out and rank == 0:
         torch.save(model.state_dict(), args.out.format(group=group))
-    print(f"group {group}: {mgr.current_step()} steps committed, loss {loss.item():.4f}", flush=True)
+    last = "-" if loss is None else f"{loss.item():.4f}"
+    print(f"group {group}: {mgr.current_step()} steps committed, loss {last}", flush=True)
     mgr.shutdown(wait=False)
 
 

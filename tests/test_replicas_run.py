@@ -34,7 +34,16 @@ def run_groups(tmp_path: Path, *flags: str, plan: str | None = None, steps: int 
     if plan is not None:
         (tmp_path / "plan.toml").write_text(plan)
         args += ["--chaos", str(tmp_path / "plan.toml")]
-    args += ["--", sys.executable, str(EXAMPLE), "--steps", str(steps), "--step-delay", "0.1"]
+    args += [
+        "--",
+        sys.executable,
+        str(EXAMPLE),
+        "--steps",
+        str(steps),
+        "--step-delay",
+        "0.1",
+        "--all-groups-at-end",
+    ]
     args += ["--out", str(tmp_path / "w{group}.pt"), "--checkpoint-dir", str(tmp_path / "ckpt")]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     path = tmp_path / "result.json"
@@ -100,6 +109,7 @@ def test_the_lighthouse_is_restarted_and_the_groups_carry_on(tmp_path):
             "300",
             "--step-delay",
             "0.1",
+            "--all-groups-at-end",
             "--out",
             str(tmp_path / "w{group}.pt"),
         ),
