@@ -58,6 +58,19 @@ def groups_timeline(result: dict[str, Any]) -> GroupsTimeline:
     return GroupsTimeline(title, lines, tuple(sorted(marks, key=lambda m: m.x)), x_max)
 
 
+def _broken(line: GroupLine, gap_s: float = 2.0) -> tuple[list[float], list[float]]:
+    """The line with a gap where the group was down: its step fell (restarted) or nothing came."""
+    x: list[float] = []
+    y: list[float] = []
+    for i, (t, s) in enumerate(zip(line.x, line.steps, strict=True)):
+        if i and (s < line.steps[i - 1] or t - line.x[i - 1] > gap_s):
+            x.append(float("nan"))
+            y.append(float("nan"))
+        x.append(t)
+        y.append(float(s))
+    return x, y
+
+
 def plot_groups(result: dict[str, Any], path: str | Path) -> GroupsTimeline:
     """Draw the per-group timeline to a PNG file; returns the data drawn."""
     try:
@@ -71,7 +84,8 @@ def plot_groups(result: dict[str, Any], path: str | Path) -> GroupsTimeline:
     fig, ax = plt.subplots(figsize=(11, 4.8))
     try:
         for line in data.lines:
-            ax.plot(line.x, line.steps, lw=1.6, marker=".", ms=3, label=f"group {line.group}")
+            x, y = _broken(line)
+            ax.plot(x, y, lw=1.6, marker=".", ms=3, label=f"group {line.group}")
         for n, m in enumerate(data.marks):
             ax.axvline(m.x, color="#e53935", ls="--", lw=1)
             ax.annotate(
