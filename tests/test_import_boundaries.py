@@ -29,6 +29,10 @@ SPINE = [
     "trainguard.supervisor.assess",
     "trainguard.supervisor.idle",
     "trainguard.supervisor.lost",
+    "trainguard.supervisor.bookkeeping",
+    "trainguard.supervisor.state",
+    "trainguard.supervisor.replicas",  # replica groups: torchft only in the groups' workers
+    "trainguard.supervisor.lighthouse",
     "trainguard.diagnose",  # the GPU tests: torch/pynvml only when a test runs
     "trainguard.reliability",
     "trainguard.agentd",

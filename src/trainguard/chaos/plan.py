@@ -24,6 +24,7 @@ the worker (hang, nan, slow, raise, exit, xid) take ``step``. Errors name the ba
 
 from __future__ import annotations
 
+import json
 import tomllib
 from dataclasses import dataclass
 from enum import Enum
@@ -93,7 +94,7 @@ XID_CUDA_MESSAGE: dict[int, str] = {
 }
 DEFAULT_XID_MESSAGE = _LAUNCH_FAILURE
 
-_COMMON = {"kind", "rank", "at_s", "step", "name"}
+_COMMON = {"kind", "rank", "at_s", "step", "name", "group"}
 _FIELDS: dict[FaultKind, dict[str, type | tuple[type, ...]]] = {
     FaultKind.KILL: {"signal": str},
     FaultKind.STOP: {},
@@ -127,6 +128,7 @@ class Fault:
     # nan: the NaN is the data's, not the machine's: it comes back whenever the step is replayed
     # (after a rollback or a restart), so the replay verdict is "data problem", not SDC
     recurs: bool = False
+    group: int | None = None  # --replica-groups: the replica group whose rank it hits (None: every group)
 
     @property
     def label(self) -> str:
@@ -143,6 +145,34 @@ class Fault:
 class ChaosPlan:
     faults: tuple[Fault, ...] = ()
     source: str = "<plan>"
+
+
+GROUP_ENV = "REPLICA_GROUP_ID"  # set in each replica group's supervisor by --replica-groups
+
+
+def for_group(plan: ChaosPlan, group: str | int | None) -> ChaosPlan:
+    """The faults of a plan that hit one replica group (``group`` unset: the plan as it is)."""
+    if group is None:
+        return plan
+    return ChaosPlan(tuple(f for f in plan.faults if f.group is None or f.group == int(group)), plan.source)
+
+
+def plan_toml(faults: tuple[Fault, ...] | list[Fault]) -> str:
+    """A plan file holding these faults (what `parse_plan` reads back to the same faults)."""
+    defaults = Fault(kind=FaultKind.KILL)
+    lines: list[str] = []
+    for f in faults:
+        lines.append("[[fault]]")
+        lines.append(f'kind = "{f.kind.value}"')
+        for name in Fault.__dataclass_fields__:
+            value = getattr(f, name)
+            if name == "kind" or value is None or (value == getattr(defaults, name) and name != "rank"):
+                continue
+            if name not in _COMMON and name not in _FIELDS[f.kind]:
+                continue
+            lines.append(f"{name} = {json.dumps(value)}")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def step_triggered(plan: ChaosPlan) -> tuple[int, ...]:
@@ -203,6 +233,7 @@ def _fault(raw: Any, n: int, source: str) -> Fault:
         if key not in allowed:
             raise ConfigError(f"{where}: unknown field {key!r}; allowed: {', '.join(sorted(allowed))}")
     _check(where, raw, "rank", int)
+    _check(where, raw, "group", int)
     _check(where, raw, "step", int)
     _check(where, raw, "at_s", (int, float))
     _check(where, raw, "name", str)
@@ -217,7 +248,7 @@ def _fault(raw: Any, n: int, source: str) -> Fault:
             f"{where}: field 'at_s' is not allowed here; {kind.value!r} happens inside the worker "
             "(the Guard reads its faults when it starts), so give field 'step'"
         )
-    for key in ("rank", "step", "at_s", "delay_s", "steps", "xid", "bytes"):
+    for key in ("rank", "group", "step", "at_s", "delay_s", "steps", "xid", "bytes"):
         if key in raw and raw[key] < 0:
             raise ConfigError(f"{where}: field {key!r} must not be negative, got {raw[key]}")
     if kind is FaultKind.KILL and "signal" in raw:

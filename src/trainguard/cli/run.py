@@ -100,6 +100,20 @@ def register(subparsers: Any) -> None:
     g.add_argument("--backoff-base", type=float, default=1.0, metavar="S")
     g.add_argument("--min-nproc", type=int, default=1, help="fewest local workers to continue with")
     g.add_argument(
+        "--gpus",
+        default="",
+        metavar="LIST",
+        help="physical GPUs the local ranks use, e.g. 2,3 (default 0..N-1)",
+    )
+    g.add_argument(
+        "--replica-groups",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N torchft replica groups of --nproc-per-node ranks each, under one Lighthouse: a failed "
+        "group is replaced while the others keep training (docs/no-restart.md; needs trainguard[ft])",
+    )
+    g.add_argument(
         "--warm-standby",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -159,7 +173,17 @@ def config_from_args(args: argparse.Namespace) -> Any:
         warm_standby=args.warm_standby,
         tee=not args.no_tee,
         thresholds=thresholds(args),
+        gpus=_gpus(args.gpus),
     )
+
+
+def _gpus(text: str) -> tuple[int, ...]:
+    from trainguard.errors import ConfigError
+
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--gpus {text!r}: give GPU indices separated by commas, e.g. --gpus 0,1") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,6 +193,12 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     plan = load_plan(config.chaos) if config.chaos is not None else None  # bad plan: usage error now
+    if plan is not None:
+        import os
+
+        from trainguard.chaos.plan import GROUP_ENV, for_group
+
+        plan = for_group(plan, os.environ.get(GROUP_ENV))  # a replica group's supervisor: its faults
     if plan is not None and (steps := step_triggered(plan)):
         print(
             f"trainguard run: chaos fault(s) {', '.join(f'#{i + 1}' for i in steps)} fire at a training "
@@ -176,6 +206,10 @@ def run(args: argparse.Namespace) -> int:
             f"--startup-timeout ({config.startup_timeout:g}s), they are refused",
             file=sys.stderr,
         )
+    if args.replica_groups:
+        from trainguard.cli.replicas import run_groups
+
+        return run_groups(args, config)
     result = Supervisor(config, on_event=_say).run()
     if plan is not None:
         fired = {inj.index for inj in result.injected}

@@ -181,17 +181,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         zeros = np.zeros(trials, dtype=np.int64)
         full = _committed(np.full(trials, horizon), cfg, final=True) / horizon
         return SimResult(cfg, zeros, np.zeros((trials, ncat), dtype=np.int64), full)
-    mean_count = rate * horizon
-    k = int(mean_count + 8.0 * math.sqrt(mean_count) + 16)
-    times = np.cumsum(rng.exponential(1.0 / rate, size=(trials, k)), axis=1)
-    while (times[:, -1] < horizon).any():  # some trial needs more failures than drawn: extend all
-        more = np.cumsum(rng.exponential(1.0 / rate, size=(trials, k)), axis=1) + times[:, -1:]
-        times = np.concatenate([times, more], axis=1)
-    failed = times < horizon
-    # Category of each failure: inverse CDF of the category shares on one uniform draw.
-    shares = np.array([c.per_gpu_day for c in cfg.categories], dtype=float)
-    cdf = np.cumsum(shares / shares.sum())
-    cats = np.minimum(np.searchsorted(cdf, rng.random(times.shape), side="right"), ncat - 1)
+    times, cats, failed = _failures(cfg, rng)
     counts = failed.sum(axis=1)
     row = np.broadcast_to(np.arange(trials)[:, None], times.shape)
     by_cat = np.bincount((row * ncat + cats)[failed], minlength=trials * ncat).reshape(trials, ncat)
@@ -207,6 +197,48 @@ def simulate(cfg: SimConfig) -> SimResult:
     last = runs[np.arange(trials), cut]
     work_sum = np.where(failed, work, 0.0).sum(axis=1) + _committed(last, cfg, final=True)
     return SimResult(cfg, counts, by_cat, work_sum / horizon)
+
+
+def _failures(cfg: SimConfig, rng: Any) -> tuple[Any, Any, Any]:
+    """Failure times (trials x K, cumulative), their categories, and which fall in the horizon."""
+    np = need("numpy")
+    horizon, rate, trials, ncat = cfg.days * DAY_S, cfg.rate_per_s, cfg.trials, len(cfg.categories)
+    mean_count = rate * horizon
+    k = int(mean_count + 8.0 * math.sqrt(mean_count) + 16)
+    times = np.cumsum(rng.exponential(1.0 / rate, size=(trials, k)), axis=1)
+    while (times[:, -1] < horizon).any():  # some trial needs more failures than drawn: extend all
+        more = np.cumsum(rng.exponential(1.0 / rate, size=(trials, k)), axis=1) + times[:, -1:]
+        times = np.concatenate([times, more], axis=1)
+    failed = times < horizon
+    # Category of each failure: inverse CDF of the category shares on one uniform draw.
+    shares = np.array([c.per_gpu_day for c in cfg.categories], dtype=float)
+    cdf = np.cumsum(shares / shares.sum())
+    cats = np.minimum(np.searchsorted(cdf, rng.random(times.shape), side="right"), ncat - 1)
+    return times, cats, failed
+
+
+def simulate_groups(cfg: SimConfig, groups: int, heal_s: float, lost_s: float) -> Any:
+    """ETTR per trial under the third recovery mode, replica groups (``trainguard run
+    --replica-groups``): a failure takes the one group holding the failed GPU out for the
+    category's detection delay + ``heal_s`` (restart and heal from a live peer, in place of the
+    job's restart) + its extra downtime, while the other groups keep training, so the job loses
+    ``1 / groups`` of its capacity for that long, plus ``lost_s`` of the whole job's time (the steps
+    the healthy groups discard while the quorum drops the failed one). Nothing rolls back to a
+    checkpoint; durable checkpoints still block ``write_s`` per ``interval_s``. The same failures
+    as `simulate` with the same seed."""
+    np = need("numpy")
+    if groups < 1 or heal_s < 0 or lost_s < 0:
+        raise ConfigError("replica groups: give 1 or more groups and non-negative heal and loss times")
+    rng = np.random.default_rng(cfg.seed)
+    horizon = cfg.days * DAY_S
+    if cfg.rate_per_s == 0:
+        return np.full(cfg.trials, cfg.interval_s / (cfg.interval_s + cfg.write_s))
+    times, cats, failed = _failures(cfg, rng)
+    down = np.array([c.detect_s + heal_s + c.extra_s for c in cfg.categories], dtype=float)[cats]
+    lost = np.minimum(down, np.maximum(0.0, horizon - times)) / groups + lost_s
+    lost_total = np.where(failed, lost, 0.0).sum(axis=1)
+    useful = np.maximum(0.0, horizon - lost_total) * cfg.interval_s / (cfg.interval_s + cfg.write_s)
+    return useful / horizon
 
 
 def _committed(runs: Any, cfg: SimConfig, *, final: bool) -> Any:

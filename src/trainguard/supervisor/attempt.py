@@ -2,8 +2,8 @@
 
 - `Attempt`: one start of the workers (number, start time, rank -> GPU map, resume step, the
   exits, teardown aborts and log events seen). Created by each start, thrown away on restart.
-- `History`: what outlives attempts (restart budget used, failures in a row, crash signatures,
-  what was already reported, incidents waiting for the recovery to finish).
+- `History`: what outlives attempts (the run's `RunState`, restart budget used, failures in a
+  row, crash signatures, what was already reported, incidents waiting for the recovery to finish).
 
 The monitor loop (`trainguard.supervisor.supervisor`) reads both; only its acting step changes
 them. Neither does I/O.
@@ -20,6 +20,7 @@ from trainguard.records import Event
 from trainguard.recover.policy import PolicyState
 from trainguard.supervisor.config import SupervisorConfig
 from trainguard.supervisor.health import GpuMap
+from trainguard.supervisor.state import RunState
 
 
 @dataclass(slots=True, kw_only=True)
@@ -39,7 +40,11 @@ class Attempt:
     straggler_reported: bool = False
     first_step_seen: bool = False
     last_step_emitted: int | None = None
-    closed: bool = False
+    outcome: str | None = None  # once it ended: succeeded | failed | interrupted | ...
+
+    @property
+    def closed(self) -> bool:
+        return self.outcome is not None
 
     @property
     def ranks(self) -> list[int]:
@@ -80,7 +85,15 @@ class History:
     injected: list[Injected] = field(default_factory=list)  # chaos drills fired
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     world_sizes: list[int] = field(default_factory=list)  # per attempt
-    stopping: tuple[int, str] | None = None  # (exit code, reason) once the policy said stop
+    state: RunState = RunState.INIT
+    exit: tuple[int, str] | None = None  # (exit code, reason) once the policy stopped the run
+
+    @property
+    def stopping(self) -> tuple[int, str] | None:
+        return self.exit if self.state is RunState.STOPPED else None
+
+    def stop(self, code: int, reason: str) -> None:
+        self.state, self.exit = RunState.STOPPED, (code, reason)
 
     def policy_state(self, config: SupervisorConfig, gpus_in_use: int, fatal: bool) -> PolicyState:
         return PolicyState(

@@ -60,6 +60,7 @@ class SupervisorConfig:
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
     min_nproc: int = 1  # fewest local workers to continue with after excluding GPUs
+    gpus: tuple[int, ...] = ()  # the physical GPUs local ranks use (default 0..nproc-1)
     warm_standby: bool = False  # keep pre-imported spare interpreters for fast restarts
     # Modules standbys import ahead: torch, and torch._dynamo (DDP's constructor imports it: ~3 s).
     preload: tuple[str, ...] = (

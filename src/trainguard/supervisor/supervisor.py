@@ -8,7 +8,8 @@ One monitor loop per node (`monitor`), every ``monitor_interval`` seconds, in th
     act     record the incident; continue | restart (backoff) | exclude GPU | stop  (here)
 
 State lives in two values: the `Attempt` of the current start (thrown away on restart) and the
-`History` of the run (see supervisor.attempt). Clock and sleep are parameters, so the loop runs
+`History` of the run, whose ``state`` is a `RunState` (see supervisor.attempt, supervisor.state);
+what happened is written down by a `Bookkeeper` (supervisor.bookkeeping). Clock and sleep are parameters, so the loop runs
 on a virtual clock in tests. Usable as a library (the demo drives it with a live display)::
 
     sup = Supervisor(SupervisorConfig(cmd=("python", "train.py"), nproc_per_node=2,
@@ -25,19 +26,20 @@ import shlex
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
-from trainguard.chaos import ChaosExecutor, Injected, load_plan
-from trainguard.chaos.plan import refusal, step_triggered
+from trainguard.chaos import ChaosExecutor, load_plan
+from trainguard.chaos.plan import GROUP_ENV, for_group, refusal, step_triggered
 from trainguard.errors import MissingDependency
-from trainguard.incidents import Incident, IntervalKind
+from trainguard.incidents import IntervalKind
 from trainguard.records import Health
 from trainguard.recover.policy import Decision, Trouble, TroubleKind, Verb, decide, with_diagnosis
 from trainguard.rundir import ATTEMPT_ENV, RUN_DIR_ENV
-from trainguard.supervisor.assess import assess, numerics_verdicts, workers_done
+from trainguard.supervisor.assess import assess, workers_done
 from trainguard.supervisor.attempt import Attempt, History, Pending
+from trainguard.supervisor.bookkeeping import HEALTHY_AFTER_S, Bookkeeper, RunEvent, RunResult
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.diagnostics import Diagnostics, measured, preflight_off, preflight_troubles
 from trainguard.supervisor.health import Diagnose, GpuMap, NodeHealth
@@ -48,51 +50,17 @@ from trainguard.supervisor.observe import Observation, Observer
 from trainguard.supervisor.oom import oom_kills
 from trainguard.supervisor.record import JobRecorder, node_name
 from trainguard.supervisor.resume import resume_point
-from trainguard.supervisor.torn import torn_cause
+from trainguard.supervisor.state import RunState
 from trainguard.supervisor.watch import ProgressWatch, watchers
 
 if TYPE_CHECKING:
     from trainguard.diagnose import Report
 
+__all__ = ["HEALTHY_AFTER_S", "Launcher", "RunEvent", "RunResult", "Supervisor"]
+
 log = logging.getLogger(__name__)
 
-HEALTHY_AFTER_S = 10.0  # steady progress this long after a restart: backoff starts over
-RUNNING_S = 10.0  # no heartbeats: restarted workers running this long count as recovered
-
 _STOP_CODES = {Verb.STOP_CRASH_LOOP: ExitCode.CRASH_LOOP, Verb.STOP_NO_CAPACITY: ExitCode.NO_CAPACITY}
-_STATUS = {
-    ExitCode.OK: "succeeded",
-    ExitCode.CRASH_LOOP: "crash_loop",
-    ExitCode.NO_CAPACITY: "no_capacity",
-    ExitCode.INTERRUPTED: "interrupted",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class RunEvent:
-    """One thing that happened, for live displays: kind is job_started | attempt_started |
-    progress | chaos | incident | diagnosis | preflight | recovered | teardown_abort | finished |
-    watchers (what is watched, at start in ``job_started`` and again when heartbeats appear)."""
-
-    kind: str
-    time: float
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    exit_code: ExitCode
-    job_id: str
-    run_dir: Path
-    reason: str
-    attempts: int
-    final_step: int | None
-    incidents: tuple[Incident, ...] = ()
-    injected: tuple[Injected, ...] = ()
-    goodput: dict[str, Any] = field(default_factory=dict)
-    recoveries: tuple[dict[str, Any], ...] = ()  # per restart: failure time, first step after, mttr
-    world_sizes: tuple[int, ...] = ()  # per attempt: the job's world size after rendezvous
-    diagnostics: tuple[dict[str, Any], ...] = ()  # per pre-flight / diagnosis: verdict, summary, file
 
 
 class Launcher(Protocol):
@@ -145,9 +113,10 @@ class Supervisor:
         self._diagnose_hook = diagnose
         self.checkpoint_dir = config.resolved_checkpoint_dir()
         self.recorder = JobRecorder(self.job_id, self.run_dir, config.resolved_db())
+        gpus = config.gpus or tuple(range(config.nproc_per_node))
         self.health = NodeHealth(
             config.backend,
-            config.nproc_per_node,
+            max(gpus) + 1,
             self.run_dir,
             config.kernel_log,
             config.health_interval,
@@ -168,15 +137,20 @@ class Supervisor:
         self.chaos: ChaosExecutor | None = None
         if config.chaos is not None:
             self.chaos = ChaosExecutor(
-                load_plan(config.chaos), self.run_dir, 0.0, self.health.fleet, self.checkpoint_dir
+                for_group(load_plan(config.chaos), os.environ.get(GROUP_ENV)),
+                self.run_dir,
+                0.0,
+                self.health.fleet,
+                self.checkpoint_dir,
             )
         self.history = History()
+        self.book = Bookkeeper(self.job_id, self.node, self.recorder, self.history, watch, self._emit, clock)
         # Active diagnostics need GPUs to test: the simulated fleet's or NVML's.
         self.diagnostics: Diagnostics | None = None
         if config.backend in ("sim", "nvml") and self.health.active:
             self.diagnostics = Diagnostics(config.backend, self.health.fleet, self.run_dir)
         self._preflight_on = preflight_off(config, self.health.active) is None
-        self.gpu_map = GpuMap(tuple(range(config.nproc_per_node)))  # what the next start uses
+        self.gpu_map = GpuMap(gpus)  # what the next start uses
         self.attempt_number = 0  # of the next (or current) start
         self.attempt: Attempt | None = None
         self.started = 0.0
@@ -231,8 +205,8 @@ class Supervisor:
             )
             if signame is not None:
                 code, reason = ExitCode.INTERRUPTED, f"supervisor received {signame}"
-            elif self.history.stopping is not None:
-                code, reason = ExitCode(self.history.stopping[0]), self.history.stopping[1]
+            elif (stop := self.history.stopping) is not None:
+                code, reason = ExitCode(stop[0]), stop[1]
             else:
                 code, reason = ExitCode.OK, "all workers finished"
         except KeyboardInterrupt:
@@ -275,14 +249,16 @@ class Supervisor:
             workers.interrupted()
             obs = self.observer.look(workers, attempt, self.clock())
             self._remember(obs, attempt)
-            self._record_progress(obs, attempt)
+            self._announce_heartbeats(obs)
+            self.book.progress(obs, attempt)
             self._drill(workers, obs, attempt)
             lingering = workers_done(obs, attempt)
             if lingering is not None:
                 self._end_lingering(workers, attempt, lingering)
-                self._close_attempt(attempt, obs.time, "succeeded")
+                self.book.close_attempt(attempt, obs.time, "succeeded")
+                self.history.state = RunState.SUCCEEDED
                 return True
-            self._update_numerics(obs)
+            self.book.numerics(obs)
             trouble = assess(obs, attempt, self.history)
             if trouble is None:
                 continue
@@ -357,12 +333,9 @@ class Supervisor:
         rank_of_gpu = ending.rank_of_gpu if ending is not None else (lambda g: None)
         for trouble in preflight_troubles(report, self.gpu_map.gpus, self.clock(), rank_of_gpu):
             decision = decide(trouble, self.history.policy_state(self.config, len(self.gpu_map.gpus), True))
-            incident = self._record_incident(trouble, decision, self.attempt_number)
+            incident = self.book.incident(trouble, decision, self.attempt_number)
             if decision.verb.stops:
-                self.history.stopping = (
-                    int(_STOP_CODES.get(decision.verb, ExitCode.FAILED)),
-                    decision.reason,
-                )
+                self.history.stop(int(_STOP_CODES.get(decision.verb, ExitCode.FAILED)), decision.reason)
                 return False
             if decision.verb is Verb.EXCLUDE_GPU and decision.gpu is not None:
                 self.gpu_map = self.gpu_map.without(decision.gpu)
@@ -376,16 +349,17 @@ class Supervisor:
         self, workers: Launcher, attempt: Attempt, obs: Observation, trouble: Trouble, decision: Decision
     ) -> Attempt:
         history = self.history
-        incident = self._record_incident(trouble, decision, attempt.number)
+        incident = self.book.incident(trouble, decision, attempt.number)
         if trouble.kind is TroubleKind.STRAGGLER:
             attempt.straggler_reported = True
         if decision.verb is Verb.CONTINUE:
             return attempt
-        self._close_attempt(attempt, trouble.time, "failed", trouble)
+        self.book.close_attempt(attempt, trouble.time, "failed", trouble)
         if decision.verb.stops:
-            history.stopping = (int(_STOP_CODES.get(decision.verb, ExitCode.FAILED)), decision.reason)
+            history.stop(int(_STOP_CODES.get(decision.verb, ExitCode.FAILED)), decision.reason)
             workers.stop()
             return attempt
+        history.state = RunState.RECOVERING
         if trouble.fatal:
             history.failures_in_a_row += 1
         history.signatures.append(trouble.signature)
@@ -415,56 +389,6 @@ class Supervisor:
             IntervalKind.RESTART, trouble.time, self.clock(), self.attempt_number, decision.verb.value
         )
         return self._begin_attempt(workers)
-
-    def _record_incident(self, trouble: Trouble, decision: Decision, attempt: int) -> Incident:
-        history = self.history
-        continuing = decision.verb is Verb.CONTINUE
-        incident = self.recorder.add(
-            Incident(
-                job=self.job_id,
-                time=trouble.time,
-                root_cause=trouble.root_cause,
-                action=decision.verb.value,
-                summary=trouble.summary,
-                started=trouble.started,
-                category=trouble.category or trouble.kind.value,
-                # A diagnostics report is stored whole, after the lines that say what it measured.
-                evidence=(
-                    decision.reason,
-                    *trouble.evidence,
-                    *[r for r in [trouble.extra.get("report")] if r],
-                ),
-                gpu=trouble.gpu,
-                node=self.node,
-                rank=trouble.rank,
-                attempt=attempt,
-                detected_by=trouble.detected_by,
-                detection_delay_s=max(0.0, trouble.time - trouble.started),
-                resolved=continuing,
-                resolution="workers kept running" if continuing else None,
-            )
-        )
-        if "key" in trouble.extra:
-            history.reported.add(trouble.extra["key"])
-        history.reported.update(trouble.extra.get("keys", ()))
-        if trouble.kind is TroubleKind.NUMERICS and trouble.extra.get("step") is not None:
-            history.numerics_incidents[trouble.extra["step"]] = incident
-        if trouble.kind is TroubleKind.GPU_DEGRADED:
-            history.degraded_reported = True
-        extra = {k: v for k, v in trouble.extra.items() if k != "report"}  # in the evidence already
-        self._emit("incident", **incident.to_dict(), kind=trouble.kind.value, extra=extra)
-        log.warning(
-            "incident %s: %s -> %s (%s)", incident.id, trouble.summary, decision.verb.value, decision.reason
-        )
-        return incident
-
-    def _update_numerics(self, obs: Observation) -> None:
-        """The Guard's later word on an open numerics incident: its rollback, its replay verdict."""
-        history = self.history
-        for update in numerics_verdicts(obs, history):
-            history.reported.add(update.key)
-            incident = history.numerics_incidents[update.step]
-            history.numerics_incidents[update.step] = self.recorder.update(incident, **update.changes)
 
     def _drill(self, workers: Launcher, obs: Observation, attempt: Attempt) -> None:
         if self.chaos is None:
@@ -502,8 +426,9 @@ class Supervisor:
             oom_kills_at_start=oom_kills(),
         )
         self.attempt = attempt
+        self.history.state = RunState.RUNNING
         for step, reason in point.skipped:
-            self._record_skipped_checkpoint(attempt, step, reason)
+            self.book.skipped_checkpoint(attempt, step, reason)
         self.observer.begin(attempt)
         self.history.world_sizes.append(attempt.world_size)
         self._emit(
@@ -526,156 +451,39 @@ class Supervisor:
         env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT then dumps every thread's stack (hang forensics)
         env.setdefault("PYTHONUNBUFFERED", "1")
 
-    def _record_skipped_checkpoint(self, attempt: Attempt, step: int, reason: str) -> None:
-        """A checkpoint the resume must skip is an incident of its own (storage lost data the job
-        relied on), recorded once per checkpoint; the resume itself goes on from an older one."""
-        if step in self.history.skipped_checkpoints:
-            return
-        self.history.skipped_checkpoints.add(step)
-        resume = attempt.resume_step
-        cause, why = torn_cause(reason)  # what the verification found tells storage from a torn save
-        incident = self.recorder.add(
-            Incident(
-                job=self.job_id,
-                time=self.clock(),
-                root_cause=cause,
-                action="skip_torn_checkpoint",
-                summary=f"checkpoint step {step} failed verification; resuming from step {resume}",
-                category="checkpoint",
-                evidence=(reason, *why, {"skipped_step": step, "resume_step": resume}),
-                node=self.node,
-                attempt=attempt.number,
-                detected_by="checkpoint_verify",
-                resolved=True,
-                resolution=f"resumed from step {resume}",
-            )
-        )
-        self._emit("incident", **incident.to_dict(), kind="checkpoint", extra={"step": step})
-        log.warning("incident %s: checkpoint step %d is invalid (%s); skipped", incident.id, step, reason)
-
-    def _record_progress(self, obs: Observation, attempt: Attempt) -> None:
-        prog, history = obs.progress, self.history
-        first = prog.first_step_time
-        if history.failures_in_a_row and first is not None and obs.time - first > HEALTHY_AFTER_S:
-            history.failures_in_a_row = 0
+    def _announce_heartbeats(self, obs: Observation) -> None:
         if obs.heartbeats_seen and not self._heartbeats_announced:
             self._heartbeats_announced = True
             self._emit("watchers", watchers=watchers(self.config, True, self.health.active))
-        if first is not None and not attempt.first_step_seen:
-            attempt.first_step_seen = True
-            self.recorder.interval(IntervalKind.INIT, attempt.started, first, attempt.number)
-            self._resolve_pending(attempt, first)
-        elif history.pending and not obs.heartbeats_seen and obs.time - attempt.started > RUNNING_S:
-            self._resolve_pending(attempt, None)  # no heartbeats: the restarted workers run, steps unknown
-        if prog.max_step is not None and prog.max_step != attempt.last_step_emitted:
-            attempt.last_step_emitted = prog.max_step
-            self._emit(
-                "progress",
-                step=prog.max_step,
-                loss=prog.loss,
-                step_time=prog.step_time,
-                attempt=attempt.number,
-            )
-            if prog.max_step % 10 == 0:
-                self.recorder.progress(obs.time, prog.max_step, prog.loss, attempt.number)
-
-    def _resolve_pending(self, attempt: Attempt, first_step_time: float | None) -> None:
-        step_time = self.observer.watch.baseline_step_time or 0.0
-        resume = attempt.resume_step
-        for p in self.history.pending:
-            if first_step_time is None:
-                self._resolve_unmeasured(attempt, p)
-                continue
-            known = p.step_before is not None and resume is not None  # else: not measured
-            redone = max(0, (p.step_before or 0) - (resume or 0)) if known else 0
-            lost = (first_step_time - p.failed_at) + redone * step_time
-            if redone and step_time:
-                self.recorder.interval(
-                    IntervalKind.LOST, p.failed_at - redone * step_time, p.failed_at, attempt.number - 1
-                )
-            self.recorder.update(
-                p.incident,
-                time_lost_s=round(lost, 3),
-                resolved=True,
-                resolution=f"resumed at step {resume or 0} (attempt {attempt.number})",
-            )
-            rec = {
-                "incident": p.incident.id,
-                "failed_at": p.failed_at,
-                "first_step_at": first_step_time,
-                "mttr_s": first_step_time - p.failed_at,
-                "resume_step": resume,
-                "steps_redone": redone,
-            }
-            self.history.recoveries.append(rec)
-            self._emit("recovered", **rec)
-        self.history.pending = []
-
-    def _resolve_unmeasured(self, attempt: Attempt, p: Pending) -> None:
-        """Recovered, for a script without heartbeats: its restarted workers run. The restart
-        time is known; the first step after it and the work redone are not."""
-        resolution = f"workers restarted (attempt {attempt.number}); no step reported since (no heartbeats)"
-        self.recorder.update(p.incident, resolved=True, resolution=resolution)
-        rec = {
-            "incident": p.incident.id,
-            "failed_at": p.failed_at,
-            "first_step_at": None,
-            "mttr_s": None,
-            "restart_s": attempt.started - p.failed_at,
-            "resume_step": None,
-            "steps_redone": None,
-        }
-        self.history.recoveries.append(rec)
-        self._emit("recovered", **rec)
-
-    def _close_attempt(
-        self, attempt: Attempt, end: float, outcome: str, trouble: Trouble | None = None
-    ) -> None:
-        if attempt.closed:
-            return
-        attempt.closed = True
-        watch = self.observer.watch
-        prog_start = watch.poll(end).first_step_time
-        stop = trouble.started if trouble is not None else end
-        if prog_start is not None:
-            self.recorder.interval(IntervalKind.PRODUCTIVE, prog_start, stop, attempt.number, outcome)
-        elif not watch.heartbeats_seen:  # it ran; how productively, nothing says
-            self.recorder.interval(IntervalKind.UNMEASURED, attempt.started, stop, attempt.number, outcome)
-        if outcome == "succeeded" and self.history.pending:  # finished before reporting a step
-            self._resolve_pending(attempt, None)
-        if trouble is not None and trouble.time > trouble.started:
-            self.recorder.interval(IntervalKind.DETECTION, trouble.started, trouble.time, attempt.number)
-        for start, stop_ in watch.checkpoint_stalls:  # saves the heartbeats made visible
-            self.recorder.interval(IntervalKind.CHECKPOINT, start, stop_, attempt.number)
-        watch.checkpoint_stalls.clear()
 
     def _finish(self, code: ExitCode, reason: str) -> RunResult:
-        ended = self.clock()
         if self.attempt is not None:
-            self._close_attempt(self.attempt, ended, code.name.lower())
+            self.book.close_attempt(self.attempt, self.clock(), code.name.lower())
         self.observer.logtail.poll(final=True)
-        summary = self.recorder.finish(self.started, ended, _STATUS.get(code, "failed"))
+        if code is ExitCode.INTERRUPTED:
+            self.history.state = RunState.INTERRUPTED
+        elif code is not ExitCode.OK and not self.history.state.final:
+            self.history.stop(int(code), reason)
+        result = self.book.finish(
+            code,
+            reason,
+            self.started,
+            self.attempt,
+            self.run_dir,
+            self.attempt_number + 1,
+            tuple(self.diagnostics.reports) if self.diagnostics is not None else (),
+        )
         self.health.close()
         if self._pool is not None:
             self._pool.close()
-        final_step = self.observer.watch.furthest_step
-        history = self.history
-        result = RunResult(
-            code,
-            self.job_id,
-            self.run_dir,
-            reason,
-            self.attempt_number + 1,
-            final_step,
-            tuple(self.recorder.incidents),
-            tuple(history.injected),
-            summary.to_dict(),
-            tuple(history.recoveries),
-            tuple(history.world_sizes),
-            tuple(self.diagnostics.reports) if self.diagnostics is not None else (),
-        )
         self.recorder.close()
-        self._emit("finished", exit_code=int(code), reason=reason, ettr=summary.ettr, final_step=final_step)
+        self._emit(
+            "finished",
+            exit_code=int(code),
+            reason=reason,
+            ettr=result.goodput.get("ettr"),
+            final_step=result.final_step,
+        )
         return result
 
     def _emit(self, what: str, /, **data: Any) -> None:

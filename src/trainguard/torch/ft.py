@@ -1,0 +1,118 @@
+"""trainguard with torchft: replica groups that keep training while a failed one heals.
+
+The only module that imports torchft (``pip install 'trainguard[ft]'``). Under
+``trainguard run --replica-groups N`` each group is started with ``REPLICA_GROUP_ID``,
+``NUM_REPLICA_GROUPS`` and ``TORCHFT_LIGHTHOUSE`` set; `manager` builds torchft's `Manager` over
+a `TrainState` (a restarted group heals by loading a live peer's state through it), and
+`DistributedDataParallel` is torchft's, with a communication hook that survives a failed
+cross-group all-reduce::
+
+    state = TrainState(model=model, optimizer=opt)
+    mgr = manager(state)                                  # joins the quorum through the Lighthouse
+    ddp = DistributedDataParallel(mgr, model)
+    while mgr.current_step() < steps:
+        opt.zero_grad(); mgr.start_quorum()
+        loss = loss_fn(ddp(x), y); loss.backward()
+        if mgr.should_commit():                           # False: the step is discarded
+            opt.step()
+
+The hook: torchft 0.2.0's ``DistributedDataParallel._comm_hook`` asserts on ``fut._fut`` after
+``work.wait()``; when the all-reduce fails (a peer group died or stopped mid-step) the wait
+reports the error to the Manager and returns without building the future chain, so the
+assertion raises inside the reducer and takes the *healthy* group down. Ours returns the bucket
+as it is instead: the Manager has the error, ``should_commit`` says False, and the step is
+discarded as torchft intends (docs/no-restart.md has the upstream reproduction).
+"""
+
+# No `from __future__ import annotations`: DDP checks the hook's annotations as objects.
+import logging
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+try:
+    from torchft import ddp as _ft_ddp
+    from torchft.manager import Manager
+    from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+except ImportError:  # pragma: no cover - exercised without the extra
+    raise ImportError("trainguard.torch.ft needs torchft: pip install 'trainguard[ft]'") from None
+
+log = logging.getLogger(__name__)
+
+REPLICA_GROUP_ENV = "REPLICA_GROUP_ID"
+NUM_GROUPS_ENV = "NUM_REPLICA_GROUPS"
+
+__all__ = ["DistributedDataParallel", "Manager", "manager", "replica_group", "should_save"]
+
+
+def replica_group() -> tuple[int, int]:
+    """(this group's id, number of groups) from ``trainguard run --replica-groups``; (0, 1) alone."""
+    return int(os.environ.get(REPLICA_GROUP_ENV, "0")), int(os.environ.get(NUM_GROUPS_ENV, "1"))
+
+
+def manager(
+    state: Any,
+    *,
+    min_replica_size: int = 1,
+    timeout_s: float | None = None,
+    quorum_timeout_s: float | None = None,
+    quorum_retries: int | None = None,
+    **kwargs: Any,
+) -> Manager:
+    """torchft's Manager for this replica group, healing through ``state`` (a `TrainState` or
+    anything with ``state_dict``/``load_state_dict``). Timeouts default to torchft's environment
+    (``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC``, ``TORCHFT_QUORUM_RETRIES``, which
+    ``trainguard run --replica-groups`` sets), else 60 s. Initialises the group's default
+    process group first when needed: the Manager joins the group's TCPStore, and the Guard agrees
+    on losses within the group over it."""
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+    group, _ = replica_group()
+    pg = ProcessGroupNCCL() if torch.cuda.is_available() else ProcessGroupGloo()
+    job = os.environ.get("TRAINGUARD_JOB_ID", "train")
+    opts: dict[str, Any] = {}
+    if timeout_s is not None:
+        opts["timeout"] = timedelta(seconds=timeout_s)
+    if quorum_timeout_s is not None:
+        opts["quorum_timeout"] = timedelta(seconds=quorum_timeout_s)
+    if quorum_retries is not None:
+        opts["quorum_retries"] = quorum_retries
+    return Manager(
+        pg=pg,
+        load_state_dict=state.load_state_dict,
+        state_dict=state.state_dict,
+        min_replica_size=min_replica_size,
+        replica_id=f"{job}_{group}",
+        **opts,
+        **kwargs,
+    )
+
+
+def should_save(mgr: Manager) -> bool:
+    """True in the one group that takes durable checkpoints: the lowest-numbered participant,
+    so a checkpoint is written by one group at a time and by a live one."""
+    return mgr.participating_rank() == 0
+
+
+class DistributedDataParallel(_ft_ddp.DistributedDataParallel):
+    """torchft's DDP whose communication hook discards a step whose all-reduce failed, instead of
+    raising (see the module docstring)."""
+
+    @staticmethod
+    def _comm_hook(state: Manager, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buffer = bucket.buffer()
+        work = state.allreduce(buffer)
+        work.wait()
+        inner = getattr(work.get_future(), "_fut", None)
+        if inner is not None:
+            return inner
+        if state.errored() is None:  # nothing reported the failure: make sure the step is discarded
+            state.report_error(RuntimeError("cross-group all-reduce returned no result"))
+        log.warning("cross-group all-reduce failed; step %d is discarded", state.current_step())
+        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(buffer)
+        return done

@@ -1,0 +1,155 @@
+"""``trainguard run --replica-groups`` end to end: torchft's real Lighthouse and Manager, two
+replica groups of examples/train_ft.py over gloo, real faults in one group while the other trains."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("torchft") is None:  # CI installs every extra: missing there is a failure
+    if os.environ.get("CI"):
+        pytest.fail("torchft is missing: pip install 'trainguard[ft]' (make install does)", pytrace=False)
+    pytest.skip("torchft is not installed: pip install 'trainguard[ft]'", allow_module_level=True)
+torch = pytest.importorskip("torch")
+
+from trainguard.supervisor.config import SupervisorConfig  # noqa: E402
+from trainguard.supervisor.replicas import ReplicaConfig, ReplicaSupervisor  # noqa: E402
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "train_ft.py"
+pytestmark = pytest.mark.slow
+
+
+def run_groups(tmp_path: Path, *flags: str, plan: str | None = None, steps: int = 400) -> dict:
+    args = [sys.executable, "-m", "trainguard.cli", "run", "--replica-groups", "2", "--standalone"]
+    args += ["--nproc-per-node", "1", "--db", str(tmp_path / "tg.db"), "--runs-dir", str(tmp_path / "runs")]
+    args += ["--json", str(tmp_path / "result.json"), "--no-tee", "--backoff-base", "0.1", *flags]
+    if plan is not None:
+        (tmp_path / "plan.toml").write_text(plan)
+        args += ["--chaos", str(tmp_path / "plan.toml")]
+    args += [
+        "--",
+        sys.executable,
+        str(EXAMPLE),
+        "--steps",
+        str(steps),
+        "--step-delay",
+        "0.1",
+        "--all-groups-at-end",
+    ]
+    args += ["--out", str(tmp_path / "w{group}.pt"), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    path = tmp_path / "result.json"
+    assert path.exists(), proc.stderr[-3000:]
+    result: dict = json.loads(path.read_text())
+    result["returncode"] = proc.returncode
+    return result
+
+
+def same_weights(tmp_path: Path) -> bool:
+    a, b = (torch.load(tmp_path / f"w{g}.pt") for g in (0, 1))
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_one_group_is_killed_hung_and_loses_a_gpu_while_the_other_never_stops(tmp_path):
+    plan = "".join(
+        f'[[fault]]\nkind = "{kind}"\ngroup = 1\nrank = 0\nstep = {step}\n\n'
+        for kind, step in (("kill", 20), ("stop", 60), ("xid", 100))
+    )
+    result = run_groups(
+        tmp_path,
+        "--gpus",
+        "0,1,2",
+        "--backend",
+        "sim",
+        "--no-preflight",
+        "--hang-timeout-floor",
+        "4",
+        plan=plan,
+    )
+    assert result["returncode"] == 0, result["reason"]
+    healthy, failing = result["groups"]
+    # The healthy group: one start, one attempt, no incident, and its steps only ever went up.
+    assert healthy["starts"] == 1 and healthy["state"] == "succeeded"
+    [run] = healthy["runs"]
+    assert run["attempts"] == 1 and run["incidents"] == []
+    steps = [s for _, s in healthy["steps"]]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+    # The failing group: each fault recorded by its own loop with the rank, GPU and cause.
+    incidents = [i for r in failing["runs"] for i in r["incidents"]]
+    assert [(i["rank"], i["gpu"]) for i in incidents] == [(0, 1)] * 3
+    assert incidents[0]["summary"] == "rank 0 killed by SIGKILL"
+    assert incidents[1]["category"] == "hang" and "process stopped" in incidents[1]["summary"]
+    assert incidents[2]["root_cause"] == "faulty_gpu" and "Xid 79" in incidents[2]["summary"]
+    # ... its GPU excluded, the group replaced on the spare, and healed: it finished too.
+    assert result["excluded_gpus"] == [1] and failing["gpus"] == [2]
+    assert failing["starts"] == 2 and failing["state"] == "succeeded"
+    # The healthy group committed steps while the failing one was down after each fault.
+    for incident in incidents:
+        during = [s for t, s in healthy["steps"] if incident["time"] < t]
+        back = [t for t, s in failing["steps"] if t > incident["time"]]
+        assert back, "the failing group never stepped again"
+        assert [s for t, s in healthy["steps"] if incident["time"] < t < back[0]], (incident, during[:3])
+    assert same_weights(tmp_path)
+
+
+def test_the_lighthouse_is_restarted_and_the_groups_carry_on(tmp_path):
+    config = SupervisorConfig(
+        cmd=(
+            sys.executable,
+            str(EXAMPLE),
+            "--steps",
+            "300",
+            "--step-delay",
+            "0.1",
+            "--all-groups-at-end",
+            "--out",
+            str(tmp_path / "w{group}.pt"),
+        ),
+        standalone=True,
+        runs_root=tmp_path / "runs",
+        db=tmp_path / "tg.db",
+        tee=False,
+        warm_standby=False,
+        preflight=False,
+    )
+    sup = ReplicaSupervisor(config, ReplicaConfig(groups=2))
+    out: dict = {}
+    runner = threading.Thread(target=lambda: out.update(sup.run()), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 300
+    while min((g.last_step or 0) for g in sup.groups) < 30 and runner.is_alive():
+        assert time.monotonic() < deadline, "the groups never reached step 30"
+        time.sleep(0.2)
+    assert sup.lighthouse.proc is not None
+    sup.lighthouse.proc.kill()
+    before = max(g.last_step or 0 for g in sup.groups)
+    runner.join(600)
+    assert not runner.is_alive()
+    assert out["exit_code"] == 0, out["reason"]
+    assert out["lighthouse_restarts"] == 1
+    assert [i["action"] for i in out["incidents"]] == ["restart_lighthouse"]
+    assert all(g["starts"] == 1 and g["final_step"] > before for g in out["groups"])
+    assert same_weights(tmp_path)
+
+
+def test_every_group_down_restarts_them_all_from_the_durable_checkpoint(tmp_path):
+    plan = "".join(f'[[fault]]\nkind = "kill"\ngroup = {g}\nrank = 0\nstep = 60\n\n' for g in (0, 1))
+    result = run_groups(tmp_path, "--max-restarts", "0", plan=plan, steps=120)
+    assert result["returncode"] == 0, result["reason"]
+    actions = [i["action"] for i in result["incidents"]]
+    assert actions.count("stop_group") == 2 and "restart_all_groups" in actions
+    for g in result["groups"]:
+        assert g["starts"] == 2 and g["state"] == "succeeded"
+        resumed = [s for _, s in g["steps"]]
+        # the second start resumed from a checkpoint (every 50 steps), not from step 0
+        restart = next(i for i in range(1, len(resumed)) if resumed[i] < resumed[i - 1])
+        assert resumed[restart] >= 50
+    assert same_weights(tmp_path)

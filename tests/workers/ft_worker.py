@@ -1,0 +1,81 @@
+"""One replica group of one rank for tests/test_ft_ddp.py: torchft's Manager and a DDP wrapper
+(trainguard's, or torchft's own with --upstream), and a peer that dies or stops mid-all-reduce.
+
+    REPLICA_GROUP_ID=1 TORCHFT_LIGHTHOUSE=http://127.0.0.1:PORT MASTER_ADDR=127.0.0.1 MASTER_PORT=P \\
+        RANK=0 WORLD_SIZE=1 python ft_worker.py --steps 300 --fault kill --out r.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainguard.torch import TrainState
+from trainguard.torch.ft import DistributedDataParallel, manager
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--fault", choices=["none", "kill", "stop"], default="none")
+    p.add_argument("--fault-after", type=int, default=5, help="all-reduces made beside a peer first")
+    p.add_argument("--alone-steps", type=int, default=10, help="after a peer is lost: steps, then stop")
+    p.add_argument("--upstream", action="store_true", help="torchft's own DistributedDataParallel")
+    p.add_argument("--step-delay", type=float, default=0.05)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mgr = manager(TrainState(model, opt))
+    if args.upstream:
+        from torchft.ddp import DistributedDataParallel as Upstream
+
+        ddp: Any = Upstream(mgr, model)
+    else:
+        ddp = DistributedDataParallel(mgr, model)
+    if args.fault != "none":
+        reduce = mgr.allreduce
+        beside = [0]
+
+        def allreduce(tensor: torch.Tensor, *a: Any, **k: Any) -> Any:
+            mgr.wait_quorum()
+            beside[0] += mgr.num_participants() > 1
+            if beside[0] > args.fault_after:  # this peer vanishes mid-all-reduce
+                os.kill(os.getpid(), signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP)
+            return reduce(tensor, *a, **k)
+
+        mgr.allreduce = allreduce  # type: ignore[method-assign]
+    discarded, peers, alone_since = 0, 0, None
+    while mgr.current_step() < args.steps:
+        if alone_since is not None and mgr.current_step() >= alone_since + args.alone_steps:
+            break
+        opt.zero_grad()
+        mgr.start_quorum()
+        g = torch.Generator().manual_seed(mgr.current_step())
+        x = torch.randn(16, 8, generator=g)
+        F.mse_loss(ddp(x), x.sum(1, keepdim=True)).backward()
+        if mgr.should_commit():
+            opt.step()
+        else:
+            discarded += 1
+        peers = max(peers, mgr.num_participants())
+        if peers > 1 and mgr.num_participants() == 1 and alone_since is None:
+            alone_since = mgr.current_step()  # the peer is gone: a few steps alone, then done
+        time.sleep(args.step_delay)
+    with open(args.out, "w") as f:
+        json.dump({"committed": mgr.current_step(), "discarded": discarded, "peers": peers}, f)
+    mgr.shutdown(wait=False)
+
+
+if __name__ == "__main__":
+    main()
