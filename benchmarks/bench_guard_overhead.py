@@ -46,7 +46,8 @@ from targets import Target, finish
 from trainguard.demo.train_digits import DigitsCNN  # the example's network: the same model
 from trainguard.torch.guard import Guard
 
-TARGETS = (Target("overhead_direct", "<=", 0.005), Target("overhead_2rank", "<=", 0.01))
+# The 2-rank A/B runs on the CPU (gloo) only: with --device cuda its figure is absent.
+TARGETS = (Target("overhead_direct", "<=", 0.005), Target("overhead_2rank", "<=", 0.01, optional=True))
 
 VARIANTS = {  # name -> (Guard options, check_grads)
     "default": ({}, False),
@@ -206,16 +207,15 @@ def main() -> int:
             f"{result['overhead_direct_lazy']:.4f}, check_grads {result['overhead_direct_check_grads']:.4f}  "
             "(target <= 0.005)"
         )
-        if two is None:
-            return 0
-        every, lag = result["check_mode_2rank"]
-        print(
-            f"2 ranks over gloo (check every {every}, lag {lag}): overhead {result['overhead_2rank']:+.4f} "
-            f"(target <= 0.01; wall clock {result['overhead_2rank_wall']:+.4f}; inside the Guard's calls "
-            f"{result['overhead_2rank_direct']:.4f}: {result['guard_step_2rank_us']:.1f} us of a "
-            f"{result['bare_step_ms_2rank']:.2f} ms step); watchdog thread "
-            f"{result['watchdog_cpu_s']} s CPU = {result['watchdog_cpu_fraction']} of a core"
-        )
+        if two is not None:
+            every, lag = result["check_mode_2rank"]
+            print(
+                f"2 ranks over gloo (check every {every}, lag {lag}): overhead {result['overhead_2rank']:+.4f} "
+                f"(target <= 0.01; wall clock {result['overhead_2rank_wall']:+.4f}; inside the Guard's calls "
+                f"{result['overhead_2rank_direct']:.4f}: {result['guard_step_2rank_us']:.1f} us of a "
+                f"{result['bare_step_ms_2rank']:.2f} ms step); watchdog thread "
+                f"{result['watchdog_cpu_s']} s CPU = {result['watchdog_cpu_fraction']} of a core"
+            )
     return finish("bench_guard_overhead", TARGETS, result, json_mode=args.json)
 
 
