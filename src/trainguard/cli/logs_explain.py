@@ -1,5 +1,10 @@
 """``trainguard logs explain DIR|FILES... [--json]``: which rank's error brought a job down.
 
+When a directory holds torch flight-recorder dumps (``<prefix><rank>`` files from
+``TORCH_FR_DUMP_TEMP_FILE`` / ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, pickled or JSON), they are read
+with torch's parser and judged by ``incidents.flight``: the culprit ranks of a hang, with the group,
+the operation and the evidence, lead the answer; the logs' own explanation follows.
+
 Reads every rank's log (torchrun ``--log-dir``, Slurm per-task files, one interleaved file with
 ``[rankN]:`` prefixes, plus any kernel log given alongside), orders the findings by time across
 files and prints the root-cause finding, the ranks that failed as a consequence and how, the
@@ -16,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainguard.incidents.correlate import Explanation
+from trainguard.incidents.flight import FlightVerdict
 
 
 def add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,14 +42,25 @@ def add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     explain.set_defaults(func=run_explain)
 
 
-def explanation_json(ex: Explanation) -> dict[str, Any]:
-    root = None
+def explanation_json(ex: Explanation, flight: FlightVerdict | None = None) -> dict[str, Any]:
+    root: dict[str, Any] | None = None
     if ex.root is not None:
         e = ex.root.event
         root = {"rank": ex.root.rank, "host": ex.root.host, "pci": ex.root.pci, "path": e.path,
-                "line_no": e.line_no, "time": e.time, "category": e.category.value, "text": e.text}  # fmt: skip
+                "line_no": e.line_no, "time": e.time, "category": e.category.value, "text": e.text,
+                "ranks": [] if ex.root.rank is None else [ex.root.rank], "source": "logs",
+                "evidence": {} if ex.root.rank is None else {str(ex.root.rank): [e.text.strip()[:300]]}}  # fmt: skip
+    out_flight = flight.as_json() if flight is not None else None
+    if flight is not None and flight.ranks:
+        evidence = {
+            str(r): [f"{e.group} {e.op}: {e.text}" for e in evs] for r, evs in flight.evidence.items()
+        }
+        root = {"ranks": list(flight.ranks), "category": flight.category, "source": "flight_recorder",
+                "evidence": evidence, "log_root": root,
+                "rank": flight.ranks[0] if len(flight.ranks) == 1 else None}  # fmt: skip
     return {
         "root_cause": root,
+        "flight_recorder": out_flight,
         "cause": ex.cause.value,
         "consequences": [{"rank": c.rank, "category": c.category, "count": c.count} for c in ex.consequences],
         "action": ex.action.value,
@@ -59,6 +76,22 @@ def _when(t: float | None) -> str:
         return datetime.fromtimestamp(t).isoformat(sep=" ", timespec="milliseconds")
     except (ValueError, OverflowError, OSError):
         return str(t)
+
+
+def render_flight(v: FlightVerdict, out: TextIO) -> None:
+    if not v.ranks:
+        out.write(f"flight recorder ({v.dumps} dumps): no rank stands out\n")
+    else:
+        out.write(
+            f"flight recorder ({v.dumps} dumps): culprit rank(s) {_ranges(list(v.ranks))}  [{v.category}]\n"
+        )
+    for rank, evs in sorted(v.evidence.items()):
+        for e in evs:
+            out.write(f"  rank {rank}: {e.group} {e.op}: {e.text}\n")
+    if v.victims:
+        out.write(f"  waiting because of them: {len(v.victims)} rank(s): {_ranges(list(v.victims))}\n")
+    for note in v.notes:
+        out.write(f"  note: {note}\n")
 
 
 def render(ex: Explanation, out: TextIO) -> None:
@@ -106,8 +139,28 @@ def run_explain(args: argparse.Namespace) -> int:
     ranks: set[int] = set()
     findings = list(job_findings(paths, engine=args.engine, ranks=ranks))
     ex = explain_job(findings, ranks)
+    flight = flight_verdict(paths, ranks)
     if args.json:
-        print(json.dumps(explanation_json(ex)))
+        print(json.dumps(explanation_json(ex, flight)))
     else:
+        if flight is not None:
+            render_flight(flight, sys.stdout)
         render(ex, sys.stdout)
     return 0
+
+
+def flight_verdict(paths: list[Path], ranks: set[int]) -> FlightVerdict | None:
+    """The flight-recorder judgement of the dumps under ``paths``, None when there are none."""
+    from trainguard.incidents.flight import dump_files, judge
+
+    found = [p for p in paths if p.is_dir() and dump_files(p)]
+    if not found:
+        return None
+    try:
+        from trainguard.torch.flight_recorder import load_dumps, torch_matcher
+    except ImportError:
+        raise ImportError(
+            "reading torch flight-recorder dumps needs torch's parser: pip install 'trainguard[torch]'"
+        ) from None
+    dumps = [d for p in found for d in load_dumps(p)]
+    return judge(dumps, torch_matcher(), world=ranks) if dumps else None

@@ -40,6 +40,7 @@ from trainguard.supervisor.assess import assess, drill_started, numerics_verdict
 from trainguard.supervisor.attempt import Attempt, History, Pending
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.diagnostics import Diagnostics, measured, preflight_off, preflight_troubles
+from trainguard.supervisor.hang import flight_recorder_env
 from trainguard.supervisor.health import Diagnose, GpuMap, NodeHealth
 from trainguard.supervisor.idle import IdleWatch
 from trainguard.supervisor.logs import LogTail, default_classifier, make_logs_specs
@@ -525,6 +526,8 @@ class Supervisor:
         env["TRAINGUARD_GPU"] = str(self.gpu_map.gpu_of(local_rank))
         env["TRAINGUARD_JOB_ID"] = self.job_id
         env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT then dumps every thread's stack (hang forensics)
+        for key, value in flight_recorder_env(self.run_dir).items():  # torch's flight recorder, for hangs
+            env.setdefault(key, value)
         env.setdefault("PYTHONUNBUFFERED", "1")
 
     def _record_skipped_checkpoint(self, attempt: Attempt, step: int, reason: str) -> None:
