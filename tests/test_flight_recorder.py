@@ -203,3 +203,11 @@ def test_dump_request_goes_through_the_ranks_pipe(tmp_path: Path) -> None:
     got = request_flight_dumps(prefix, [0, 1], wait_s=30)  # rank 1 has no pipe: not asked
     t.join(30)
     assert got == {0: Path(prefix + "0")}
+
+
+@pytest.mark.slow
+def test_a_freshly_recorded_gloo_job_with_a_killed_rank_names_it(tmp_path: Path) -> None:
+    from record_flight import record  # type: ignore[import-not-found]
+
+    out = record("kill4", tmp_path)
+    assert judge(load_dumps(out), torch_matcher()).ranks == (1,)

@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainguard.incidents.correlate import Explanation
+from trainguard.incidents.advice import AttemptOutcome, Recommendation
+from trainguard.incidents.correlate import Explanation, JobFinding
 from trainguard.incidents.flight import FlightVerdict
 
 
@@ -36,6 +38,12 @@ def add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "paths", nargs="+", metavar="DIR|FILE", help="a torchrun --log-dir, Slurm per-task files, or one file"
     )
     explain.add_argument("--json", action="store_true", help="print one JSON object")
+    explain.add_argument(
+        "--advise",
+        action="store_true",
+        help="exit with the recommendation's code: 0 no failure, 75 restart, 76 restart without the named "
+        "GPU/node, 3 stop (workload bug: do not requeue), 1 stop (retry budget spent without progress)",
+    )
     explain.add_argument(
         "--engine", choices=["auto", "hyperscan", "stdlib"], default="auto", help=argparse.SUPPRESS
     )
@@ -140,13 +148,56 @@ def run_explain(args: argparse.Namespace) -> int:
     findings = list(job_findings(paths, engine=args.engine, ranks=ranks))
     ex = explain_job(findings, ranks)
     flight = flight_verdict(paths, ranks)
+    advice = advise(paths, findings, ranks, ex)
     if args.json:
-        print(json.dumps(explanation_json(ex, flight)))
+        out = explanation_json(ex, flight)
+        out["attempts"] = [{"attempt": o.number, "root": o.root, "step": o.step, "gpu": o.gpu, "node": o.node,
+                            "recommendation": asdict(r)} for o, r in advice]  # fmt: skip
+        out["recommendation"] = asdict(advice[-1][1]) if advice else None
+        print(json.dumps(out))
     else:
         if flight is not None:
             render_flight(flight, sys.stdout)
         render(ex, sys.stdout)
-    return 0
+        for o, r in advice:
+            step = "step unknown" if o.step is None else f"reached step {o.step}"
+            out_line = f"attempt {o.number} ({step}): {r.verb}: {r.reason}"
+            sys.stdout.write(out_line + (f"  [exit {r.exit_code}]" if o is advice[-1][0] else "") + "\n")
+    return advice[-1][1].exit_code if args.advise and advice else 0
+
+
+_HARDWARE_CAUSES = {"faulty_gpu", "gpu_hbm_memory", "gpu_sram", "gpu_system_processor", "gpu_thermal"}
+
+
+def advise(
+    paths: list[Path], findings: list[JobFinding], ranks: set[int], whole: Explanation
+) -> list[tuple[AttemptOutcome, Recommendation]]:
+    """One recommendation per attempt (torchrun's ``attempt_<n>`` folders; one attempt otherwise)."""
+    from trainguard.incidents.advice import CASCADE, recommend
+    from trainguard.incidents.correlate import explain_job
+    from trainguard.incidents.joblogs import (
+        attempts_of,
+        final_exception,
+        job_files,
+        last_step,
+        rank_of_path,
+        tail_lines,
+    )
+
+    groups = attempts_of(job_files(paths))
+    history: list[AttemptOutcome] = []
+    out = []
+    for number, files in groups.items():
+        mine = {str(f) for f in files}
+        ex = whole if len(groups) == 1 else explain_job([f for f in findings if f.event.path in mine], ranks)
+        rank = ex.root.rank if ex.root is not None else None
+        own = [f for f in files if rank is not None and rank_of_path(f) == rank] or files
+        exc = final_exception((ln for f in own for ln in tail_lines(f)), CASCADE)
+        root = exc if exc is not None else (ex.root.event.text.strip() if ex.root is not None else None)
+        gpu = ex.root.pci if ex.root is not None and ex.cause.value in _HARDWARE_CAUSES else None
+        history.append(AttemptOutcome(number, root, last_step(files), gpu))
+        out.append((history[-1], recommend(history)))
+    return out
 
 
 def flight_verdict(paths: list[Path], ranks: set[int]) -> FlightVerdict | None:

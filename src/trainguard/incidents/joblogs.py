@@ -137,3 +137,44 @@ def _timed(found: list[JobFinding]) -> list[JobFinding]:
             elif f.rank in last:
                 out[i] = replace(f, event=replace(f.event, time=last[f.rank]))
     return out
+
+
+_ATTEMPT = re.compile(r"^attempt_(\d+)$")
+_STEP = re.compile(r"\b(?:step|iter(?:ation)?)\b\s*[=:#]?\s*\[?(\d+)", re.I)
+_FINAL = re.compile(
+    r"^(?:\[rank\d+\]:\s*)?(?:(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b: |\S+: error: )"
+)
+_TAIL_BYTES = 256 << 10
+
+
+def attempts_of(files: Iterable[Path]) -> dict[int, list[Path]]:
+    """torchrun's ``attempt_<n>`` folders -> their files (everything else is attempt 0)."""
+    out: dict[int, list[Path]] = {}
+    for path in files:
+        n = next((int(m.group(1)) for part in path.parts if (m := _ATTEMPT.match(part))), 0)
+        out.setdefault(n, []).append(path)
+    return dict(sorted(out.items()))
+
+
+def tail_lines(path: Path, nbytes: int = _TAIL_BYTES) -> list[str]:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - nbytes))
+            return fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+
+
+def last_step(files: Iterable[Path]) -> int | None:
+    """The highest step any file's tail mentions (``step 120``, ``iter: 120``, ``[120/1000]``)."""
+    steps = [int(m.group(1)) for p in files for line in tail_lines(p) for m in _STEP.finditer(line)]
+    return max(steps) if steps else None
+
+
+def final_exception(lines: Iterable[str], cascade: re.Pattern[str]) -> str | None:
+    """The last Python exception line that is not a cascade of another failure."""
+    found = None
+    for line in lines:
+        if _FINAL.match(line) and not cascade.search(line):
+            found = line.strip()
+    return found
