@@ -24,6 +24,8 @@ from typing import Any, TextIO
 from trainguard.incidents.advice import AttemptOutcome, Recommendation
 from trainguard.incidents.correlate import Explanation, JobFinding
 from trainguard.incidents.flight import FlightVerdict
+from trainguard.incidents.joblogs import job_files
+from trainguard.incidents.nodes import NodeVerdict
 
 
 def add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,7 +52,12 @@ def add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     explain.set_defaults(func=run_explain)
 
 
-def explanation_json(ex: Explanation, flight: FlightVerdict | None = None) -> dict[str, Any]:
+def explanation_json(
+    ex: Explanation,
+    flight: FlightVerdict | None = None,
+    node: NodeVerdict | None = None,
+    lone: int | None = None,
+) -> dict[str, Any]:
     root: dict[str, Any] | None = None
     if ex.root is not None:
         e = ex.root.event
@@ -66,10 +73,30 @@ def explanation_json(ex: Explanation, flight: FlightVerdict | None = None) -> di
         root = {"ranks": list(flight.ranks), "category": flight.category, "source": "flight_recorder",
                 "evidence": evidence, "log_root": root,
                 "rank": flight.ranks[0] if len(flight.ranks) == 1 else None}  # fmt: skip
+    cause = ex.cause.value
+    if lone is not None and node is None and not (flight is not None and flight.ranks):
+        root = {"ranks": [lone], "rank": lone, "category": "hang_origin", "source": "logs", "log_root": root,
+                "evidence": {str(lone): ["the only rank that did not time out: it never entered the collective "
+                                         "every other rank waited in"]}}  # fmt: skip
+    if node is not None and not (flight is not None and flight.ranks):
+        cause = "host" if node.host else "unknown"  # a lost peer node, never the network by default
+        evidence = {str(r): list(node.evidence) for r in node.ranks} if node.host else {}
+        root = {"ranks": list(node.ranks), "host": node.host, "category": node.category, "source": "node",
+                "suspects": list(node.suspects), "evidence": evidence, "log_root": root,
+                "rank": node.ranks[0] if len(node.ranks) == 1 else None}  # fmt: skip
     return {
         "root_cause": root,
         "flight_recorder": out_flight,
-        "cause": ex.cause.value,
+        "node": None
+        if node is None
+        else {
+            "host": node.host,
+            "ranks": list(node.ranks),
+            "category": node.category,
+            "suspects": list(node.suspects),
+            "evidence": list(node.evidence),
+        },
+        "cause": cause,
         "consequences": [{"rank": c.rank, "category": c.category, "count": c.count} for c in ex.consequences],
         "action": ex.action.value,
         "confidence": ex.confidence,
@@ -100,6 +127,14 @@ def render_flight(v: FlightVerdict, out: TextIO) -> None:
         out.write(f"  waiting because of them: {len(v.victims)} rank(s): {_ranges(list(v.victims))}\n")
     for note in v.notes:
         out.write(f"  note: {note}\n")
+
+
+def render_node(v: NodeVerdict, out: TextIO) -> None:
+    if v.host:
+        out.write(f"node failure: {v.host} ({len(v.ranks)} rank(s): {_ranges(list(v.ranks))}) left the job\n")
+    else:
+        out.write(f"a node left the job, which one is unknown: suspects {', '.join(v.suspects)}\n")
+    out.write("".join(f"  - {e}\n" for e in v.evidence))
 
 
 def render(ex: Explanation, out: TextIO) -> None:
@@ -148,9 +183,11 @@ def run_explain(args: argparse.Namespace) -> int:
     findings = list(job_findings(paths, engine=args.engine, ranks=ranks))
     ex = explain_job(findings, ranks)
     flight = flight_verdict(paths, ranks)
+    node = job_node(job_files(paths))
     advice = advise(paths, findings, ranks, ex)
+    lone = lone_origin(ex, findings, ranks)
     if args.json:
-        out = explanation_json(ex, flight)
+        out = explanation_json(ex, flight, node, lone)
         out["attempts"] = [{"attempt": o.number, "root": o.root, "step": o.step, "gpu": o.gpu, "node": o.node,
                             "recommendation": asdict(r)} for o, r in advice]  # fmt: skip
         out["recommendation"] = asdict(advice[-1][1]) if advice else None
@@ -158,12 +195,42 @@ def run_explain(args: argparse.Namespace) -> int:
     else:
         if flight is not None:
             render_flight(flight, sys.stdout)
+        if node is not None:
+            render_node(node, sys.stdout)
+        if lone is not None:
+            sys.stdout.write(f"hang origin: rank {lone}, the only rank that did not time out\n")
         render(ex, sys.stdout)
         for o, r in advice:
             step = "step unknown" if o.step is None else f"reached step {o.step}"
             out_line = f"attempt {o.number} ({step}): {r.verb}: {r.reason}"
             sys.stdout.write(out_line + (f"  [exit {r.exit_code}]" if o is advice[-1][0] else "") + "\n")
     return advice[-1][1].exit_code if args.advise and advice else 0
+
+
+def lone_origin(ex: Explanation, findings: list[JobFinding], ranks: set[int]) -> int | None:
+    """The only rank that did not time out, when every finding of the job is a timeout."""
+    from trainguard.incidents.nodes import lone_rank
+    from trainguard.records import Category
+
+    if ex.cause.value != "nccl_watchdog_timeout":
+        return None
+    timed = {
+        f.rank for f in findings if f.rank is not None and f.event.category is Category.NCCL_TIMEOUT_HANG
+    }
+    lone = lone_rank(timed, ranks)
+    return lone if lone is not None and lone not in {f.rank for f in findings} else None
+
+
+def job_node(files: list[Path]) -> NodeVerdict | None:
+    """The node a multi-node job lost (``incidents.nodes``), None when nothing points at one."""
+    from trainguard.incidents.joblogs import job_hosts, node_lines
+    from trainguard.incidents.nodes import node_failure
+
+    hosts, addresses = job_hosts(files)
+    if len(set(hosts.values())) < 2:
+        return None
+    lines, last = node_lines(files, hosts)
+    return node_failure(lines, hosts, addresses, last)
 
 
 _HARDWARE_CAUSES = {"faulty_gpu", "gpu_hbm_memory", "gpu_sram", "gpu_system_processor", "gpu_thermal"}
@@ -195,7 +262,8 @@ def advise(
         exc = final_exception((ln for f in own for ln in tail_lines(f)), CASCADE)
         root = exc if exc is not None else (ex.root.event.text.strip() if ex.root is not None else None)
         gpu = ex.root.pci if ex.root is not None and ex.cause.value in _HARDWARE_CAUSES else None
-        history.append(AttemptOutcome(number, root, last_step(files), gpu))
+        node = job_node(files)
+        history.append(AttemptOutcome(number, root, last_step(files), gpu, node.host if node else None))
         out.append((history[-1], recommend(history)))
     return out
 

@@ -21,13 +21,28 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainguard.detect.scan import EventMerger, scan_file
 from trainguard.detect.training_log import line_rank
 from trainguard.incidents.correlate import JobFinding
 from trainguard.records import EventKind, normalize_pci
 
-__all__ = ["job_files", "job_findings", "nccl_identities", "rank_of_path"]
+if TYPE_CHECKING:
+    from trainguard.incidents.nodes import NodeLine
+
+__all__ = [
+    "attempts_of",
+    "final_exception",
+    "job_files",
+    "job_findings",
+    "job_hosts",
+    "last_step",
+    "nccl_identities",
+    "node_lines",
+    "rank_of_path",
+    "tail_lines",
+]
 
 _SUFFIXES = {".log", ".out", ".err", ".txt", ".stdout", ".stderr"}
 _HEAD_BYTES = 1 << 20  # NCCL's init lines come first
@@ -178,3 +193,44 @@ def final_exception(lines: Iterable[str], cascade: re.Pattern[str]) -> str | Non
         if _FINAL.match(line) and not cascade.search(line):
             found = line.strip()
     return found
+
+
+def job_hosts(files: Iterable[Path]) -> tuple[dict[int, str], dict[str, str]]:
+    """rank -> host and address -> host, from NCCL's init and bootstrap lines."""
+    from trainguard.incidents.nodes import bootstrap_addresses
+
+    hosts: dict[int, str] = {}
+    addresses: dict[str, str] = {}
+    for path in files:
+        head = _head(path)
+        hosts.update({rank: host for rank, (host, _pci) in nccl_identities(head).items()})
+        addresses.update(bootstrap_addresses(head))
+    return hosts, addresses
+
+
+def node_lines(
+    files: Iterable[Path], host_of_rank: dict[int, str]
+) -> tuple[list[NodeLine], dict[int, float]]:
+    """The tail lines that speak of a lost peer or a dead node, and each rank's last stamped time."""
+    from trainguard.detect.training_log import training_time
+    from trainguard.incidents.nodes import NodeLine
+
+    lines: list[NodeLine] = []
+    last: dict[int, float] = {}
+    for path in files:
+        file_rank = rank_of_path(path)
+        for text in tail_lines(path):
+            rank = line_rank(text)
+            rank = file_rank if rank is None else rank
+            t = training_time(text)
+            if t is not None and rank is not None:
+                last[rank] = max(t, last.get(rank, t))
+            if _NODE_WORDS.search(text):
+                lines.append(NodeLine(rank, host_of_rank.get(rank) if rank is not None else None, t, text))
+    return lines, last
+
+
+_NODE_WORDS = re.compile(
+    r"Detected dead node|Connection (?:closed|reset)|Call to (?:recv|send)|recvValue failed|Broken pipe|"
+    r"Watchdog caught|timed out"
+)
