@@ -19,13 +19,13 @@ import sys
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from trainguard.incidents.advice import AttemptOutcome, Recommendation
-from trainguard.incidents.correlate import Explanation, JobFinding
-from trainguard.incidents.flight import FlightVerdict
-from trainguard.incidents.joblogs import job_files
-from trainguard.incidents.nodes import NodeVerdict
+if TYPE_CHECKING:  # imported where used: `trainguard logs scan` starts without them
+    from trainguard.incidents.advice import AttemptOutcome, Recommendation
+    from trainguard.incidents.correlate import Explanation, JobFinding
+    from trainguard.incidents.flight import FlightVerdict
+    from trainguard.incidents.nodes import NodeVerdict
 
 
 def add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -173,7 +173,7 @@ def _ranges(ranks: list[int | None]) -> str:
 def run_explain(args: argparse.Namespace) -> int:
     from trainguard.errors import InputError
     from trainguard.incidents.correlate import explain_job
-    from trainguard.incidents.joblogs import job_findings
+    from trainguard.incidents.joblogs import job_files, job_findings
 
     paths = [Path(p) for p in args.paths]
     for path in paths:
@@ -240,7 +240,7 @@ def advise(
     paths: list[Path], findings: list[JobFinding], ranks: set[int], whole: Explanation
 ) -> list[tuple[AttemptOutcome, Recommendation]]:
     """One recommendation per attempt (torchrun's ``attempt_<n>`` folders; one attempt otherwise)."""
-    from trainguard.incidents.advice import CASCADE, recommend
+    from trainguard.incidents.advice import CASCADE, AttemptOutcome, recommend
     from trainguard.incidents.correlate import explain_job
     from trainguard.incidents.joblogs import (
         attempts_of,

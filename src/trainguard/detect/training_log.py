@@ -153,7 +153,26 @@ _TABLE: tuple[tuple[tuple[str, ...], str, Category, Severity, Action], ...] = (
      C.APPLICATION_BUG, S.WARNING, A.RESTART_APP),
 )  # fmt: skip
 # ASCII classes, as the Hyperscan first pass reads bytes: the two agree on which lines can match
-_RULES = tuple((needles, re.compile(pattern, re.ASCII), c, s, a) for needles, pattern, c, s, a in _TABLE)
+
+
+class _Lazy:
+    """A rule's regex, compiled the first time one of its needles shows up: a scan of a log with
+    a few findings compiles a few of the table's patterns, not all (start-up of `logs scan`)."""
+
+    __slots__ = ("_compiled", "_pattern")
+
+    def __init__(self, pattern: str) -> None:
+        self._pattern = pattern
+        self._compiled: re.Pattern[str] | None = None
+
+    def search(self, text: str) -> re.Match[str] | None:
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self._compiled = re.compile(self._pattern, re.ASCII)
+        return compiled.search(text)
+
+
+_RULES = tuple((needles, _Lazy(pattern), c, s, a) for needles, pattern, c, s, a in _TABLE)
 
 # Every needle, deduplicated: the literals the scanner's first pass finds in bulk. A line without
 # one cannot be a training finding: each rule's needles gate its pattern, and the lines judged by
