@@ -1,0 +1,25 @@
+"""The two newline counters of the Hyperscan first pass (numpy for big inputs, bytes.count below)
+give the same candidate lines and line count."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.detect import prefilter
+
+pytest.importorskip("hyperscan")
+pytest.importorskip("numpy")
+
+
+def test_numpy_and_bytes_count_agree_on_candidates_and_lines() -> None:
+    lines = [b"node1:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM"] * 50
+    lines[7] = b"[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered"
+    lines[31] = b"node1:1:1 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer"
+    buf = b"\n".join(lines) + b"\npartial"
+    end = buf.rfind(b"\n") + 1
+    small = prefilter.first_pass("hyperscan", size=len(buf))
+    big = prefilter.first_pass("hyperscan", size=prefilter.NUMPY_FROM)
+    assert small is not big
+    spans, newlines, _ = small(buf, end)
+    assert (spans, newlines) == big(buf, end)[:2]
+    assert [i for i, _, _ in spans] == [7, 31] and newlines == 50
