@@ -114,7 +114,7 @@ def run_cli(log: Path, out_path: Path) -> tuple[float, int]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     start = time.perf_counter()
     with out_path.open("wb") as out:
-        subprocess.run([*_cli(), "logs", "scan", "--json", str(log)], stdout=out, check=False, env=env)
+        subprocess.run([*_cli(), "logs", "scan", "--json", str(log)], stdout=out, check=True, env=env)
     seconds = time.perf_counter() - start
     with out_path.open("rb") as fh:
         return seconds, sum(1 for _ in fh)

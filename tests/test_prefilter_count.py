@@ -23,3 +23,21 @@ def test_numpy_and_bytes_count_agree_on_candidates_and_lines() -> None:
     spans, newlines, _ = small(buf, end)
     assert (spans, newlines) == big(buf, end)[:2]
     assert [i for i, _, _ in spans] == [7, 31] and newlines == 50
+
+
+def test_a_torn_hyperscan_cache_is_compiled_again_and_rewritten(tmp_path, monkeypatch) -> None:
+    import hyperscan
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("TRAINGUARD_NO_CACHE", raising=False)
+    path = prefilter._db_cache_path(
+        list(prefilter._bulk_expressions()), getattr(hyperscan, "__version__", "?")
+    )
+    assert path is not None and str(path).startswith(str(tmp_path))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"torn")
+    db = prefilter._hyperscan_db.__wrapped__()
+    assert db is not None and path.read_bytes() != b"torn"
+    found: list[int] = []
+    db.scan(b"x NCCL WARN y", match_event_handler=lambda *a: found.append(1))
+    assert found

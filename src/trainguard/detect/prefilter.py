@@ -22,9 +22,7 @@ never reach Python. Two engines find the same lines:
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import platform
 import re
 import threading
 from collections.abc import Callable
@@ -90,10 +88,12 @@ def _db_cache_path(expressions: list[bytes], version: str) -> Path | None:
     """Where the compiled database is kept between runs (compiling it is most of `logs scan`'s
     start-up): ``$XDG_CACHE_HOME/trainguard/`` (``~/.cache``), keyed by the expressions, the
     Hyperscan version and the CPU; ``TRAINGUARD_NO_CACHE=1`` turns it off."""
+    import hashlib
+
     if os.environ.get("TRAINGUARD_NO_CACHE"):
         return None
     key = hashlib.sha256(
-        b"\0".join([*expressions, version.encode(), platform.machine().encode()])
+        b"\0".join([*expressions, version.encode(), os.uname().machine.encode()])
     ).hexdigest()
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root) / "trainguard" / f"hyperscan-{key[:24]}.db"
