@@ -211,3 +211,19 @@ def test_a_freshly_recorded_gloo_job_with_a_killed_rank_names_it(tmp_path: Path)
 
     out = record("kill4", tmp_path)
     assert judge(load_dumps(out), torch_matcher()).ranks == (1,)
+
+
+def test_an_earlier_attempts_dumps_are_not_judged_again(tmp_path: Path) -> None:
+    import os
+    import time
+
+    from trainguard.supervisor.hang import FR_PREFIX, flight_dumps
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    old = time.time() - 3600
+    for f in (DATA / "gil8").glob("nccl_trace_rank_*"):
+        target = dumps / (FR_PREFIX + f.name.rsplit("_", 1)[1])
+        shutil.copy(f, target)
+        os.utime(target, (old, old))
+    assert flight_dumps(tmp_path, [], list(range(8)), wait_s=0.1) == (None, None)

@@ -43,6 +43,7 @@ from trainguard.incidents.flight import FlightVerdict
 from trainguard.rundir import Heartbeat, dumps_dir
 
 FR_PREFIX = "fr_rank_"  # torch's flight-recorder dumps of a run: <run>/dumps/fr_rank_<rank>
+_FR_FRESH_S = 600.0  # a dump older than this at the hang belongs to an earlier attempt
 
 _COLLECTIVE = re.compile(
     r"torch/distributed/|all_reduce|allreduce|all_gather|reduce_scatter|broadcast|barrier|"
@@ -135,6 +136,7 @@ def flight_dumps(
     from trainguard.rundir import atomic_write_bytes
 
     directory = dumps_dir(run_dir)
+    since = time.time() - _FR_FRESH_S  # NCCL's own dump-on-timeout may precede the request
     request_flight_dumps(str(directory / FR_PREFIX), alive, wait_s)
     if not directory.is_dir() or not dump_files(directory, FR_PREFIX):
         return None, None
@@ -145,7 +147,10 @@ def flight_dumps(
             "flight-recorder dumps found but torch is not installed to read them"
         )
         return None, None
-    verdict = judge(load_dumps(directory, FR_PREFIX), torch_matcher(), world=ranks)
+    dumps = load_dumps(directory, FR_PREFIX, since)
+    if not dumps:
+        return None, None
+    verdict = judge(dumps, torch_matcher(), world=ranks)
     out = directory / f"flight-{int(time.time())}.json"
     atomic_write_bytes(out, (_json.dumps(verdict.as_json(), indent=1) + "\n").encode())
     return verdict, out

@@ -115,12 +115,15 @@ def _read(path: Path) -> dict[str, Any] | None:
     return read_dump(path.name[: -len(str(rank))], str(path))
 
 
-def load_dumps(directory: Path, prefix: str | None = None) -> list[FlightDump]:
-    """Every flight-recorder dump under ``directory`` (see `incidents.flight.dump_files`); a torn
-    or foreign file is skipped with a warning, never fatal."""
+def load_dumps(directory: Path, prefix: str | None = None, since: float | None = None) -> list[FlightDump]:
+    """Every flight-recorder dump under ``directory`` (see `incidents.flight.dump_files`), those
+    written at ``since`` or later when given (an earlier attempt's are stale); a torn or foreign
+    file is skipped with a warning, never fatal."""
     out = []
     for rank, path in dump_files(directory, prefix).items():
         try:
+            if since is not None and path.stat().st_mtime < since:
+                continue
             data = _read(path)
         except (OSError, ValueError, EOFError, pickle.UnpicklingError, KeyError) as err:
             log.warning("%s: not a readable flight-recorder dump (%s)", path, err)
