@@ -321,8 +321,12 @@ def _judge_group(
     if not issued or max(issued.values()) == 0:
         return
     top = max(issued.values())
-    for seq in sorted({o.seq for os_ in mine.values() for o in os_}):  # the first disagreement in sizes/types
-        here = {r: o for r in mine for o in mine[r] if o.seq == seq}
+    by_seq: dict[int, dict[int, _Op]] = {}  # seq -> rank -> entry (one pass: a job has 10^4 ranks)
+    for r, os_ in mine.items():
+        for o in os_:
+            by_seq.setdefault(o.seq, {})[r] = o
+    for seq in sorted(by_seq):  # the first disagreement in sizes/types
+        here = by_seq[seq]
         if _mismatch(
             here, key, _describe(key, descs), f"{next(iter(here.values())).name} #{seq}", matcher, blockers
         ):
@@ -337,7 +341,7 @@ def _judge_group(
     seq = top if behind or pending[-1] == top else pending[0]
     stall_at[key] = seq
     group = _describe(key, descs)
-    here = {r: o for r in mine for o in mine[r] if o.seq == seq}
+    here = by_seq[seq]
     ref = next(iter(here.values()))
     opname = f"{ref.name} #{seq}"
     waiting = sorted(r for r, o in here.items() if not o.done)
