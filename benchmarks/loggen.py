@@ -203,3 +203,55 @@ def generate(
             fh.write(data)
             written, planted, n = written + len(data), planted + count, n + 1
     return planted
+
+
+# -- the NCCL_DEBUG=INFO job: mostly NCCL INFO, step lines, torch.compile warnings, real failures --
+
+COMPILE_WARNINGS = [
+    "[rank{r}]:W1124 {t}.{us} {pid} torch/_dynamo/convert_frame.py:906] [{b}/{ch}] torch._dynamo hit "
+    "config.recompile_limit (8)",
+    "[rank{r}]:W1124 {t}.{us} {pid} torch/_dynamo/convert_frame.py:906] [{b}/{ch}]    function: 'forward' "
+    "(/workspace/model.py:{n})",
+    "[rank{r}]:W1124 {t}.{us} {pid} torch/_dynamo/convert_frame.py:906] [{b}/{ch}]    last reason: "
+    "0/{b}: tensor 'L['x']' size mismatch at index 1. expected {ch}, actual {n}",
+    "[rank{r}]:W1124 {t}.{us} {pid} torch/_inductor/utils.py:1250] [{b}/{ch}] Not enough SMs to use max_autotune_gemm mode",
+    "[rank{r}]:/usr/local/lib/python3.11/dist-packages/torch/_inductor/compile_fx.py:236: UserWarning: TensorFloat32 "
+    "tensor cores for float32 matrix multiplication available but not enabled. Consider setting "
+    "`torch.set_float32_matmul_precision('high')` for better performance.",
+    "[rank{r}]:W1124 {t}.{us} {pid} torch/_logging/_internal.py:1089] [{b}/{ch}] Profiler function <class "
+    "'torch.autograd.profiler.record_function'> will be ignored",
+]
+
+
+def real_failure_lines(root: Path) -> list[str]:
+    """The failure lines of the real-line sets (tests/data/real/*.tsv; rows not labelled none)."""
+    out = []
+    for path in sorted(root.glob("*.tsv")):
+        for raw in path.read_text(encoding="utf-8").splitlines():
+            if raw and not raw.startswith("#"):
+                category, _url, line = raw.split("\t", 2)
+                if category != "none" and "{" not in line and "}" not in line:
+                    out.append(line)
+    return out
+
+
+def nccl_info_block(
+    rng: random.Random, real: list[str], events: int = 2, nccl_share: float = 0.70, step_share: float = 0.20
+) -> tuple[bytes, int]:
+    """NCCL INFO lines (~70%), step lines (~20%), torch.compile warnings, and ``events`` planted
+    failures, half of them a real line from a public bug report."""
+    at = sorted(rng.sample(range(MIN_GAP, BLOCK_LINES - MIN_GAP, 2 * MIN_GAP), events))
+    lines: list[str] = []
+    for i in range(BLOCK_LINES):
+        fields = _fields(rng, i)
+        if at and i == at[0]:
+            at.pop(0)
+            event = [rng.choice(real)] if real and rng.random() < 0.5 else rng.choice(EVENTS)
+            lines += [t.format(**fields) if t in {x for e in EVENTS for x in e} else t for t in event]
+            continue
+        roll = rng.random()
+        group = (
+            NCCL_INFO if roll < nccl_share else STEPS if roll < nccl_share + step_share else COMPILE_WARNINGS
+        )
+        lines.append(rng.choice(group).format(**fields))
+    return ("\n".join(lines) + "\n").encode(), events

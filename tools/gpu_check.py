@@ -15,7 +15,7 @@ in ``OUT/report.json``:
     diagnose   `trainguard diagnose --backend cuda --level 2 --json`, figures against the datasheet
     train      `trainguard run` of examples/train_digits.py: a fault-free reference, then a chaos NaN
                (rollback), a kill (exact resume: 0 differing weights against the reference) and a
-               hang (stacks dumped, the rank named; NCCL flight-recorder dumps collected)
+               hang (stacks dumped, the rank named; flight-recorder dumps and their judgement kept)
     agent      `trainguard agent --backend nvml` scraped once: every DCGM_FI_* series has a value
     bench      bench_checkpoint and bench_guard_overhead on the GPU (--device cuda)
 
@@ -325,18 +325,9 @@ def _train_run(
         plan = work / "plan.toml"
         plan.write_text("[[fault]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in fault.items()))
         argv += ["--chaos", str(plan)]
-    fr = work / "fr"
-    fr.mkdir(exist_ok=True)
-    env = {
-        **c.env,
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-        "TORCH_FR_BUFFER_SIZE": "2000",
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_FR_DUMP_TEMP_FILE": f"{fr}/trace_",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{fr}/trace_",
-        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
-        "OMP_NUM_THREADS": "1",
-    }
+    # The supervisor itself turns torch's flight recorder on, dumping into the run's dumps/ folder
+    # (supervisor.hang.flight_recorder_env), and judges the dumps of a hang.
+    env = {**c.env, "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "OMP_NUM_THREADS": "1"}
     argv += [
         "--",
         sys.executable,
@@ -362,8 +353,11 @@ def _train_run(
         for i in result.get("incidents", [])
     ]
     out["weights"] = _final_weights(work / "ckpt", steps)
-    out["flight_recorder_dumps"] = sorted(p.name for p in fr.iterdir())
-    out["stack_dumps"] = sorted(p.name for p in Path(result["run_dir"]).glob("dumps/*"))
+    from trainguard.supervisor.hang import FR_PREFIX
+
+    dumps = sorted(p.name for p in Path(result["run_dir"]).glob("dumps/*"))
+    out["flight_recorder_dumps"] = [d for d in dumps if d.startswith(FR_PREFIX) or d.startswith("flight-")]
+    out["stack_dumps"] = [d for d in dumps if d.endswith(".txt")]
     return out
 
 

@@ -32,7 +32,9 @@ SUBCOMMANDS = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or of ``only`` one (what ``main`` builds for a command
+    line that names it: each subcommand module costs its imports at start-up)."""
     parser = argparse.ArgumentParser(
         prog="trainguard",
         description="Keeps large-scale training alive through GPU failures.",
@@ -41,12 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
-        importlib.import_module(f"trainguard.cli.{name}").register(sub)
+        if only is None or name == only:
+            importlib.import_module(f"trainguard.cli.{name}").register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    named = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(named if named in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

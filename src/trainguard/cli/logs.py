@@ -13,11 +13,13 @@ import os
 import sys
 import time
 from collections.abc import Iterable
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from trainguard.cli.interrupt import quits_on_ctrl_c
 from trainguard.cli.logs_explain import add_explain
-from trainguard.records import Event
+
+if TYPE_CHECKING:
+    from trainguard.records import Event
 
 _TABLE = "{loc:<28} {kind:<8} {xid:>5} {pci:<10} {severity:<7} {action:<15} {category:<17} {text}"
 

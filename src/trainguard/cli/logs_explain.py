@@ -1,5 +1,10 @@
 """``trainguard logs explain DIR|FILES... [--json]``: which rank's error brought a job down.
 
+When a directory holds torch flight-recorder dumps (``<prefix><rank>`` files from
+``TORCH_FR_DUMP_TEMP_FILE`` / ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, pickled or JSON), they are read
+with torch's parser and judged by ``incidents.flight``: the culprit ranks of a hang, with the group,
+the operation and the evidence, lead the answer; the logs' own explanation follows.
+
 Reads every rank's log (torchrun ``--log-dir``, Slurm per-task files, one interleaved file with
 ``[rankN]:`` prefixes, plus any kernel log given alongside), orders the findings by time across
 files and prints the root-cause finding, the ranks that failed as a consequence and how, the
@@ -11,11 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from trainguard.incidents.correlate import Explanation
+if TYPE_CHECKING:  # imported where used: `trainguard logs scan` starts without them
+    from trainguard.incidents.advice import AttemptOutcome, Recommendation
+    from trainguard.incidents.correlate import Explanation, JobFinding
+    from trainguard.incidents.flight import FlightVerdict
+    from trainguard.incidents.nodes import NodeVerdict
 
 
 def add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,20 +41,62 @@ def add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     explain.add_argument("--json", action="store_true", help="print one JSON object")
     explain.add_argument(
+        "--advise",
+        action="store_true",
+        help="exit with the recommendation's code: 0 no failure, 75 restart, 76 restart without the named "
+        "GPU/node, 3 stop (workload bug: do not requeue), 1 stop (retry budget spent without progress)",
+    )
+    explain.add_argument(
         "--engine", choices=["auto", "hyperscan", "stdlib"], default="auto", help=argparse.SUPPRESS
     )
     explain.set_defaults(func=run_explain)
 
 
-def explanation_json(ex: Explanation) -> dict[str, Any]:
-    root = None
+def explanation_json(
+    ex: Explanation,
+    flight: FlightVerdict | None = None,
+    node: NodeVerdict | None = None,
+    lone: int | None = None,
+) -> dict[str, Any]:
+    root: dict[str, Any] | None = None
     if ex.root is not None:
         e = ex.root.event
         root = {"rank": ex.root.rank, "host": ex.root.host, "pci": ex.root.pci, "path": e.path,
-                "line_no": e.line_no, "time": e.time, "category": e.category.value, "text": e.text}  # fmt: skip
+                "line_no": e.line_no, "time": e.time, "category": e.category.value, "text": e.text,
+                "ranks": [] if ex.root.rank is None else [ex.root.rank], "source": "logs",
+                "evidence": {} if ex.root.rank is None else {str(ex.root.rank): [e.text.strip()[:300]]}}  # fmt: skip
+    out_flight = flight.as_json() if flight is not None else None
+    if flight is not None and flight.ranks:
+        evidence = {
+            str(r): [f"{e.group} {e.op}: {e.text}" for e in evs] for r, evs in flight.evidence.items()
+        }
+        root = {"ranks": list(flight.ranks), "category": flight.category, "source": "flight_recorder",
+                "evidence": evidence, "log_root": root,
+                "rank": flight.ranks[0] if len(flight.ranks) == 1 else None}  # fmt: skip
+    cause = ex.cause.value
+    if lone is not None and node is None and not (flight is not None and flight.ranks):
+        root = {"ranks": [lone], "rank": lone, "category": "hang_origin", "source": "logs", "log_root": root,
+                "evidence": {str(lone): ["the only rank that did not time out: it never entered the collective "
+                                         "every other rank waited in"]}}  # fmt: skip
+    if node is not None and not (flight is not None and flight.ranks):
+        cause = "host" if node.host else "unknown"  # a lost peer node, never the network by default
+        evidence = {str(r): list(node.evidence) for r in node.ranks} if node.host else {}
+        root = {"ranks": list(node.ranks), "host": node.host, "category": node.category, "source": "node",
+                "suspects": list(node.suspects), "evidence": evidence, "log_root": root,
+                "rank": node.ranks[0] if len(node.ranks) == 1 else None}  # fmt: skip
     return {
         "root_cause": root,
-        "cause": ex.cause.value,
+        "flight_recorder": out_flight,
+        "node": None
+        if node is None
+        else {
+            "host": node.host,
+            "ranks": list(node.ranks),
+            "category": node.category,
+            "suspects": list(node.suspects),
+            "evidence": list(node.evidence),
+        },
+        "cause": cause,
         "consequences": [{"rank": c.rank, "category": c.category, "count": c.count} for c in ex.consequences],
         "action": ex.action.value,
         "confidence": ex.confidence,
@@ -59,6 +111,30 @@ def _when(t: float | None) -> str:
         return datetime.fromtimestamp(t).isoformat(sep=" ", timespec="milliseconds")
     except (ValueError, OverflowError, OSError):
         return str(t)
+
+
+def render_flight(v: FlightVerdict, out: TextIO) -> None:
+    if not v.ranks:
+        out.write(f"flight recorder ({v.dumps} dumps): no rank stands out\n")
+    else:
+        out.write(
+            f"flight recorder ({v.dumps} dumps): culprit rank(s) {_ranges(list(v.ranks))}  [{v.category}]\n"
+        )
+    for rank, evs in sorted(v.evidence.items()):
+        for e in evs:
+            out.write(f"  rank {rank}: {e.group} {e.op}: {e.text}\n")
+    if v.victims:
+        out.write(f"  waiting because of them: {len(v.victims)} rank(s): {_ranges(list(v.victims))}\n")
+    for note in v.notes:
+        out.write(f"  note: {note}\n")
+
+
+def render_node(v: NodeVerdict, out: TextIO) -> None:
+    if v.host:
+        out.write(f"node failure: {v.host} ({len(v.ranks)} rank(s): {_ranges(list(v.ranks))}) left the job\n")
+    else:
+        out.write(f"a node left the job, which one is unknown: suspects {', '.join(v.suspects)}\n")
+    out.write("".join(f"  - {e}\n" for e in v.evidence))
 
 
 def render(ex: Explanation, out: TextIO) -> None:
@@ -97,7 +173,7 @@ def _ranges(ranks: list[int | None]) -> str:
 def run_explain(args: argparse.Namespace) -> int:
     from trainguard.errors import InputError
     from trainguard.incidents.correlate import explain_job
-    from trainguard.incidents.joblogs import job_findings
+    from trainguard.incidents.joblogs import job_files, job_findings
 
     paths = [Path(p) for p in args.paths]
     for path in paths:
@@ -106,8 +182,104 @@ def run_explain(args: argparse.Namespace) -> int:
     ranks: set[int] = set()
     findings = list(job_findings(paths, engine=args.engine, ranks=ranks))
     ex = explain_job(findings, ranks)
+    flight = flight_verdict(paths, ranks)
+    node = job_node(job_files(paths))
+    advice = advise(paths, findings, ranks, ex)
+    lone = lone_origin(ex, findings, ranks)
     if args.json:
-        print(json.dumps(explanation_json(ex)))
+        out = explanation_json(ex, flight, node, lone)
+        out["attempts"] = [{"attempt": o.number, "root": o.root, "step": o.step, "gpu": o.gpu, "node": o.node,
+                            "recommendation": asdict(r)} for o, r in advice]  # fmt: skip
+        out["recommendation"] = asdict(advice[-1][1]) if advice else None
+        print(json.dumps(out))
     else:
+        if flight is not None:
+            render_flight(flight, sys.stdout)
+        if node is not None:
+            render_node(node, sys.stdout)
+        if lone is not None:
+            sys.stdout.write(f"hang origin: rank {lone}, the only rank that did not time out\n")
         render(ex, sys.stdout)
-    return 0
+        for o, r in advice:
+            step = "step unknown" if o.step is None else f"reached step {o.step}"
+            out_line = f"attempt {o.number} ({step}): {r.verb}: {r.reason}"
+            sys.stdout.write(out_line + (f"  [exit {r.exit_code}]" if o is advice[-1][0] else "") + "\n")
+    return advice[-1][1].exit_code if args.advise and advice else 0
+
+
+def lone_origin(ex: Explanation, findings: list[JobFinding], ranks: set[int]) -> int | None:
+    """The only rank that did not time out, when every finding of the job is a timeout."""
+    from trainguard.incidents.nodes import lone_rank
+    from trainguard.records import Category
+
+    if ex.cause.value != "nccl_watchdog_timeout":
+        return None
+    timed = {
+        f.rank for f in findings if f.rank is not None and f.event.category is Category.NCCL_TIMEOUT_HANG
+    }
+    lone = lone_rank(timed, ranks)
+    return lone if lone is not None and lone not in {f.rank for f in findings} else None
+
+
+def job_node(files: list[Path]) -> NodeVerdict | None:
+    """The node a multi-node job lost (``incidents.nodes``), None when nothing points at one."""
+    from trainguard.incidents.joblogs import job_hosts, node_lines
+    from trainguard.incidents.nodes import node_failure
+
+    hosts, addresses = job_hosts(files)
+    if len(set(hosts.values())) < 2:
+        return None
+    lines, last = node_lines(files, hosts)
+    return node_failure(lines, hosts, addresses, last)
+
+
+_HARDWARE_CAUSES = {"faulty_gpu", "gpu_hbm_memory", "gpu_sram", "gpu_system_processor", "gpu_thermal"}
+
+
+def advise(
+    paths: list[Path], findings: list[JobFinding], ranks: set[int], whole: Explanation
+) -> list[tuple[AttemptOutcome, Recommendation]]:
+    """One recommendation per attempt (torchrun's ``attempt_<n>`` folders; one attempt otherwise)."""
+    from trainguard.incidents.advice import CASCADE, AttemptOutcome, recommend
+    from trainguard.incidents.correlate import explain_job
+    from trainguard.incidents.joblogs import (
+        attempts_of,
+        final_exception,
+        job_files,
+        last_step,
+        rank_of_path,
+        tail_lines,
+    )
+
+    groups = attempts_of(job_files(paths))
+    history: list[AttemptOutcome] = []
+    out = []
+    for number, files in groups.items():
+        mine = {str(f) for f in files}
+        ex = whole if len(groups) == 1 else explain_job([f for f in findings if f.event.path in mine], ranks)
+        rank = ex.root.rank if ex.root is not None else None
+        own = [f for f in files if rank is not None and rank_of_path(f) == rank] or files
+        exc = final_exception((ln for f in own for ln in tail_lines(f)), CASCADE)
+        root = exc if exc is not None else (ex.root.event.text.strip() if ex.root is not None else None)
+        gpu = ex.root.pci if ex.root is not None and ex.cause.value in _HARDWARE_CAUSES else None
+        node = job_node(files)
+        history.append(AttemptOutcome(number, root, last_step(files), gpu, node.host if node else None))
+        out.append((history[-1], recommend(history)))
+    return out
+
+
+def flight_verdict(paths: list[Path], ranks: set[int]) -> FlightVerdict | None:
+    """The flight-recorder judgement of the dumps under ``paths``, None when there are none."""
+    from trainguard.incidents.flight import dump_files, judge
+
+    found = [p for p in paths if p.is_dir() and dump_files(p)]
+    if not found:
+        return None
+    try:
+        from trainguard.torch.flight_recorder import load_dumps, torch_matcher
+    except ImportError:
+        raise ImportError(
+            "reading torch flight-recorder dumps needs torch's parser: pip install 'trainguard[torch]'"
+        ) from None
+    dumps = [d for p in found for d in load_dumps(p)]
+    return judge(dumps, torch_matcher(), world=ranks) if dumps else None

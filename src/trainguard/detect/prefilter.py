@@ -9,8 +9,11 @@ never reach Python. Two engines find the same lines:
 
 - ``hyperscan`` (``pip install 'trainguard[logscan]'``): the literals in one Hyperscan
   block-mode database, run over the whole buffer (literals, unlike the rules' regexes, compile
-  to Hyperscan's SIMD literal matchers), and numpy to count newlines (10x faster than
-  ``bytes.count``); both release the GIL, so ``scan_file`` runs chunks on several threads;
+  to Hyperscan's SIMD literal matchers); it releases the GIL, so ``scan_file`` runs chunks on
+  several threads. Newlines between candidates are counted with numpy (``count_nonzero`` of
+  ``buf == 10``, about 3x faster per byte than ``bytes.count``) for inputs of ``NUMPY_FROM``
+  bytes or more; below that numpy's import (0.1-0.3 s on a loaded host) costs more than it saves,
+  and ``bytes.count`` does it;
 - ``stdlib``: one ``re`` alternation and ``bytes.find`` passes; several times slower.
 
 ``first_pass(engine)`` returns the candidate lines with their line indexes, and the newline count.
@@ -19,9 +22,11 @@ never reach Python. Two engines find the same lines:
 from __future__ import annotations
 
 import functools
+import os
 import re
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from trainguard.detect.training_log import NEEDLE_CONTEXT, TRAINING_ANCHORS
@@ -60,16 +65,49 @@ def _bulk_expressions() -> tuple[bytes, ...]:
 def _hyperscan_db() -> Any | None:
     try:
         import hyperscan  # type: ignore[import-not-found,unused-ignore]
-        import numpy  # noqa: F401  (the engine's newline search)
     except ImportError:
         return None
     expressions = list(_bulk_expressions())
+    cache = _db_cache_path(expressions, getattr(hyperscan, "__version__", "?"))
+    if cache is not None:
+        try:
+            return hyperscan.loadb(cache.read_bytes(), hyperscan.HS_MODE_BLOCK)
+        except (OSError, hyperscan.error):
+            pass  # absent, torn or from another Hyperscan build: compile it again
     flags = [hyperscan.HS_FLAG_MULTILINE] * len(expressions)
     db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
     db.compile(
         expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
     )
+    if cache is not None:
+        _store(cache, hyperscan.dumpb(db))
     return db
+
+
+def _db_cache_path(expressions: list[bytes], version: str) -> Path | None:
+    """Where the compiled database is kept between runs (compiling it is most of `logs scan`'s
+    start-up): ``$XDG_CACHE_HOME/trainguard/`` (``~/.cache``), keyed by the expressions, the
+    Hyperscan version and the CPU; ``TRAINGUARD_NO_CACHE=1`` turns it off."""
+    import hashlib
+
+    if os.environ.get("TRAINGUARD_NO_CACHE"):
+        return None
+    key = hashlib.sha256(
+        b"\0".join([*expressions, version.encode(), os.uname().machine.encode()])
+    ).hexdigest()
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "trainguard" / f"hyperscan-{key[:24]}.db"
+
+
+def _store(path: Path, data: bytes) -> None:
+    """Atomically, and never an error: a cache that cannot be written only costs the compile."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def scan_engine(engine: str = "auto") -> str:
@@ -79,9 +117,7 @@ def scan_engine(engine: str = "auto") -> str:
     if engine == "stdlib" or (engine == "auto" and _hyperscan_db() is None):
         return "stdlib"
     if _hyperscan_db() is None:
-        raise InputError(
-            "engine 'hyperscan' needs the hyperscan and numpy packages: pip install 'trainguard[logscan]'"
-        )
+        raise InputError("engine 'hyperscan' needs the hyperscan package: pip install 'trainguard[logscan]'")
     return "hyperscan"
 
 
@@ -138,15 +174,31 @@ def hits_stdlib(buf: bytes | bytearray, end: int) -> Hits:
     return found, _maybe_binary(buf, end)
 
 
-def first_pass(engine: str) -> Callable[[bytes | bytearray, int], Lines]:
-    """The candidate lines of ``buf[:end]`` for ``engine`` (see ``Lines``); ``buf[:end]`` holds whole lines."""
-    return _lines_hyperscan if engine == "hyperscan" else _lines_stdlib
+NUMPY_FROM = 256 << 20  # input size from which numpy counts the newlines (see the module docstring)
+
+
+def first_pass(engine: str, size: int | None = None) -> Callable[[bytes | bytearray, int], Lines]:
+    """The candidate lines of ``buf[:end]`` for ``engine`` (see ``Lines``); ``buf[:end]`` holds whole
+    lines. ``size``: the whole input's, when known (it picks the newline counter)."""
+    if engine != "hyperscan":
+        return _lines_stdlib
+    if size is not None and size >= NUMPY_FROM:
+        try:
+            import numpy  # noqa: F401
+        except ImportError:
+            return _lines_hyperscan
+        return _lines_hyperscan_numpy
+    return _lines_hyperscan
 
 
 def _lines_hyperscan(buf: bytes | bytearray, end: int) -> Lines:
+    return _spans(buf, end, *hits_hyperscan(buf, end), lambda a, b: buf.count(b"\n", a, b))
+
+
+def _lines_hyperscan_numpy(buf: bytes | bytearray, end: int) -> Lines:
     import numpy as np
 
-    is_newline = np.frombuffer(buf, np.uint8, end) == 0x0A  # numpy counts 10x faster than bytes.count
+    is_newline = np.frombuffer(buf, np.uint8, end) == 0x0A
     return _spans(buf, end, *hits_hyperscan(buf, end), lambda a, b: int(np.count_nonzero(is_newline[a:b])))
 
 

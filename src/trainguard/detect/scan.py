@@ -131,9 +131,9 @@ def scan_file(
     fh, name = _open(path)
     stats = stats if stats is not None else ScanStats()
     stats.engine = scan_engine(engine)
-    lines = first_pass(stats.engine)
-    chunk, tracker = max(chunk_size, 1 << 12), tracker or BurstTracker()
     info = os.fstat(fh.fileno()) if name != "-" else None
+    lines = first_pass(stats.engine, info.st_size if info and stat.S_ISREG(info.st_mode) else None)
+    chunk, tracker = max(chunk_size, 1 << 12), tracker or BurstTracker()
     if info and stat.S_ISREG(info.st_mode) and info.st_size > 0:  # /proc files say size 0: streamed
         if threads is None:
             threads = min(len(os.sched_getaffinity(0)), 8) if stats.engine == "hyperscan" else 1

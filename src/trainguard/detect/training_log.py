@@ -57,15 +57,36 @@ _TABLE: tuple[tuple[tuple[str, ...], str, Category, Severity, Action], ...] = (
     (("NVLink error",), r"uncorrectable NVLink error", C.GPU_HARDWARE, S.ERROR, A.RESET_GPU),
     # host memory before the GPU's: "DefaultCPUAllocator: can't allocate memory" is the node's RAM
     (("DefaultCPUAllocator", "DataLoader worker", "Out of memory", "out of memory: Kill", "oom-kill", "oom_reaper",
-      "Killed process"),
+      "Killed process", "oom_kill", "Out Of Memory", "OOM Killed", "out-of-memory handler", "bad_alloc", "MemoryError",
+      "Cannot allocate memory", "exited unexpectedly", "shared memory segment", "/dev/shm", "OOMKilled"),
      r"DefaultCPUAllocator: (?:can't allocate|not enough) memory|DataLoader worker \(pid \d+\) is killed by signal: "
      r"(?:Killed|Bus error)|[Oo]ut of memory: Kill(?:ed)? process|invoked oom-killer|oom-kill:|oom_reaper"
-     r"|Killed process \d+ \(", C.NODE_HOST, S.ERROR, A.RESTART_APP),
+     r"|Killed process \d+ \("
+     # the batch system's cgroup killer (Slurm's step daemon and srun), the container runtime's
+     r"|Detected \d+ oom[-_]kill event|tasks? [\d,-]+: Out Of Memory|OOM Killed|cgroup out-of-memory handler|OOMKilled"
+     # the process's own allocator: C++, Python, libc (errno 12)
+     r"|std::bad_alloc|(?:^|[\]:]\s|\s)MemoryError\b|\[Errno 12\] Cannot allocate memory|Error code 12 \(Cannot allocate"
+     # shared memory (/dev/shm) full: DataLoader workers and NCCL's shm transport
+     r"|DataLoader worker \(pids?\(?s?\)? [\d, ]+\) exited unexpectedly|Error while creating shared memory segment"
+     r"|failed to extend /dev/shm|/dev/shm\S* .*No space left on device",
+     C.NODE_HOST, S.ERROR, A.RESTART_APP),
+    # a peer node gone: torch elastic's rendezvous loses its store or removes a dead node
+    (("keep-alive heartbeat", "RendezvousConnectionError", "RendezvousClosedError", "Detected dead node",
+      "C10d store has failed", "failed to shutdown the rendezvous"),
+     r"failed to send a keep-alive heartbeat to the rendezvous|RendezvousConnectionError|RendezvousClosedError"
+     r"|Detected dead node|connection to the C10d store has failed|has failed to shutdown the rendezvous",
+     C.NODE_HOST, S.ERROR, A.RESTART_APP),
     # OOM before generic CUDA errors: "CUDA error: out of memory" is the job's size, not the GPU
     (("out of memory", "OutOfMemoryError", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC", "CUDNN_STATUS_ALLOC",
-      "Tried to allocate"),
+      "Tried to allocate", "OOM when", "RESOURCE_EXHAUSTED", "Resource exhausted", "CUDA_ERROR_OUT_OF_MEMORY",
+      "Failed to CUDA"),
      r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
-     r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|Tried to allocate [\d.]+ [KMG]iB \(GPU \d",
+     r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|Tried to allocate [\d.]+ [KMG]iB \(GPU \d"
+     # TensorFlow/Keras's BFC allocator, XLA (JAX, TF, torch-xla), the CUDA driver API's name for it
+     r"|OOM when allocating tensor|RESOURCE_EXHAUSTED: (?:OOM|Out of memory|Failed to allocate)"
+     r"|Resource exhausted: (?:OOM|Out of memory)|CUDA_ERROR_OUT_OF_MEMORY"
+     # NCCL's own allocations (buffers, proxies): the GPU was full when the communicator needed memory
+     r"|Cuda failure (?:2 )?'out of memory'|Failed to CUDA (?:calloc|malloc|host alloc)",
      C.CUDA_OOM, S.ERROR, A.RESTART_APP),
     # An illegal address is the program's until hardware evidence on that GPU says otherwise
     # (incidents.correlate upgrades it when an Xid/ECC event on the same GPU corroborates).
@@ -92,11 +113,15 @@ _TABLE: tuple[tuple[tuple[str, ...], str, Category, Severity, Action], ...] = (
     # NCCL: hangs first (they mention NCCL too), then the network, then the rest
     (("collective operation timeout", "NCCL operations", "Heartbeat monitor", "watchdog got stuck", "ncclTimeout",
       "NCCL timeout", "detected by watchdog", "Timeout at NCCL work", "heartbeat of its watchdog",
-      "in call to wait()", "NCCL communicator was aborted", "thread terminated with exception"),
+      "in call to wait()", "NCCL communicator was aborted", "thread terminated with exception", "stop signal",
+      "dump signal", "attempting to dump debug info", "blocking wait"),
      r"collective operation timeout|Some NCCL operations have failed or timed out|Heartbeat monitor timed out"
      r"|watchdog got stuck|ncclTimeout|NCCL timeout|Exception \(either an error or timeout\) detected by watchdog"
      r"|failure detected by watchdog|Timeout at NCCL work|detected no heartbeat of its watchdog"
-     r"|timed out in call to wait\(\)|NCCL communicator was aborted|watchdog thread terminated with exception",
+     r"|timed out in call to wait\(\)|NCCL communicator was aborted|watchdog thread terminated with exception"
+     # torch 2.3+: the watchdog's dump-and-abort wordings, blocking-wait timeouts
+     r"|Received a (?:dump|global stop) signal|flight recorder dump signal from another rank"
+     r"|Terminating the process after attempting to dump debug info|timed out in blocking wait",
      C.NCCL_TIMEOUT_HANG, S.ERROR, A.RESTART_APP),
     (("Got completion", "Got async event", "ncclSystemError", "ncclRemoteError", "unhandled system error", "network error", "NCCL WARN",
       "Connection reset by peer"),
@@ -128,7 +153,26 @@ _TABLE: tuple[tuple[tuple[str, ...], str, Category, Severity, Action], ...] = (
      C.APPLICATION_BUG, S.WARNING, A.RESTART_APP),
 )  # fmt: skip
 # ASCII classes, as the Hyperscan first pass reads bytes: the two agree on which lines can match
-_RULES = tuple((needles, re.compile(pattern, re.ASCII), c, s, a) for needles, pattern, c, s, a in _TABLE)
+
+
+class _Lazy:
+    """A rule's regex, compiled the first time one of its needles shows up: a scan of a log with
+    a few findings compiles a few of the table's patterns, not all (start-up of `logs scan`)."""
+
+    __slots__ = ("_compiled", "_pattern")
+
+    def __init__(self, pattern: str) -> None:
+        self._pattern = pattern
+        self._compiled: re.Pattern[str] | None = None
+
+    def search(self, text: str) -> re.Match[str] | None:
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self._compiled = re.compile(self._pattern, re.ASCII)
+        return compiled.search(text)
+
+
+_RULES = tuple((needles, _Lazy(pattern), c, s, a) for needles, pattern, c, s, a in _TABLE)
 
 # Every needle, deduplicated: the literals the scanner's first pass finds in bulk. A line without
 # one cannot be a training finding: each rule's needles gate its pattern, and the lines judged by

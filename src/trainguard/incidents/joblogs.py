@@ -21,13 +21,28 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainguard.detect.scan import EventMerger, scan_file
 from trainguard.detect.training_log import line_rank
 from trainguard.incidents.correlate import JobFinding
 from trainguard.records import EventKind, normalize_pci
 
-__all__ = ["job_files", "job_findings", "nccl_identities", "rank_of_path"]
+if TYPE_CHECKING:
+    from trainguard.incidents.nodes import NodeLine
+
+__all__ = [
+    "attempts_of",
+    "final_exception",
+    "job_files",
+    "job_findings",
+    "job_hosts",
+    "last_step",
+    "nccl_identities",
+    "node_lines",
+    "rank_of_path",
+    "tail_lines",
+]
 
 _SUFFIXES = {".log", ".out", ".err", ".txt", ".stdout", ".stderr"}
 _HEAD_BYTES = 1 << 20  # NCCL's init lines come first
@@ -137,3 +152,85 @@ def _timed(found: list[JobFinding]) -> list[JobFinding]:
             elif f.rank in last:
                 out[i] = replace(f, event=replace(f.event, time=last[f.rank]))
     return out
+
+
+_ATTEMPT = re.compile(r"^attempt_(\d+)$")
+_STEP = re.compile(r"\b(?:step|iter(?:ation)?)\b\s*[=:#]?\s*\[?(\d+)", re.I)
+_FINAL = re.compile(
+    r"^(?:\[rank\d+\]:\s*)?(?:(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b: |\S+: error: )"
+)
+_TAIL_BYTES = 256 << 10
+
+
+def attempts_of(files: Iterable[Path]) -> dict[int, list[Path]]:
+    """torchrun's ``attempt_<n>`` folders -> their files (everything else is attempt 0)."""
+    out: dict[int, list[Path]] = {}
+    for path in files:
+        n = next((int(m.group(1)) for part in path.parts if (m := _ATTEMPT.match(part))), 0)
+        out.setdefault(n, []).append(path)
+    return dict(sorted(out.items()))
+
+
+def tail_lines(path: Path, nbytes: int = _TAIL_BYTES) -> list[str]:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - nbytes))
+            return fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+
+
+def last_step(files: Iterable[Path]) -> int | None:
+    """The highest step any file's tail mentions (``step 120``, ``iter: 120``, ``[120/1000]``)."""
+    steps = [int(m.group(1)) for p in files for line in tail_lines(p) for m in _STEP.finditer(line)]
+    return max(steps) if steps else None
+
+
+def final_exception(lines: Iterable[str], cascade: re.Pattern[str]) -> str | None:
+    """The last Python exception line that is not a cascade of another failure."""
+    found = None
+    for line in lines:
+        if _FINAL.match(line) and not cascade.search(line):
+            found = line.strip()
+    return found
+
+
+def job_hosts(files: Iterable[Path]) -> tuple[dict[int, str], dict[str, str]]:
+    """rank -> host and address -> host, from NCCL's init and bootstrap lines."""
+    from trainguard.incidents.nodes import bootstrap_addresses
+
+    hosts: dict[int, str] = {}
+    addresses: dict[str, str] = {}
+    for path in files:
+        head = _head(path)
+        hosts.update({rank: host for rank, (host, _pci) in nccl_identities(head).items()})
+        addresses.update(bootstrap_addresses(head))
+    return hosts, addresses
+
+
+def node_lines(
+    files: Iterable[Path], host_of_rank: dict[int, str]
+) -> tuple[list[NodeLine], dict[int, float]]:
+    """The tail lines that speak of a lost peer or a dead node, and each rank's last stamped time."""
+    from trainguard.detect.training_log import training_time
+    from trainguard.incidents.nodes import NodeLine
+
+    lines: list[NodeLine] = []
+    last: dict[int, float] = {}
+    for path in files:
+        file_rank = rank_of_path(path)
+        for text in tail_lines(path):
+            rank = line_rank(text)
+            rank = file_rank if rank is None else rank
+            t = training_time(text)
+            if t is not None and rank is not None:
+                last[rank] = max(t, last.get(rank, t))
+            if _NODE_WORDS.search(text):
+                lines.append(NodeLine(rank, host_of_rank.get(rank) if rank is not None else None, t, text))
+    return lines, last
+
+
+_NODE_WORDS = re.compile(
+    r"Detected dead node|Connection (?:closed|reset)|Call to (?:recv|send)|recvValue failed|Broken pipe|"
+    r"Watchdog caught|timed out"
+)

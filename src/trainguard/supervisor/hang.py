@@ -12,10 +12,18 @@ Signals go through the workers' own process handles (``Popen``), never to a bare
 refuses to signal once its process was reaped, and until then the pid cannot be reused, so a
 dump request can only reach a worker of the hung attempt (pids wrap at 32768 on a busy host).
 
+Before the stacks, every rank is asked for torch's flight-recorder dump through its debug-info
+pipe (`flight_recorder_env` points torch's dump files and pipe into the run's dumps folder; NCCL
+answers by itself, gloo through ``trainguard.torch.flight_recorder.serve_dump_requests``). The
+dumps are judged by ``incidents.flight`` and the judgement is kept beside them as
+``dumps/flight-<t>.json``, listed with the incident's evidence.
+
 Evidence, strongest first:
 1. the process was stopped (``T`` in /proc: SIGSTOP, a debugger);
-2. flight-recorder dumps: the rank whose last collective sequence number is behind the others'
-   never issued the collective they wait in;
+2. flight-recorder dumps: per process group, the ranks the others wait on (no dump, never issued
+   the collective, mismatched sizes), followed across groups to the ranks that started the stall
+   (``incidents.flight``); the Guard's own ``.fr.json``: a rank whose last collective sequence
+   number is behind the others';
 3. Python stacks: ranks inside a collective (torch.distributed, backward's all-reduce) vs ranks
    elsewhere;
 4. heartbeats: a rank whose last completed step is behind the others'.
@@ -31,7 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from trainguard.incidents.flight import FlightVerdict
 from trainguard.rundir import Heartbeat, dumps_dir
+
+FR_PREFIX = "fr_rank_"  # torch's flight-recorder dumps of a run: <run>/dumps/fr_rank_<rank>
+_FR_FRESH_S = 600.0  # a dump older than this at the hang belongs to an earlier attempt
 
 _COLLECTIVE = re.compile(
     r"torch/distributed/|all_reduce|allreduce|all_gather|reduce_scatter|broadcast|barrier|"
@@ -51,6 +63,7 @@ class HangReport:
     reasons: dict[int, str] = field(default_factory=dict)
     dumps: tuple[str, ...] = ()
     method: str = "none"  # proc_state | flight_recorder | stacks | heartbeat | none
+    flight: FlightVerdict | None = None  # torch's flight-recorder dumps, judged
 
 
 def proc_state(pid: int) -> str | None:
@@ -82,6 +95,7 @@ def collect(
     """Dump every live rank (see the module docstring), then `analyze`. Ranks end up dead."""
     alive = {r: w for r, w in procs.items() if w.poll() is None}  # unreaped: the pid is still ours
     states = {r: proc_state(w.pid) for r, w in alive.items()}
+    flight, flight_file = flight_dumps(run_dir, sorted(alive), sorted(procs), wait_s)
     offsets = {r: _size(p) for r, p in stderr_paths.items()}
     asked = time.time()
     for r, w in alive.items():
@@ -105,7 +119,41 @@ def collect(
         for p in paths:
             if p not in dumps.get(r, []):
                 dumps.setdefault(r, []).append(p)
-    return analyze(sorted(procs), states, dumps, beats)
+    if flight_file is not None:
+        dumps.setdefault(-1, []).append(flight_file)
+    return analyze(sorted(procs), states, dumps, beats, flight)
+
+
+def flight_dumps(
+    run_dir: Path, alive: list[int], ranks: list[int], wait_s: float
+) -> tuple[FlightVerdict | None, Path | None]:
+    """Ask the live ranks for torch flight-recorder dumps, judge every dump in the run's dumps
+    folder, keep the judgement as ``dumps/flight-<t>.json``. (None, None) without dumps or torch."""
+    import json as _json
+    import logging
+
+    from trainguard.incidents.flight import dump_files, judge
+    from trainguard.rundir import atomic_write_bytes
+
+    directory = dumps_dir(run_dir)
+    since = time.time() - _FR_FRESH_S  # NCCL's own dump-on-timeout may precede the request
+    request_flight_dumps(str(directory / FR_PREFIX), alive, wait_s)
+    if not directory.is_dir() or not dump_files(directory, FR_PREFIX):
+        return None, None
+    try:
+        from trainguard.torch.flight_recorder import load_dumps, torch_matcher
+    except ImportError:
+        logging.getLogger(__name__).warning(
+            "flight-recorder dumps found but torch is not installed to read them"
+        )
+        return None, None
+    dumps = load_dumps(directory, FR_PREFIX, since)
+    if not dumps:
+        return None, None
+    verdict = judge(dumps, torch_matcher(), world=ranks)
+    out = directory / f"flight-{int(time.time())}.json"
+    atomic_write_bytes(out, (_json.dumps(verdict.as_json(), indent=1) + "\n").encode())
+    return verdict, out
 
 
 def analyze(
@@ -113,17 +161,24 @@ def analyze(
     states: dict[int, str | None],
     dumps: dict[int, list[Path]],
     beats: dict[int, Heartbeat | None],
+    flight: FlightVerdict | None = None,
 ) -> HangReport:
     """Pure analysis of what was gathered (see the module docstring for the evidence order)."""
     files = tuple(str(p) for ps in dumps.values() for p in ps)
+    dumps = {r: ps for r, ps in dumps.items() if r >= 0}
     stopped = {r: "process stopped (state T)" for r in ranks if states.get(r) == "T"}
     if stopped:
-        return HangReport(tuple(sorted(stopped)), stopped, files, "proc_state")
+        return HangReport(tuple(sorted(stopped)), stopped, files, "proc_state", flight)
+    if flight is not None and flight.ranks:
+        reasons = {
+            r: "; ".join(f"{e.group} {e.op}: {e.text}" for e in evs) for r, evs in flight.evidence.items()
+        }
+        return HangReport(flight.ranks, reasons, files, "flight_recorder", flight)
     if len(ranks) == 1:  # no peer to compare with: the job's only rank is where it hangs
         (r,) = ranks
         where = "inside a collective" if _in_collective(dumps.get(r, [])) else "not inside a collective"
         reason = f"the job's only rank; stack is {where}" if r in dumps else "the job's only rank"
-        return HangReport((r,), {r: reason}, files, "stacks" if r in dumps else "proc_state")
+        return HangReport((r,), {r: reason}, files, "stacks" if r in dumps else "proc_state", flight)
     silent = [r for r in ranks if r not in dumps]
     if dumps and silent and len(silent) < len(ranks):
         reasons = {r: "did not answer the dump request while the others did" for r in silent}
@@ -143,6 +198,68 @@ def analyze(
         lag = {r: f"last step {s} while others reached {top}" for r, s in steps.items() if s < top}
         return HangReport(tuple(sorted(lag)), lag, files, "heartbeat")
     return HangReport((), {}, files, "none")
+
+
+def flight_recorder_env(run_dir: Path) -> dict[str, str]:
+    """The environment that makes torch record and dump its flight recorder into the run's dumps
+    folder (a user's own settings win: the supervisor applies these with ``setdefault``)."""
+    prefix = str(dumps_dir(run_dir) / FR_PREFIX)
+    return {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",  # torch < 2.7 spells it so
+        "TORCH_FR_DUMP_TEMP_FILE": prefix,
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": prefix,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    }
+
+
+def request_flight_dumps(prefix: str, ranks: list[int], wait_s: float = 5.0) -> dict[int, Path]:
+    """Ask every rank for a flight-recorder dump through torch's debug-info pipe
+    (``<prefix><rank>.pipe``; trainguard's gloo writer answers it too) and wait for the
+    ``<prefix><rank>`` files. Returns the dumps written since the request; a rank that holds the
+    GIL or is dead writes none."""
+    import os
+
+    asked: dict[int, float] = {}
+    for r in ranks:
+        dump = Path(f"{prefix}{r}")
+        try:
+            before = dump.stat().st_mtime
+        except OSError:
+            before = 0.0
+        fd, until = -1, time.time() + min(1.0, wait_s / 2)
+        while fd < 0:
+            try:
+                fd = os.open(f"{prefix}{r}.pipe", os.O_WRONLY | os.O_NONBLOCK)
+            except FileNotFoundError:  # no pipe: the rank does not serve dump requests
+                break
+            except OSError:  # ENXIO: its reader is between two requests, or gone
+                if time.time() > until:
+                    break
+                time.sleep(0.02)
+        if fd < 0:
+            continue
+        try:
+            os.write(fd, b"1")
+            asked[r] = before
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    got: dict[int, Path] = {}
+    deadline = time.time() + wait_s
+    while asked and time.time() < deadline:
+        for r, before in list(asked.items()):
+            path = Path(f"{prefix}{r}")
+            try:
+                if path.stat().st_mtime > before:
+                    got[r] = path
+                    del asked[r]
+            except OSError:
+                pass
+        time.sleep(0.05)
+    return got
 
 
 def _dumps_since(directory: Path, since: float) -> dict[int, list[Path]]:

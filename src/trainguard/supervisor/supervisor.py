@@ -42,6 +42,7 @@ from trainguard.supervisor.attempt import Attempt, History, Pending
 from trainguard.supervisor.bookkeeping import HEALTHY_AFTER_S, Bookkeeper, RunEvent, RunResult
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.diagnostics import Diagnostics, measured, preflight_off, preflight_troubles
+from trainguard.supervisor.hang import flight_recorder_env
 from trainguard.supervisor.health import Diagnose, GpuMap, NodeHealth
 from trainguard.supervisor.idle import IdleWatch
 from trainguard.supervisor.logs import LogTail, default_classifier, make_logs_specs
@@ -449,6 +450,8 @@ class Supervisor:
         env["TRAINGUARD_GPU"] = str(self.gpu_map.gpu_of(local_rank))
         env["TRAINGUARD_JOB_ID"] = self.job_id
         env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT then dumps every thread's stack (hang forensics)
+        for key, value in flight_recorder_env(self.run_dir).items():  # torch's flight recorder, for hangs
+            env.setdefault(key, value)
         env.setdefault("PYTHONUNBUFFERED", "1")
 
     def _announce_heartbeats(self, obs: Observation) -> None:

@@ -1,0 +1,229 @@
+"""Culprit ranks from torch flight-recorder dumps (`incidents.flight`, `logs explain`).
+
+The dumps under tests/data/flight/ were recorded with torch's own recorder on gloo jobs
+(`tests/record_flight.py`, torch 2.13): every rank answered a dump request through torch's
+debug-info pipe, as the supervisor asks on a hang; a rank holding the GIL or killed left none.
+``expected.json`` holds the ranks the faults were put on; the analysis never reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trainguard.cli import main
+from trainguard.incidents.flight import FlightDump, dump_files, entry, judge
+
+pytest.importorskip("torch")
+from trainguard.torch.flight_recorder import load_dumps, torch_matcher
+
+DATA = Path(__file__).parent / "data" / "flight"
+SCENARIOS = sorted(p.name for p in DATA.iterdir() if p.is_dir())
+
+
+def _expected(name: str) -> set[int]:
+    return set(json.loads((DATA / name / "expected.json").read_text())["culprits"])
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_recorded_dumps_name_every_culprit_and_no_healthy_rank(name: str) -> None:
+    verdict = judge(load_dumps(DATA / name), torch_matcher())
+    assert set(verdict.ranks) == _expected(name), verdict.as_json()
+    assert set(verdict.evidence) == set(verdict.ranks)
+    assert not set(verdict.victims) & set(verdict.ranks)
+
+
+def test_sixteen_rank_job_with_two_faults_names_both_through_logs_explain(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["logs", "explain", str(DATA / "multi16"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    root = out["root_cause"]
+    assert sorted(root["ranks"]) == [5, 10]
+    assert root["source"] == "flight_recorder" and root["category"] == "rank_unresponsive"
+    assert set(root["evidence"]) == {"5", "10"}
+    assert 14 not in root["ranks"]  # the healthy rank that came 4 s late is no culprit
+
+
+def test_explain_prints_the_culprits_group_and_op(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["logs", "explain", str(DATA / "size4")]) == 0
+    out = capsys.readouterr().out
+    assert "culprit rank(s) 3" in out and "default_pg" in out and "SIZE_OR_SYNTAX_MISMATCH" in out
+
+
+def test_json_dumps_read_like_pickled_ones() -> None:
+    dumps = load_dumps(DATA / "stall4")
+    assert (DATA / "stall4" / "nccl_trace_rank_0").read_bytes()[:1] == b"{"
+    assert len(dumps) == 4 and all(d.groups for d in dumps)
+
+
+def test_a_dump_from_every_rank_of_a_healthy_job_names_no_one(tmp_path: Path) -> None:
+    """The self-check the other way: drop the culprit's pending state and nothing must stand out."""
+    dumps = []
+    for path in sorted((DATA / "size4").glob("nccl_trace_rank_*")):
+        data = pickle.loads(path.read_bytes())
+        data["entries"] = [e for e in data["entries"] if e["collective_seq_id"] < 3]
+        dumps.append(FlightDump.from_torch(int(path.name.rsplit("_", 1)[1]), str(path), data))
+    assert judge(dumps, torch_matcher()).ranks == ()
+
+
+def test_removing_a_victims_dump_does_not_make_it_a_culprit_when_it_is_not_waited_on(tmp_path: Path) -> None:
+    shutil.copytree(DATA / "stall4", tmp_path / "d")
+    verdict = judge(load_dumps(tmp_path / "d"), torch_matcher())
+    assert verdict.ranks == (2,)
+    (
+        tmp_path / "d" / "nccl_trace_rank_2"
+    ).unlink()  # the culprit's own dump lost: it still is the one waited on
+    assert judge(load_dumps(tmp_path / "d"), torch_matcher()).ranks == (2,)
+
+
+def test_dump_files_find_the_common_prefix_and_skip_logs(tmp_path: Path) -> None:
+    for f in (DATA / "gil8").glob("nccl_trace_rank_*"):
+        shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "train_rank3.log").write_text("step 1\n")
+    (tmp_path / "notes2").write_text("hello\n")
+    found = dump_files(tmp_path)
+    assert sorted(found) == [0, 1, 2, 3, 4, 6, 7]  # rank 5 held the GIL: no dump
+
+
+G = {"0": ("default_pg", (0, 1, 2, 3)), "1": ("pp", (0, 1))}
+
+
+def test_p2p_recv_waiting_on_a_peer_that_never_sent_names_the_peer() -> None:
+    d0 = FlightDump(
+        0,
+        "r0",
+        G,
+        [entry("0", 1, "all_reduce"), entry("1", 0, "recv 0<-1", done=False, p2p_seq_id=1, record_id=5)],
+    )
+    d1 = FlightDump(1, "r1", G, [entry("0", 1, "all_reduce")])
+    d2 = FlightDump(2, "r2", G, [entry("0", 1, "all_reduce")])
+    d3 = FlightDump(3, "r3", G, [entry("0", 1, "all_reduce")])
+    verdict = judge([d0, d1, d2, d3])
+    assert verdict.ranks == (1,) and verdict.evidence[1][0].kind == "not_issued"
+
+
+def test_p2p_peer_posting_its_send_is_no_culprit() -> None:
+    pp = {"1": ("pp", (0, 1))}
+    d0 = FlightDump(0, "r0", pp, [entry("1", 0, "recv 0<-1", done=False, p2p_seq_id=1)])
+    d1 = FlightDump(1, "r1", pp, [entry("1", 0, "send 1->0", done=False, p2p_seq_id=1)])
+    assert judge([d0, d1]).ranks == ()
+
+
+def test_cross_group_dependency_is_followed_to_the_rank_outside_communication() -> None:
+    """dp waits on rank 1, rank 1 waits in tp on rank 3, rank 3 is busy elsewhere: only 3."""
+    groups = {"0": ("dp", (0, 1)), "1": ("tp", (1, 3))}
+    d0 = FlightDump(0, "r0", groups, [entry("0", 1, "all_reduce"), entry("0", 2, "all_reduce", done=False)])
+    d1 = FlightDump(
+        1, "r1", groups, [entry("0", 1, "all_reduce"), entry("1", 1, "all_reduce", done=False, record_id=9)]
+    )
+    d3 = FlightDump(3, "r3", groups, [])
+    verdict = judge([d0, d1, d3])
+    assert verdict.ranks == (3,) and 1 in verdict.victims and 0 in verdict.victims
+
+
+def test_two_ranks_waiting_on_each_other_is_a_deadlock_naming_both() -> None:
+    groups = {"0": ("a", (0, 1)), "1": ("b", (0, 1))}
+    d0 = FlightDump(0, "r0", groups, [entry("0", 1, "all_reduce", done=False)])
+    d1 = FlightDump(1, "r1", groups, [entry("1", 1, "all_reduce", done=False)])
+    verdict = judge([d0, d1])
+    assert verdict.ranks == (0, 1) and verdict.category == "collective_order_deadlock"
+
+
+def test_every_rank_inside_the_collective_names_no_one() -> None:
+    d = [FlightDump(r, f"r{r}", G, [entry("0", 1, "all_reduce", done=False)]) for r in range(4)]
+    verdict = judge(d)
+    assert verdict.ranks == () and verdict.category == "none" and verdict.notes
+
+
+def test_nccl_rank_that_never_started_the_kernel_is_named() -> None:
+    d = [
+        FlightDump(r, f"r{r}", G, [entry("0", 1, "all_reduce", done=False, state="started")])
+        for r in range(3)
+    ]
+    d.append(FlightDump(3, "r3", G, [entry("0", 1, "all_reduce", done=False)]))
+    for x in d[:3]:
+        x.entries[0]["state"] = "started"
+    verdict = judge(d)
+    assert verdict.ranks == (3,) and verdict.category == "gpu_not_progressing"
+
+
+def test_a_size_tie_names_both_sides() -> None:
+    groups = {"0": ("default_pg", (0, 1))}
+    d0 = FlightDump(0, "r0", groups, [entry("0", 1, "all_reduce", sizes=((4,),))])
+    d1 = FlightDump(1, "r1", groups, [entry("0", 1, "all_reduce", sizes=((8,),))])
+    verdict = judge([d0, d1], torch_matcher())
+    assert verdict.ranks == (0, 1) and verdict.category == "collective_mismatch"
+
+
+def test_raw_gloo_dump_without_pg_config_is_still_judged() -> None:
+    dumps = []
+    for path in sorted((DATA / "stall4").glob("nccl_trace_rank_*")):
+        data = json.loads(path.read_text())
+        data["pg_config"] = {"": {"name": "", "desc": "", "ranks": "[]"}}  # what gloo itself records
+        dumps.append(FlightDump.from_torch(int(path.name.rsplit("_", 1)[1]), str(path), data))
+    verdict = judge(dumps, torch_matcher())
+    assert 2 in verdict.ranks and verdict.notes
+
+
+def test_supervisor_judges_the_runs_dumps_and_keeps_the_judgement(tmp_path: Path) -> None:
+    from trainguard.supervisor.hang import FR_PREFIX, analyze, flight_dumps
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    for f in (DATA / "gil8").glob("nccl_trace_rank_*"):
+        shutil.copy(f, dumps / (FR_PREFIX + f.name.rsplit("_", 1)[1]))
+    verdict, kept = flight_dumps(tmp_path, [], list(range(8)), wait_s=0.1)
+    assert verdict is not None and verdict.ranks == (5,)
+    assert kept is not None and json.loads(kept.read_text())["ranks"] == [5]
+    report = analyze(list(range(8)), {}, {-1: [kept]}, {}, verdict)
+    assert report.method == "flight_recorder" and report.laggards == (5,) and str(kept) in report.dumps
+
+
+def test_dump_request_goes_through_the_ranks_pipe(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    from trainguard.supervisor.hang import request_flight_dumps
+
+    prefix = str(tmp_path / "fr_rank_")
+    os.mkfifo(prefix + "0.pipe")
+
+    def rank0() -> None:  # what torch's monitor thread (or our gloo writer) does
+        with open(prefix + "0.pipe", "rb") as fh:
+            fh.read(1)
+        Path(prefix + "0").write_bytes(b"\x80dump")
+
+    t = threading.Thread(target=rank0)
+    t.start()
+    got = request_flight_dumps(prefix, [0, 1], wait_s=30)  # rank 1 has no pipe: not asked
+    t.join(30)
+    assert got == {0: Path(prefix + "0")}
+
+
+@pytest.mark.slow
+def test_a_freshly_recorded_gloo_job_with_a_killed_rank_names_it(tmp_path: Path) -> None:
+    from record_flight import record  # type: ignore[import-not-found]
+
+    out = record("kill4", tmp_path)
+    assert judge(load_dumps(out), torch_matcher()).ranks == (1,)
+
+
+def test_an_earlier_attempts_dumps_are_not_judged_again(tmp_path: Path) -> None:
+    import os
+    import time
+
+    from trainguard.supervisor.hang import FR_PREFIX, flight_dumps
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    old = time.time() - 3600
+    for f in (DATA / "gil8").glob("nccl_trace_rank_*"):
+        target = dumps / (FR_PREFIX + f.name.rsplit("_", 1)[1])
+        shutil.copy(f, target)
+        os.utime(target, (old, old))
+    assert flight_dumps(tmp_path, [], list(range(8)), wait_s=0.1) == (None, None)

@@ -1,0 +1,43 @@
+"""The two newline counters of the Hyperscan first pass (numpy for big inputs, bytes.count below)
+give the same candidate lines and line count."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.detect import prefilter
+
+pytest.importorskip("hyperscan")
+pytest.importorskip("numpy")
+
+
+def test_numpy_and_bytes_count_agree_on_candidates_and_lines() -> None:
+    lines = [b"node1:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM"] * 50
+    lines[7] = b"[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered"
+    lines[31] = b"node1:1:1 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer"
+    buf = b"\n".join(lines) + b"\npartial"
+    end = buf.rfind(b"\n") + 1
+    small = prefilter.first_pass("hyperscan", size=len(buf))
+    big = prefilter.first_pass("hyperscan", size=prefilter.NUMPY_FROM)
+    assert small is not big
+    spans, newlines, _ = small(buf, end)
+    assert (spans, newlines) == big(buf, end)[:2]
+    assert [i for i, _, _ in spans] == [7, 31] and newlines == 50
+
+
+def test_a_torn_hyperscan_cache_is_compiled_again_and_rewritten(tmp_path, monkeypatch) -> None:
+    import hyperscan
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("TRAINGUARD_NO_CACHE", raising=False)
+    path = prefilter._db_cache_path(
+        list(prefilter._bulk_expressions()), getattr(hyperscan, "__version__", "?")
+    )
+    assert path is not None and str(path).startswith(str(tmp_path))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"torn")
+    db = prefilter._hyperscan_db.__wrapped__()
+    assert db is not None and path.read_bytes() != b"torn"
+    found: list[int] = []
+    db.scan(b"x NCCL WARN y", match_event_handler=lambda *a: found.append(1))
+    assert found
