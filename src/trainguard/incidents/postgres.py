@@ -12,6 +12,7 @@ serves both backends) and translated here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -112,16 +113,22 @@ class PostgresBackend:
 
     @contextmanager
     def transaction(self, *, durable: bool = True) -> Iterator[_PgTx]:
-        conn = self.conn()
-        with self.mapped(), conn.transaction(), conn.cursor() as cur:
+        with self.mapped(), contextlib.ExitStack() as stack:
+            conn = self.conn()
+            try:
+                stack.enter_context(conn.transaction())
+            except psycopg.OperationalError:  # closed by a server restart since its last use: once more
+                self._drop()
+                conn = self.conn()
+                stack.enter_context(conn.transaction())
+            cur = stack.enter_context(conn.cursor())
             if not durable:  # do not wait for the WAL flush: losing it in a crash is acceptable
                 cur.execute("SET LOCAL synchronous_commit = off")
             yield _PgTx(cur)
 
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        conn = self.conn()
-        with self.mapped(), conn.transaction(), conn.cursor() as cur:
-            return _PgTx(cur).query(sql, params)
+        with self.transaction() as tx:
+            return tx.query(sql, params)
 
     def schema_version(self, tx: Any) -> int:
         tx.run("CREATE TABLE IF NOT EXISTS trainguard_schema (version INTEGER NOT NULL)")

@@ -222,8 +222,6 @@ class IncidentStore:
         n = node or self.identity
         row = _incident_row(incident)
         del row["id"]
-        if row["node"] is None:
-            row["node"] = n.host
         row.update(self.node_columns(n), gpu_uuid=n.uuid_of(incident.gpu), key=self.key_of(incident, n))
         new_id = self._submit("incident", {"row": row})
         return _replace(incident, id=new_id)
