@@ -88,7 +88,9 @@ def register(subparsers: Any) -> None:
         "--runs-dir", type=Path, default=Path("runs"), help="run directories go here (default runs/)"
     )
     g.add_argument(
-        "--db", type=Path, default=None, help="incident store (default $TRAINGUARD_DB or ./trainguard.db)"
+        "--db",
+        default=None,
+        help="incident store: a path or postgresql://user@host/db (default $TRAINGUARD_DB or ./trainguard.db)",
     )
     g.add_argument(
         "--checkpoint-dir",
@@ -164,6 +166,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
         raise ConfigError("no worker command: use `trainguard run [options] -- python train.py ...`")
     if not args.standalone and not args.rdzv_endpoint:
         raise ConfigError("give --standalone (one node) or --rdzv-endpoint HOST:PORT (several nodes)")
+    from trainguard.incidents.backend import check_cli_target
+
+    check_cli_target(args.db)  # a database password on the command line is refused
     return SupervisorConfig(
         cmd=tuple(cmd),
         nproc_per_node=args.nproc_per_node,
