@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - the PostgreSQL fixtures are imported from pgserver.py and requested by name
 """One store, two backends: the same repository code against SQLite and a real PostgreSQL server.
 
 Schema migrations (an older store migrates forward, a newer one is refused), node identity on
@@ -49,7 +50,10 @@ def test_the_store_round_trips_incidents_jobs_and_goodput(target: str) -> None:
         updated = store.update(added.id, time_lost_s=42.5, resolved=True, resolution="restarted")
         assert store.get(added.id) == updated
         store.add_intervals(
-            [Interval("job-a", IntervalKind.PRODUCTIVE, 900, 1001), Interval("job-a", IntervalKind.DOWNTIME, 1001, 1010)]
+            [
+                Interval("job-a", IntervalKind.PRODUCTIVE, 900, 1001),
+                Interval("job-a", IntervalKind.DOWNTIME, 1001, 1010),
+            ]
         )
         store.add_progress("job-a", time=950.5, step=100, loss=0.25)
         store.end_job("job-a", ended=1010.0, status="succeeded")
@@ -70,7 +74,9 @@ def test_every_row_carries_the_writers_node_identity(target: str) -> None:
             {"host": "gpu-017", "rack": "r03", "node_group": "h100-a", "gpu_uuid": "GPU-0005", "node": None}
         ]
         assert store.read("SELECT host, rack FROM intervals") == [{"host": "gpu-017", "rack": "r03"}]
-        assert store.read("SELECT host, node_group FROM jobs") == [{"host": "gpu-017", "node_group": "h100-a"}]
+        assert store.read("SELECT host, node_group FROM jobs") == [
+            {"host": "gpu-017", "node_group": "h100-a"}
+        ]
 
 
 def test_a_retried_write_is_not_a_duplicate(target: str) -> None:
@@ -90,7 +96,13 @@ def test_a_retried_write_is_not_a_duplicate(target: str) -> None:
             t: store.read(f"SELECT COUNT(*) AS n FROM {t}")[0]["n"]
             for t in ("incidents", "intervals", "progress", "breaker_events", "gpu_failures")
         }
-        assert counts == {"incidents": 1, "intervals": 1, "progress": 1, "breaker_events": 1, "gpu_failures": 1}
+        assert counts == {
+            "incidents": 1,
+            "intervals": 1,
+            "progress": 1,
+            "breaker_events": 1,
+            "gpu_failures": 1,
+        }
         assert store.read("SELECT incidents FROM gpu_failures")[0]["incidents"] == 1  # counted once
 
 
@@ -103,7 +115,13 @@ def test_verdicts_are_written_when_they_change_not_every_tick(target: str) -> No
         bad = ("failed", "exclude_gpu", "Xid 79")
         assert w.record({-1: bad, 0: ok, 1: bad}, 12.0, bad) == 2
         rows = store.read("SELECT gpu, time, health FROM verdicts ORDER BY id")
-        assert [(r["gpu"], r["health"]) for r in rows] == [(-1, "ok"), (0, "ok"), (1, "ok"), (-1, "failed"), (1, "failed")]
+        assert [(r["gpu"], r["health"]) for r in rows] == [
+            (-1, "ok"),
+            (0, "ok"),
+            (1, "ok"),
+            (-1, "failed"),
+            (1, "failed"),
+        ]
         node = store.read("SELECT health, since, last_seen, gpu_uuids FROM nodes")[0]
         assert node["health"] == "failed" and node["since"] == 12.0 and "GPU-0001" in node["gpu_uuids"]
 
@@ -139,7 +157,9 @@ def test_a_postgres_store_at_version_1_migrates_forward(pg_url: str) -> None:
             conn.execute(statement)
         conn.execute("CREATE TABLE trainguard_schema (version INTEGER NOT NULL)")
         conn.execute("INSERT INTO trainguard_schema VALUES (1)")
-        conn.execute("INSERT INTO incidents (job, time, root_cause, action) VALUES ('old', 5.0, 'host', 'none')")
+        conn.execute(
+            "INSERT INTO incidents (job, time, root_cause, action) VALUES ('old', 5.0, 'host', 'none')"
+        )
     with IncidentStore(pg_url, identity=NODE) as store:
         store.add(incident(1))
         assert [i.job for i in store.incidents()] == ["old", "job-a"]
@@ -193,7 +213,7 @@ def test_a_password_on_the_command_line_is_refused_and_never_echoed() -> None:
 
 
 @pytest.mark.integration
-def test_the_password_comes_from_a_passfile(postgres: PgServer, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
+def test_the_password_comes_from_a_passfile(postgres: PgServer, tmp_path: Path, monkeypatch) -> None:
     db = postgres.create_db()
     bare = postgres.url(db, password=False)
     monkeypatch.setenv("PGPASSFILE", str(tmp_path / "none"))
@@ -209,7 +229,7 @@ def test_the_password_comes_from_a_passfile(postgres: PgServer, tmp_path: Path, 
 
 
 @pytest.mark.integration
-def test_a_wrong_password_error_masks_the_password(postgres: PgServer) -> None:  # noqa: F811
+def test_a_wrong_password_error_masks_the_password(postgres: PgServer) -> None:
     url = postgres.url(postgres.create_db()).replace(PASSWORD, "wrong-secret-42")
     with pytest.raises(StoreUnavailable) as err:
         IncidentStore(url)
@@ -250,7 +270,7 @@ def test_a_store_that_cannot_be_reached_spools_and_replays_in_order(tmp_path: Pa
 
 
 @pytest.mark.integration
-def test_every_incident_arrives_once_across_a_postgres_outage(postgres: PgServer, tmp_path: Path) -> None:  # noqa: F811
+def test_every_incident_arrives_once_across_a_postgres_outage(postgres: PgServer, tmp_path: Path) -> None:
     url = postgres.url(postgres.create_db())
     store = IncidentStore(url, identity=NODE, timeout_s=2, spool=tmp_path / "spool.jsonl")
     writer = FleetWriter(store, NODE, heartbeat_s=1e9)

@@ -28,6 +28,7 @@ SUBCOMMANDS = [
     "plan",
     "simulate",
     "reliability",
+    "fleet",
 ]
 
 

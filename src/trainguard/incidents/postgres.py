@@ -91,10 +91,8 @@ class PostgresBackend:
             with self._lock:
                 if conn in self._conns:
                     self._conns.remove(conn)
-            try:
+            with contextlib.suppress(psycopg.Error):
                 conn.close()
-            except psycopg.Error:
-                pass
 
     @contextmanager
     def mapped(self) -> Iterator[None]:
@@ -144,22 +142,18 @@ class PostgresBackend:
 
     def copy_rows(self, table: str, columns: Sequence[str], rows: Iterator[Sequence[Any]]) -> int:
         n = 0
-        conn = self.conn()
-        with self.mapped(), conn.transaction(), conn.cursor() as cur:
-            with cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row(row)
-                    n += 1
+        with self.transaction() as tx, tx.cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+                n += 1
         return n
 
     def close(self) -> None:
         with self._lock:
             for conn in self._conns:
                 if self._pid == os.getpid():
-                    try:
+                    with contextlib.suppress(psycopg.Error):
                         conn.close()
-                    except psycopg.Error:
-                        pass
             self._conns.clear()
         self._local = threading.local()
 

@@ -357,7 +357,10 @@ class IncidentStore:
     def record_attempts(self, job: str, attempts: Iterable[tuple[int, float, float, str | None]]) -> None:
         """Job attempts on this node: (attempt, started, ended, status), upserted."""
         node = self.node_columns()
-        rows = [{"job": job, "attempt": a, **node, "started": s, "ended": e, "status": st} for a, s, e, st in attempts]
+        rows = [
+            {"job": job, "attempt": a, **node, "started": s, "ended": e, "status": st}
+            for a, s, e, st in attempts
+        ]
         if rows:
             self._submit("attempts", {"rows": rows})
 
@@ -444,7 +447,15 @@ def _count_failure(tx: Tx, row: dict[str, Any]) -> None:
         "THEN excluded.first_time ELSE gpu_failures.first_time END, "
         "last_time = CASE WHEN excluded.last_time > gpu_failures.last_time "
         "THEN excluded.last_time ELSE gpu_failures.last_time END",
-        (row["host"], gpu, row.get("gpu_uuid"), row.get("rack"), row.get("node_group"), row["time"], row["time"]),
+        (
+            row["host"],
+            gpu,
+            row.get("gpu_uuid"),
+            row.get("rack"),
+            row.get("node_group"),
+            row["time"],
+            row["time"],
+        ),
     )
 
 
@@ -454,7 +465,9 @@ def _check_changes(where: object, changes: dict[str, Any]) -> None:
         raise StoreError(f"incident store {where}: cannot update field(s) {sorted(unknown)}")
 
 
-def _where(job: str | None = None, since: float | None = None, host: str | None = None) -> tuple[str, list[Any]]:
+def _where(
+    job: str | None = None, since: float | None = None, host: str | None = None
+) -> tuple[str, list[Any]]:
     clauses: list[str] = []
     params: list[Any] = []
     for column, value, op in (("job", job, "="), ("time", since, ">="), ("host", host, "=")):
