@@ -248,9 +248,8 @@ class AgentDaemon:
             return
         try:
             store = self._open_store()
-            while self._pending:
-                store.add(self._pending[0])
-                self._pending.popleft()
+            store.add_many(list(self._pending))  # one transaction a tick; a retry is no duplicate
+            self._pending.clear()
         except StoreError as exc:
             with self.tally.lock:
                 self.tally.errors["store"] += 1

@@ -171,9 +171,11 @@ def _verdicts(backend: Backend, node: dict[str, Any], rows: list[dict[str, Any]]
     with backend.transaction(durable=False) as tx:
         tx.run(sql, tuple(node.values()))
         if rows:
+            from trainguard.incidents.store import _values
+
             vcols = list(rows[0])
-            tx.many(
-                f"INSERT INTO verdicts ({', '.join(vcols)}) VALUES ({', '.join('?' * len(vcols))}) "
+            tx.run(
+                f"INSERT INTO verdicts ({', '.join(vcols)}) VALUES {_values(len(rows), len(vcols))} "
                 "ON CONFLICT (key) DO NOTHING",
-                [tuple(r[c] for c in vcols) for r in rows],
+                [r[c] for r in rows for c in vcols],
             )

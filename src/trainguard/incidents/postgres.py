@@ -13,6 +13,7 @@ serves both backends) and translated here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -33,6 +34,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 _MIGRATION_LOCK = 0x7467_6462  # "tgdb": the advisory lock key of schema migrations
 
 
+@functools.lru_cache(maxsize=512)
 def _pg(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s")
 
@@ -119,6 +121,8 @@ class PostgresBackend:
                 self._drop()
                 conn = self.conn()
                 stack.enter_context(conn.transaction())
+            if not durable:  # nothing read back: send the whole transaction in one round trip
+                stack.enter_context(conn.pipeline())
             cur = stack.enter_context(conn.cursor())
             if not durable:  # do not wait for the WAL flush: losing it in a crash is acceptable
                 cur.execute("SET LOCAL synchronous_commit = off")

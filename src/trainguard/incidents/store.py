@@ -186,7 +186,7 @@ class IncidentStore:
 
     def _apply(self, op: str, p: dict[str, Any]) -> Any:
         if op == "incident":
-            return self._insert_incident(p["row"])
+            return self._insert_incidents(p["rows"] if "rows" in p else [p["row"]])
         if op == "incident_update":
             return self._update_by_key(p["key"], p["changes"])
         if op == "job":
@@ -219,30 +219,42 @@ class IncidentStore:
     def add(self, incident: Incident, node: NodeIdentity | None = None) -> Incident:
         """Commit an incident (durably) and return it with its id; adding it again returns the
         stored one. Spooled (database away): returned with ``id`` None."""
+        return self.add_many([incident], node)[0]
+
+    def add_many(self, incidents: Iterable[Incident], node: NodeIdentity | None = None) -> _Incidents:
+        """`add` several incidents in one transaction (one wait for the disk), in order."""
         n = node or self.identity
-        row = _incident_row(incident)
-        del row["id"]
-        row.update(self.node_columns(n), gpu_uuid=n.uuid_of(incident.gpu), key=self.key_of(incident, n))
-        new_id = self._submit("incident", {"row": row})
-        return _replace(incident, id=new_id)
+        incidents = list(incidents)
+        rows = []
+        for incident in incidents:
+            row = _incident_row(incident)
+            del row["id"]
+            row.update(self.node_columns(n), gpu_uuid=n.uuid_of(incident.gpu), key=self.key_of(incident, n))
+            rows.append(row)
+        if not rows:
+            return []
+        ids = self._submit("incident", {"rows": rows}) or [None] * len(rows)
+        return [_replace(i, id=new_id) for i, new_id in zip(incidents, ids, strict=True)]
 
-    def add_many(self, incidents: Iterable[Incident], node: NodeIdentity | None = None) -> None:
-        for inc in incidents:
-            self.add(inc, node)
-
-    def _insert_incident(self, row: dict[str, Any]) -> int:
-        cols = ", ".join(row)
-        sql = (
-            f"INSERT INTO incidents ({cols}) VALUES ({', '.join('?' * len(row))}) "
-            "ON CONFLICT (key) DO NOTHING RETURNING id"
-        )
+    def _insert_incidents(self, rows: list[dict[str, Any]]) -> list[int]:
+        cols = list(rows[0])
+        ids: dict[str, int] = {}
         with self.backend.transaction() as tx:
-            got = tx.query(sql, tuple(row.values()))
-            if not got:  # already there: a retry or a replay
-                return int(tx.query("SELECT id FROM incidents WHERE key = ?", (row["key"],))[0]["id"])
-            if row["root_cause"] in HARDWARE_CAUSES and row.get("host"):
-                _count_failure(tx, row)
-            return int(got[0]["id"])
+            for chunk in _chunks(list({r["key"]: r for r in rows}.values()), 200):
+                got = tx.query(
+                    f"INSERT INTO incidents ({', '.join(cols)}) VALUES {_values(len(chunk), len(cols))} "
+                    "ON CONFLICT (key) DO NOTHING RETURNING id, key",
+                    [r[c] for r in chunk for c in cols],
+                )
+                new = {g["key"]: int(g["id"]) for g in got}
+                ids.update(new)
+                _count_failures(tx, [r for r in chunk if r["key"] in new])
+            missing = [r["key"] for r in rows if r["key"] not in ids]  # already there: a retry or a replay
+            for chunk_keys in _chunks(missing, 200):
+                marks = ", ".join("?" * len(chunk_keys))
+                for g in tx.query(f"SELECT id, key FROM incidents WHERE key IN ({marks})", chunk_keys):
+                    ids[g["key"]] = int(g["id"])
+        return [ids[r["key"]] for r in rows]
 
     def update(self, incident_id: int, **changes: Any) -> Incident:
         """Change fields of a stored incident (e.g. time_lost_s, resolved); returns it updated."""
@@ -433,13 +445,24 @@ class IncidentStore:
         return goodput(ivs, start, end)
 
 
-def _count_failure(tx: Tx, row: dict[str, Any]) -> None:
+def _count_failures(tx: Tx, rows: list[dict[str, Any]]) -> None:
     """Keep the per-GPU (or per-node: gpu -1) failure counters the lemons query reads."""
-    gpu = row["gpu"] if row.get("gpu") is not None else -1
+    counts: dict[tuple[str, int], list[Any]] = {}
+    for r in rows:
+        if r["root_cause"] not in HARDWARE_CAUSES or not r.get("host"):
+            continue
+        key = (r["host"], r["gpu"] if r.get("gpu") is not None else -1)
+        c = counts.setdefault(
+            key, [r.get("gpu_uuid"), r.get("rack"), r.get("node_group"), 0, r["time"], r["time"]]
+        )
+        c[3] += 1
+        c[4], c[5] = min(c[4], r["time"]), max(c[5], r["time"])
+    if not counts:
+        return
     tx.run(
         "INSERT INTO gpu_failures (host, gpu, gpu_uuid, rack, node_group, incidents, first_time, last_time) "
-        "VALUES (?, ?, ?, ?, ?, 1, ?, ?) ON CONFLICT (host, gpu) DO UPDATE SET "
-        "incidents = gpu_failures.incidents + 1, "
+        f"VALUES {_values(len(counts), 8)} ON CONFLICT (host, gpu) DO UPDATE SET "
+        "incidents = gpu_failures.incidents + excluded.incidents, "
         "gpu_uuid = COALESCE(excluded.gpu_uuid, gpu_failures.gpu_uuid), "
         "rack = COALESCE(excluded.rack, gpu_failures.rack), "
         "node_group = COALESCE(excluded.node_group, gpu_failures.node_group), "
@@ -447,16 +470,18 @@ def _count_failure(tx: Tx, row: dict[str, Any]) -> None:
         "THEN excluded.first_time ELSE gpu_failures.first_time END, "
         "last_time = CASE WHEN excluded.last_time > gpu_failures.last_time "
         "THEN excluded.last_time ELSE gpu_failures.last_time END",
-        (
-            row["host"],
-            gpu,
-            row.get("gpu_uuid"),
-            row.get("rack"),
-            row.get("node_group"),
-            row["time"],
-            row["time"],
-        ),
+        [v for (host, gpu), c in sorted(counts.items()) for v in (host, gpu, *c)],
     )
+
+
+def _values(n_rows: int, n_cols: int) -> str:
+    """``(?, ?), (?, ?)``: one multi-row VALUES list (one statement instead of n)."""
+    row = "(" + ", ".join("?" * n_cols) + ")"
+    return ", ".join([row] * n_rows)
+
+
+def _chunks(items: list[Any], size: int) -> list[list[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def _check_changes(where: object, changes: dict[str, Any]) -> None:
