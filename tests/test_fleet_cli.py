@@ -107,7 +107,10 @@ def test_fleet_lemons_rank_gpus_and_nodes_by_hardware_incidents(db_args: list[st
         ("node-04", 1),
     ]  # no bug
     recent = run_json(capsys, "fleet", "lemons", "--since", "90m", *db_args)
-    assert [(g["host"], g["incidents"]) for g in recent["gpus"]] == [("node-04", 1), ("node-01", 1)]  # latest first
+    assert [(g["host"], g["incidents"]) for g in recent["gpus"]] == [
+        ("node-04", 1),
+        ("node-01", 1),
+    ]  # latest first
 
 
 def test_fleet_mtbf_by_root_cause_and_group(db_args: list[str], capsys) -> None:

@@ -38,6 +38,9 @@ def _filters(**values: Any) -> tuple[str, list[Any]]:
     for column, value in values.items():
         if value is None:
             continue
+        if value == NO_GROUP and column in ("node_group", "rack"):  # what the readers show for NULL
+            clauses.append(f"{column} IS NULL")
+            continue
         op = ">=" if column == "time" else "="
         clauses.append(f"{column} {op} ?")
         params.append(value)
