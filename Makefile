@@ -35,10 +35,12 @@ unit: $(STAMP)
 unit-all: $(STAMP)
 	$(BIN)/pytest -q -m "not gpu"
 
-# Debian's chromium, chromium-driver, prometheus and strace (power-loss crash states; needs root);
-# the tests skip, naming what is missing, where apt-get cannot install them.
+# Debian's chromium, chromium-driver, prometheus, strace (power-loss crash states; needs root) and
+# postgresql (the fleet store's tests start a server from it); the tests skip, naming what is
+# missing, where apt-get cannot install them, except under CI=true (make test-all), where a
+# missing PostgreSQL fails the run.
 integration-deps:
-	(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver prometheus strace) \
+	(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver prometheus strace postgresql) \
 		|| echo "apt-get failed: the integration tests will skip what is missing"
 
 test-integration: $(STAMP) integration-deps
@@ -46,6 +48,7 @@ test-integration: $(STAMP) integration-deps
 
 test: lint typecheck unit
 
+test-all: export CI := true
 test-all: lint typecheck integration-deps unit-all
 
 bench: $(STAMP)

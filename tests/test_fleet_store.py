@@ -323,3 +323,18 @@ def test_a_writer_started_while_postgres_is_down_spools_from_the_start(tmp_path:
     assert store.spool_depth == 1 and not store.flush_spool()
     store.close()
     assert "incident 1" in (tmp_path / "spool.jsonl").read_text()
+
+
+def test_psycopg_is_imported_by_one_module_only() -> None:
+    import ast
+
+    src = Path(__file__).resolve().parents[1] / "src" / "trainguard"
+    importers = []
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n == "psycopg" or n.startswith("psycopg.") for n in names):
+                importers.append(str(path.relative_to(src)))
+    assert sorted(set(importers)) == ["incidents/postgres.py"]
