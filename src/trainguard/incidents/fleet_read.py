@@ -136,16 +136,10 @@ def lemons(
     for g in gpus:
         if not g["gpu_uuid"] and 0 <= g["gpu"] < len(uuids.get(g["host"], [])):
             g["gpu_uuid"] = uuids[g["host"]][g["gpu"]]
-        g["history"] = store.read(
-            f"SELECT {_INCIDENT_COLS} FROM incidents WHERE host = ? AND gpu = ? ORDER BY time DESC LIMIT ?",
-            [g["host"], g["gpu"], history],
-        )
+    _attach_history(store, gpus, ("host", "gpu"), history)
     for h in hosts:
         h["incidents"] = int(h["incidents"])
-        h["history"] = store.read(
-            f"SELECT {_INCIDENT_COLS} FROM incidents WHERE host = ? ORDER BY time DESC LIMIT ?",
-            [h["host"], history],
-        )
+    _attach_history(store, hosts, ("host",), history)
     return {"since": since, "gpus": gpus, "nodes": hosts}
 
 
@@ -223,6 +217,23 @@ def breakers(store: IncidentStore, since: float | None = None, limit: int = 50) 
     )
     held = [c for c in current if c["state"] not in ("closed", "reset")]
     return {"held": held, "current": current, "events": events}
+
+
+def _attach_history(store: IncidentStore, units: list[dict[str, Any]], keys: tuple[str, ...], n: int) -> None:
+    """Each unit's latest ``n`` incidents, in one statement (one LIMIT subquery per unit)."""
+    for u in units:
+        u["history"] = []
+    if not units:
+        return
+    where = " AND ".join(f"{k} = ?" for k in keys)
+    part = f"SELECT * FROM (SELECT {_INCIDENT_COLS} FROM incidents WHERE {where} ORDER BY time DESC LIMIT ?) h"
+    sql = " UNION ALL ".join([part] * len(units))
+    rows = store.read(sql, [v for u in units for v in (*(u[k] for k in keys), n)])
+    by_unit = {tuple(u[k] for k in keys): u for u in units}
+    for r in rows:
+        by_unit[tuple(r[k] for k in keys)]["history"].append(r)
+    for u in units:
+        u["history"].sort(key=lambda r: (-r["time"], -r["id"]))
 
 
 def _node_uuids(store: IncidentStore, hosts: set[str]) -> dict[str, list[str | None]]:

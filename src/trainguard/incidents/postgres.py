@@ -129,8 +129,15 @@ class PostgresBackend:
             yield _PgTx(cur)
 
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        with self.transaction() as tx:
-            return tx.query(sql, params)
+        """One statement in autocommit: one round trip (a read needs no BEGIN .. COMMIT)."""
+        with self.mapped():
+            conn = self.conn()
+            try:
+                cur = conn.execute(_pg(sql), tuple(params))
+            except psycopg.OperationalError:  # closed by a server restart since its last use: once more
+                self._drop()
+                cur = self.conn().execute(_pg(sql), tuple(params))
+            return list(cur.fetchall()) if cur.description else []
 
     def schema_version(self, tx: Any) -> int:
         tx.run("CREATE TABLE IF NOT EXISTS trainguard_schema (version INTEGER NOT NULL)")
