@@ -149,3 +149,26 @@ def test_a_password_in_db_is_refused_without_showing_it(pg_url: str, capsys) -> 
     assert main(["fleet", "status", "--db", pg_url]) == 2
     err = capsys.readouterr().err
     assert "TRAINGUARD_DB" in err and PASSWORD not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["fleet", "status"],
+        ["incidents", "list"],
+        ["agent", "--backend", "sim"],
+        ["run", "--standalone", "--", "python", "-c", "pass"],
+    ],
+)
+def test_no_command_takes_a_database_password_on_its_command_line(argv: list[str], capsys) -> None:
+    url = "postgresql://tg:hunter2-secret@127.0.0.1:9/fleet"
+    assert (
+        main(
+            [*argv[:2], "--db", url, *argv[2:]]
+            if argv[0] in ("fleet", "incidents")
+            else [argv[0], "--db", url, *argv[1:]]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "hunter2-secret" not in err and "TRAINGUARD_DB" in err

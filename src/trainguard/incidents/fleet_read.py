@@ -226,7 +226,9 @@ def _attach_history(store: IncidentStore, units: list[dict[str, Any]], keys: tup
     if not units:
         return
     where = " AND ".join(f"{k} = ?" for k in keys)
-    part = f"SELECT * FROM (SELECT {_INCIDENT_COLS} FROM incidents WHERE {where} ORDER BY time DESC LIMIT ?) h"
+    part = (
+        f"SELECT * FROM (SELECT {_INCIDENT_COLS} FROM incidents WHERE {where} ORDER BY time DESC LIMIT ?) h"
+    )
     sql = " UNION ALL ".join([part] * len(units))
     rows = store.read(sql, [v for u in units for v in (*(u[k] for k in keys), n)])
     by_unit = {tuple(u[k] for k in keys): u for u in units}
