@@ -42,13 +42,13 @@ unit-all: $(STAMP)
 integration-deps:
 	(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver prometheus strace postgresql) \
 		|| echo "apt-get failed: the integration tests will skip what is missing"
+test-all: export CI := true
 
 test-integration: $(STAMP) integration-deps
 	$(BIN)/pytest -q -m integration
 
 test: lint typecheck unit
 
-test-all: export CI := true
 test-all: lint typecheck integration-deps unit-all
 
 bench: $(STAMP)
