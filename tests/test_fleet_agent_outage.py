@@ -4,6 +4,7 @@ spools (degraded, spool depth on /metrics), the server returns, every incident a
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,11 @@ def test_the_agent_spools_while_postgres_is_down_and_every_incident_arrives_once
         assert daemon.spool_depth >= 2 and spool_gauge(daemon) == daemon.spool_depth
         assert daemon.pending == 0  # in the spool on disk, not in memory
         postgres.start()
-        snap = daemon.step()  # the next tick replays the spool, then writes
+        # A later tick (after the store's back-off: at most 10 s) replays the spool, then writes.
+        deadline = time.monotonic() + 120
+        while daemon.spool_depth and time.monotonic() < deadline:
+            time.sleep(0.5)
+            snap = daemon.step()
         assert daemon.spool_depth == 0 and spool_gauge(daemon) == 0.0 and snap.health is Health.OK
     finally:
         daemon.close()

@@ -261,6 +261,7 @@ def test_a_store_that_cannot_be_reached_spools_and_replays_in_order(tmp_path: Pa
     store.update_by_key(key, resolved=True, resolution="replaced")
     assert store.spool_depth == 6
     blocker.execute("ROLLBACK")
+    store._retry_at = 0.0  # past the back-off
     assert store.add(incident(5)).id == 6  # replays the spool first, then writes
     assert store.spool_depth == 0
     got = store.incidents()

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ HARDWARE_CAUSES = frozenset(
     }
 )
 _REPLAY_BATCH = 500
+BACKOFF_MAX_S = 10.0  # the longest wait between tries of a database that is away
 
 
 def default_db_path(environ: dict[str, str] | None = None) -> Path:
@@ -102,12 +104,14 @@ class IncidentStore:
         self._spool = Spool(spool, **({"max_entries": spool_max} if spool_max else {})) if spool else None
         self._lock = threading.RLock()  # a spooling store writes in order: one write at a time
         self._ready = False
+        self._backoff_s = 0.0  # while the database is away: seconds until the next try (doubling)
+        self._retry_at = 0.0
         try:
             self._ensure_ready()
-        except StoreUnavailable:
+        except StoreUnavailable as exc:
             if self._spool is None:
                 raise
-            log.warning("incident store %s unavailable: spooling to %s", self.backend.where, spool)
+            self._away(exc)
 
     def _ensure_ready(self) -> None:
         if not self._ready:
@@ -149,11 +153,21 @@ class IncidentStore:
             if self.flush_spool():
                 try:
                     self._ensure_ready()
-                    return self._apply(op, payload)
+                    result = self._apply(op, payload)
+                    self._backoff_s = 0.0
+                    return result
                 except StoreUnavailable as exc:
-                    log.warning("%s; spooling to %s", exc, self._spool.path)
+                    self._away(exc)
             self._spool.append({"op": op, **payload})
             return None
+
+    def _away(self, exc: StoreError) -> None:
+        """Try the database again only after a back-off: a server that does not answer (a connect
+        timeout) must not stall every write of the loop that called."""
+        if not self._backoff_s:
+            log.warning("%s; spooling to %s", exc, self._spool.path if self._spool else None)
+        self._backoff_s = min(BACKOFF_MAX_S, max(1.0, 2 * self._backoff_s))
+        self._retry_at = time.monotonic() + self._backoff_s
 
     def flush_spool(self) -> bool:
         """Replay spooled writes in order; True when none are left."""
@@ -161,6 +175,8 @@ class IncidentStore:
         if spool is None:
             return True
         with self._lock:
+            if len(spool) and time.monotonic() < self._retry_at:
+                return False
             while len(spool):
                 batch = spool.head(_REPLAY_BATCH)
                 done = 0
@@ -176,9 +192,10 @@ class IncidentStore:
                         except StoreError as exc:  # a write the store refuses must not block the rest
                             log.error("dropping spooled %s write the store refuses: %s", op, exc)
                         done += 1
-                except StoreUnavailable:
+                except StoreUnavailable as exc:
                     if done:
                         spool.cut(done)
+                    self._away(exc)
                     return False
                 spool.cut(done)
                 log.info("replayed %d spooled write(s) into %s", done, self.backend.where)
