@@ -113,6 +113,10 @@ class PostgresBackend:
 
     @contextmanager
     def transaction(self, *, durable: bool = True) -> Iterator[_PgTx]:
+        if not durable:
+            with self._batch() as tx:
+                yield tx
+            return
         with self.mapped(), contextlib.ExitStack() as stack:
             conn = self.conn()
             try:
@@ -121,12 +125,29 @@ class PostgresBackend:
                 self._drop()
                 conn = self.conn()
                 stack.enter_context(conn.transaction())
-            if not durable:  # nothing read back: send the whole transaction in one round trip
-                stack.enter_context(conn.pipeline())
             cur = stack.enter_context(conn.cursor())
-            if not durable:  # do not wait for the WAL flush: losing it in a crash is acceptable
-                cur.execute("SET LOCAL synchronous_commit = off")
             yield _PgTx(cur)
+
+    @contextmanager
+    def _batch(self) -> Iterator[_PgTx]:
+        """A write-only transaction sent as one pipeline (one round trip, one sync) that does not
+        wait for the WAL flush: for rows whose loss in a server crash is acceptable (verdicts)."""
+        with self.mapped():
+            conn = self.conn()
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                self._drop()
+                conn = self.conn()
+            try:
+                with conn.pipeline(), conn.cursor() as cur:
+                    cur.execute("BEGIN")
+                    cur.execute("SET LOCAL synchronous_commit = off")
+                    yield _PgTx(cur)
+                    cur.execute("COMMIT")
+            except BaseException:
+                if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
 
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """One statement in autocommit: one round trip (a read needs no BEGIN .. COMMIT)."""
