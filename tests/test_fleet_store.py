@@ -339,3 +339,14 @@ def test_psycopg_is_imported_by_one_module_only() -> None:
             if any(n == "psycopg" or n.startswith("psycopg.") for n in names):
                 importers.append(str(path.relative_to(src)))
     assert sorted(set(importers)) == ["incidents/postgres.py"]
+
+
+def test_a_postgresql_that_cannot_start_fails_under_ci_and_skips_elsewhere(monkeypatch) -> None:
+    import pgserver
+
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="apt-get install postgresql"):
+        pgserver.unavailable("initdb not found")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="initdb not found"):
+        pgserver.unavailable("initdb not found")
