@@ -13,6 +13,7 @@ these are for the tool itself not being able to do what it was asked.
     │   ├── CheckpointCorrupt              a checkpoint failed verification (skipped on load)
     │   └── NoValidCheckpoint              nothing valid to resume from
     ├── StoreError(RuntimeError)           the incident store
+    │   └── StoreUnavailable               the database cannot be reached (writers spool and retry)
     ├── SupervisorError(RuntimeError)      launching or watching training
     │   └── CrashLoop                      the same application error keeps repeating
     └── MissingDependency(ImportError)     an optional extra is not installed: pip install 'trainguard[x]'
@@ -70,6 +71,10 @@ class NoValidCheckpoint(CheckpointError):
 
 class StoreError(TrainguardError, RuntimeError):
     """The incident store cannot be opened or written."""
+
+
+class StoreUnavailable(StoreError):
+    """The store's database cannot be reached now (server down, network, locked, disk full)."""
 
 
 class SupervisorError(TrainguardError, RuntimeError):

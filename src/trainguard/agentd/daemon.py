@@ -86,6 +86,7 @@ class AgentDaemon:
         self._saved = saved
         self._pending: deque[Incident] = deque()
         self._store: Any = None
+        self._fleet: Any = None  # FleetWriter: this node's verdict changes into the store
         self.tally = Tally()
         self.history = History(config.history_s, config.interval_s)
         self.snapshot = Snapshot(
@@ -119,11 +120,39 @@ class AgentDaemon:
 
     def _open_store(self) -> Any:
         if self._store is None:
-            from trainguard.incidents.store import IncidentStore, default_db_path
+            from trainguard.incidents.backend import is_url
+            from trainguard.incidents.identity import NodeIdentity
+            from trainguard.incidents.store import IncidentStore, default_db
 
+            target = self.config.db or default_db()
+            # A fleet database that is away: writes wait in a local spool, replayed when it returns.
+            spool = self.state_dir / "store-spool.jsonl" if is_url(target) else None
             # A short busy timeout: a store locked by another writer must not stall sampling.
-            self._store = IncidentStore(self.config.db or default_db_path(), timeout_s=0.5)
+            self._store = IncidentStore(
+                target, timeout_s=0.5, identity=NodeIdentity.from_env(host=self.hostname), spool=spool
+            )
         return self._store
+
+    def _record_fleet(self, verdict: Any, now: float, problems: list[str]) -> None:
+        """The node's verdict changes into the (fleet) store; a failure is retried next tick."""
+        try:
+            if self._fleet is None:
+                from trainguard.incidents.fleet import FleetWriter
+
+                store = self._open_store()
+                self._fleet = FleetWriter(store, store.identity)
+            self._fleet.observe(verdict, now)
+            if self._store.spool_depth:
+                problems.append(f"fleet store away: {self._store.spool_depth} write(s) spooled")
+        except StoreError as exc:
+            with self.tally.lock:
+                self.tally.errors["fleet_store"] += 1
+            problems.append(f"fleet store: {exc}")
+
+    @property
+    def spool_depth(self) -> int:
+        """Writes waiting in the local spool for a fleet database that is away."""
+        return int(self._store.spool_depth) if self._store is not None else 0
 
     def store(self) -> Any:
         """The incident store for readers (the API); raises StoreError when it cannot be opened."""
@@ -166,6 +195,7 @@ class AgentDaemon:
                 self.tally.incidents_dropped += dropped
         self._flush(problems)
         self.remediation.step(new, now)
+        self._record_fleet(verdict, now, problems)
         if not self._pending:  # only then is everything before the cursor safely stored
             self._save_state(problems)
         if not samples:
@@ -226,9 +256,8 @@ class AgentDaemon:
             return
         try:
             store = self._open_store()
-            while self._pending:
-                store.add(self._pending[0])
-                self._pending.popleft()
+            store.add_many(list(self._pending))  # one transaction a tick; a retry is no duplicate
+            self._pending.clear()
         except StoreError as exc:
             with self.tally.lock:
                 self.tally.errors["store"] += 1

@@ -29,6 +29,7 @@ SUBCOMMANDS = [
     "plan",
     "simulate",
     "reliability",
+    "fleet",
 ]
 
 

@@ -45,7 +45,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--listen", metavar="ADDR:PORT", help="HTTP address (default 127.0.0.1:9410)")
     p.add_argument("--interval", type=float, metavar="S", help="seconds between samples (default 1)")
     p.add_argument("--kernel-log", metavar="PATH", help="kernel log to follow (a file or /dev/kmsg)")
-    p.add_argument("--db", metavar="PATH", help="incident store (default $TRAINGUARD_DB or ./trainguard.db)")
+    p.add_argument(
+        "--db",
+        metavar="PATH|URL",
+        help="incident store: a path or postgresql://user@host/db (default $TRAINGUARD_DB or ./trainguard.db)",
+    )
     p.add_argument(
         "--token-file",
         metavar="PATH",
@@ -70,7 +74,9 @@ def register(subparsers: Any) -> None:
 def load_config(args: argparse.Namespace) -> Any:
     from trainguard.agentd import AgentConfig
     from trainguard.config import load
+    from trainguard.incidents.backend import check_cli_target
 
+    check_cli_target(getattr(args, "db", None))  # a database password on the command line is refused
     flags = [
         f"agent.{field}={getattr(args, dest)}"
         for dest, field in FLAGS.items()

@@ -4,7 +4,9 @@
     trainguard incidents show  ID [--json] [--db PATH]
     trainguard incidents stats [--job J] [--json] [--db PATH]
 
-The store is ``--db PATH``, else ``$TRAINGUARD_DB``, else ``./trainguard.db``. Exit codes:
+The store is ``--db PATH|URL``, else ``$TRAINGUARD_DB``, else ``./trainguard.db``; a
+``postgresql://user@host/db`` URL reads a fleet store (the password from $TRAINGUARD_DB or a
+passfile, never from --db). Exit codes:
 0 shown, 1 no such incident, 2 no store / unreadable store / bad usage.
 """
 
@@ -64,15 +66,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def add_db_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--db", metavar="PATH", help="incident store (default: $TRAINGUARD_DB, else ./trainguard.db)"
+        "--db",
+        metavar="PATH|URL",
+        help="incident store: a SQLite path or postgresql://user@host/db (default: $TRAINGUARD_DB, "
+        "else ./trainguard.db; a password goes in $TRAINGUARD_DB or a passfile, never here)",
     )
 
 
 def open_store(path: str | None) -> IncidentStore:
     """Open an existing store for reading; a missing file is a StoreError (exit 2) naming it."""
-    from trainguard.incidents import IncidentStore, default_db_path
+    from trainguard.incidents import IncidentStore
+    from trainguard.incidents.backend import check_cli_target
+    from trainguard.incidents.store import default_db
 
-    return IncidentStore(path or default_db_path(), create=False)
+    check_cli_target(path)
+    return IncidentStore(path or default_db(), create=False)
 
 
 def run_list(args: argparse.Namespace) -> int:

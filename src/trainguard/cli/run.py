@@ -47,7 +47,9 @@ def register(subparsers: Any) -> None:
         "--runs-dir", type=Path, default=Path("runs"), help="run directories go here (default runs/)"
     )
     g.add_argument(
-        "--db", type=Path, default=None, help="incident store (default $TRAINGUARD_DB or ./trainguard.db)"
+        "--db",
+        default=None,
+        help="incident store: a path or postgresql://user@host/db (default $TRAINGUARD_DB or ./trainguard.db)",
     )
     g.add_argument(
         "--checkpoint-dir",
@@ -143,6 +145,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
             "directory's log files (copied to the console unless --no-tee)",
             file=sys.stderr,
         )
+    from trainguard.incidents.backend import check_cli_target
+
+    check_cli_target(args.db)  # a database password on the command line is refused
     return SupervisorConfig(
         cmd=launch.cmd,
         nproc_per_node=launch.nproc_per_node,

@@ -260,6 +260,11 @@ class _Collector:
         yield GaugeMetricFamily(
             "trainguard_agent_incidents_pending", "Incidents waiting for the store.", value=pending
         )
+        yield GaugeMetricFamily(
+            "trainguard_store_spool_depth",
+            "Writes waiting in the local spool for a fleet database that is away.",
+            value=self.daemon.spool_depth,
+        )
         info = GaugeMetricFamily(
             "trainguard_agent_info", "The agent's version.", labels=["version", "Hostname"]
         )

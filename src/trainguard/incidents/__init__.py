@@ -5,8 +5,9 @@
 - `RootCause` and `root_cause_for(evidence)`: the interruption taxonomy and the pure rule
   "the earliest causal failure is the root cause, not the loudest" (`incidents.correlate`, which
   also explains a failed job's logs rank by rank: `explain_job`).
-- `Incident` and `IncidentStore(path)`: a SQLite (WAL) store that the supervisor and the node
-  agent write at once, and that `trainguard incidents` / `trainguard report` read.
+- `Incident` and `IncidentStore(path or URL)`: a SQLite (WAL) file, or a fleet's PostgreSQL
+  (`incidents.postgres`, psycopg), that the supervisors and node agents write at once, and that
+  `trainguard incidents` / `report` / `fleet` read (`incidents.fleet`, `incidents.fleet_read`).
 - `Interval`, `goodput()`: the per-job goodput ledger and ETTR (productive time / wall time).
 
 Stdlib only; the report's plot imports matplotlib inside `trainguard.incidents.plot`.

@@ -1,20 +1,40 @@
-"""The incident store's SQLite schema and its migrations.
+"""The incident store's schema and its migrations, one list for both backends.
 
-The schema version is SQLite's ``PRAGMA user_version``. Migration N takes a database at version
-N-1 to N; they run in order inside one ``BEGIN IMMEDIATE`` transaction, so two processes
-opening a fresh file at once cannot both apply them. Never edit a released migration: append one.
+Migration N takes a store at version N-1 to N; they run in order inside one transaction that
+holds the backend's migration lock (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: an advisory lock),
+so two processes opening a fresh store at once cannot both apply them. The version is SQLite's
+``PRAGMA user_version`` or PostgreSQL's ``trainguard_schema`` table. A store from a newer
+trainguard is refused. Never edit a released migration: append one.
 
-    jobs(job PK, name, command, started, ended, status, world_size)
+The SQL is written once; `render` adapts it: ``{serial}`` is the auto-numbered primary key,
+PostgreSQL gets DOUBLE PRECISION for REAL (unix times need 53 bits) and BIGINT for INTEGER.
+
+    jobs(job PK, name, command, started, ended, status, world_size, host, rack, node_group)
     incidents(id PK, job, time, started, root_cause, category, action, summary, evidence JSON,
               gpu, node, rank, attempt, detected_by, detection_delay_s, time_lost_s,
-              resolved, resolution)
-    intervals(id PK, job, kind, start, end, attempt, detail)      the goodput ledger
-    progress(job, time, step, loss, attempt)                        sampled steps for the timeline
+              resolved, resolution, host, rack, node_group, gpu_uuid, key UNIQUE)
+    intervals(id PK, job, kind, start, "end", attempt, detail, host, rack, node_group, key UNIQUE)
+    progress(job, time, step, loss, attempt, host, rack, node_group, key UNIQUE)
+    -- 2: the fleet
+    nodes(host PK, rack, node_group, gpu_uuids JSON, health, action, reason, since, last_seen)
+    verdicts(id PK, key UNIQUE, host, rack, node_group, gpu (-1: the node), gpu_uuid, time,
+             health, action, reason)                         changes only, not every tick
+    gpu_failures(host, gpu (-1: the node), gpu_uuid, rack, node_group, incidents, first_time,
+                 last_time; PK host, gpu)                    counters kept with each incident
+    attempts(job, attempt, host PK; rack, node_group, started, ended, status)
+    remediation_actions(id PK, key UNIQUE, time, host, rack, node_group, gpu, gpu_uuid, action,
+                        target, outcome, detail, incident_key, source)
+    breaker_events(id PK, key UNIQUE, time, host, rack, node_group, gpu, gpu_uuid, breaker,
+                   state, reason, source)
+
+``key`` is the idempotency key of a written row (`incidents.fleet.row_key`): inserting a row
+twice (a retry, a spool replay) keeps one. Rows from before migration 2 have no key.
 """
 
 from __future__ import annotations
 
-import sqlite3
+import re
+from typing import Any
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: initial schema
@@ -29,7 +49,7 @@ MIGRATIONS: tuple[str, ...] = (
         world_size INTEGER
     );
     CREATE TABLE incidents (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        id {serial},
         job TEXT NOT NULL,
         time REAL NOT NULL,
         started REAL,
@@ -51,14 +71,14 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX incidents_job_time ON incidents (job, time);
     CREATE INDEX incidents_time ON incidents (time);
     CREATE TABLE intervals (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        id {serial},
         job TEXT NOT NULL,
         kind TEXT NOT NULL,
         start REAL NOT NULL,
-        end REAL NOT NULL,
+        "end" REAL NOT NULL,
         attempt INTEGER NOT NULL DEFAULT 0,
         detail TEXT NOT NULL DEFAULT '',
-        CHECK (end >= start)
+        CHECK ("end" >= start)
     );
     CREATE INDEX intervals_job_start ON intervals (job, start);
     CREATE TABLE progress (
@@ -70,35 +90,146 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX progress_job_time ON progress (job, time);
     """,
+    # 2: the fleet: node identity on every row, idempotency keys, nodes, verdicts, breakers
+    """
+    ALTER TABLE incidents ADD COLUMN host TEXT;
+    ALTER TABLE incidents ADD COLUMN rack TEXT;
+    ALTER TABLE incidents ADD COLUMN node_group TEXT;
+    ALTER TABLE incidents ADD COLUMN gpu_uuid TEXT;
+    ALTER TABLE incidents ADD COLUMN key TEXT;
+    CREATE UNIQUE INDEX incidents_key ON incidents (key);
+    CREATE INDEX incidents_host_time ON incidents (host, time);
+    CREATE INDEX incidents_group_time ON incidents (node_group, time);
+    ALTER TABLE jobs ADD COLUMN host TEXT;
+    ALTER TABLE jobs ADD COLUMN rack TEXT;
+    ALTER TABLE jobs ADD COLUMN node_group TEXT;
+    ALTER TABLE intervals ADD COLUMN host TEXT;
+    ALTER TABLE intervals ADD COLUMN rack TEXT;
+    ALTER TABLE intervals ADD COLUMN node_group TEXT;
+    ALTER TABLE intervals ADD COLUMN key TEXT;
+    CREATE UNIQUE INDEX intervals_key ON intervals (key);
+    ALTER TABLE progress ADD COLUMN host TEXT;
+    ALTER TABLE progress ADD COLUMN rack TEXT;
+    ALTER TABLE progress ADD COLUMN node_group TEXT;
+    ALTER TABLE progress ADD COLUMN key TEXT;
+    CREATE UNIQUE INDEX progress_key ON progress (key);
+    CREATE TABLE nodes (
+        host TEXT PRIMARY KEY,
+        rack TEXT,
+        node_group TEXT,
+        gpu_uuids TEXT NOT NULL DEFAULT '[]',
+        health TEXT NOT NULL DEFAULT 'unknown',
+        action TEXT NOT NULL DEFAULT 'none',
+        reason TEXT NOT NULL DEFAULT '',
+        since REAL,
+        last_seen REAL
+    );
+    CREATE INDEX nodes_group ON nodes (node_group, rack);
+    CREATE TABLE verdicts (
+        id {serial},
+        key TEXT NOT NULL UNIQUE,
+        host TEXT NOT NULL,
+        rack TEXT,
+        node_group TEXT,
+        gpu INTEGER NOT NULL,
+        gpu_uuid TEXT,
+        time REAL NOT NULL,
+        health TEXT NOT NULL,
+        action TEXT NOT NULL DEFAULT 'none',
+        reason TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX verdicts_host_time ON verdicts (host, time);
+    CREATE TABLE gpu_failures (
+        host TEXT NOT NULL,
+        gpu INTEGER NOT NULL,
+        gpu_uuid TEXT,
+        rack TEXT,
+        node_group TEXT,
+        incidents INTEGER NOT NULL DEFAULT 0,
+        first_time REAL,
+        last_time REAL,
+        PRIMARY KEY (host, gpu)
+    );
+    CREATE INDEX gpu_failures_count ON gpu_failures (incidents);
+    CREATE TABLE attempts (
+        job TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        host TEXT NOT NULL,
+        rack TEXT,
+        node_group TEXT,
+        started REAL,
+        ended REAL,
+        status TEXT,
+        PRIMARY KEY (job, attempt, host)
+    );
+    CREATE TABLE remediation_actions (
+        id {serial},
+        key TEXT NOT NULL UNIQUE,
+        time REAL NOT NULL,
+        host TEXT NOT NULL,
+        rack TEXT,
+        node_group TEXT,
+        gpu INTEGER,
+        gpu_uuid TEXT,
+        action TEXT NOT NULL,
+        target TEXT,
+        outcome TEXT,
+        detail TEXT NOT NULL DEFAULT '',
+        incident_key TEXT,
+        source TEXT
+    );
+    CREATE INDEX remediation_actions_host_time ON remediation_actions (host, time);
+    CREATE TABLE breaker_events (
+        id {serial},
+        key TEXT NOT NULL UNIQUE,
+        time REAL NOT NULL,
+        host TEXT NOT NULL,
+        rack TEXT,
+        node_group TEXT,
+        gpu INTEGER,
+        gpu_uuid TEXT,
+        breaker TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        source TEXT
+    );
+    CREATE INDEX breaker_events_time ON breaker_events (time);
+    CREATE INDEX breaker_events_breaker ON breaker_events (breaker, time)
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def migrate(conn: sqlite3.Connection) -> int:
-    """Bring the database to SCHEMA_VERSION; returns the version found before.
+def render(script: str, dialect: str) -> list[str]:
+    """The statements of a migration in one backend's SQL."""
+    serial = "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"
+    if dialect == "sqlite":
+        serial = "INTEGER PRIMARY KEY AUTOINCREMENT"
+    else:
+        script = re.sub(r"\bREAL\b", "DOUBLE PRECISION", script)
+        script = re.sub(r"\bINTEGER\b", "BIGINT", script)
+    script = script.replace("{serial}", serial)
+    # executescript() would COMMIT our open transaction first: statement by statement instead.
+    return [s.strip() for s in script.split(";") if s.strip()]
 
-    Raises ValueError if the file was written by a newer trainguard (the caller names the file).
+
+def migrate(backend: Any) -> int:
+    """Bring the store to SCHEMA_VERSION; returns the version found before.
+
+    Raises ValueError if the store was written by a newer trainguard (the caller names it).
     """
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        found = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    with backend.transaction() as tx:
+        backend.migration_lock(tx)
+        found = backend.schema_version(tx)
         if found > SCHEMA_VERSION:
             raise ValueError(
                 f"schema version {found} is newer than this trainguard understands ({SCHEMA_VERSION}); "
                 "upgrade trainguard to read it"
             )
         for version in range(found + 1, SCHEMA_VERSION + 1):
-            for statement in _statements(MIGRATIONS[version - 1]):
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {version}")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
+            for statement in render(MIGRATIONS[version - 1], backend.dialect):
+                tx.run(statement)
+        if found != SCHEMA_VERSION:
+            backend.set_schema_version(tx, SCHEMA_VERSION)
     return found
-
-
-def _statements(script: str) -> list[str]:
-    # executescript() would COMMIT our open transaction first; run statement by statement instead.
-    return [s.strip() for s in script.split(";") if s.strip()]

@@ -44,7 +44,7 @@ class SupervisorConfig:
     extra_torchrun_args: tuple[str, ...] = ()  # any other torchrun flag, passed through
     job_id: str = ""  # default: rdzv_id, else a timestamp
     runs_root: Path = Path("runs")  # run directories: <runs_root>/<job_id>/
-    db: Path | None = None  # incident store; default $TRAINGUARD_DB or ./trainguard.db
+    db: str | Path | None = None  # incident store (path or URL); default $TRAINGUARD_DB or ./trainguard.db
     checkpoint_dir: Path | None = None  # default: the worker command's --checkpoint-dir
     hang_timeout_floor: float = 30.0  # never call a hang sooner than this many seconds
     hang_step_factor: float = 5.0  # ... nor sooner than this many slowest recent steps
@@ -74,10 +74,10 @@ class SupervisorConfig:
     kill_grace_s: float = 0.0  # SIGTERM grace before SIGKILL when stopping failed workers
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the workers
 
-    def resolved_db(self) -> Path:
-        from trainguard.incidents.store import default_db_path
+    def resolved_db(self) -> str | Path:
+        from trainguard.incidents.store import default_db
 
-        return self.db if self.db is not None else default_db_path()
+        return self.db if self.db is not None else default_db()
 
     def resolved_job_id(self) -> str:
         if self.job_id:

@@ -3,7 +3,8 @@ goodput ledger's intervals (init, productive, detection, restart, downtime, lost
 
 The store is the source of truth; ``<run_dir>/incidents.jsonl`` is a plain copy for humans and
 for the demo's report when no store is configured. A store that cannot be written is logged and
-skipped: bookkeeping must never stop training.
+skipped: bookkeeping must never stop training. A fleet store (``postgresql://...``) that is away
+spools into ``<run_dir>/store-spool.jsonl`` and gets every record once it returns.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import threading
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.incidents import Incident, IncidentStore, Interval, IntervalKind, goodput
+from trainguard.incidents.backend import is_url
 from trainguard.incidents.goodput import GoodputSummary, JobInfo
 from trainguard.supervisor.lost import LostRun, lost_run_record, step_reached_at
 
@@ -59,16 +62,18 @@ def node_name() -> str:
 
 
 class JobRecorder:
-    def __init__(self, job: str, run_dir: Path, db: Path | None) -> None:
+    def __init__(self, job: str, run_dir: Path, db: str | Path | None) -> None:
         self.job = job
         self.run_dir = run_dir
         self.incidents: list[Incident] = []
         self.intervals: list[Interval] = []
         self.store: IncidentStore | None = None
         self.job_started: float | None = None  # the job's start (a lost run's, when continuing it)
+        self._keys: dict[int | None, str] = {}  # incident id (local ids negative) -> its store key
         if db is not None:
             try:
-                self.store = IncidentStore(db)
+                spool = run_dir / "store-spool.jsonl" if is_url(os.fspath(db)) else None
+                self.store = IncidentStore(db, spool=spool)
             except Exception as exc:
                 log.warning("incident store %s unavailable, recording into %s only: %s", db, run_dir, exc)
 
@@ -83,8 +88,10 @@ class JobRecorder:
     def add(self, incident: Incident) -> Incident:
         with signals_deferred():  # into the store and the run directory, or a signal waits
             stored = self._safe(lambda s: s.add(incident))
-            if stored is None:
+            if stored is None or stored.id is None:  # not stored, or spooled for a store that is away
                 stored = replace(incident, id=-(len(self.incidents) + 1))  # local ids are negative
+            if self.store is not None:
+                self._keys[stored.id] = self.store.key_of(incident)
             self.incidents.append(stored)
             self._append_jsonl(stored)
         return stored
@@ -92,8 +99,9 @@ class JobRecorder:
     def update(self, incident: Incident, **changes: Any) -> Incident:
         updated = replace(incident, **changes)
         with signals_deferred():
-            if incident.id is not None and incident.id > 0:
-                self._safe(lambda s: s.update(incident.id, **changes))
+            key = self._keys.get(incident.id)
+            if key is not None:  # by key: it also reaches an incident still in the spool
+                self._safe(lambda s: s.update_by_key(key, **changes))
             self.incidents = [updated if i.id == incident.id else i for i in self.incidents]
             self._append_jsonl(updated)
         return updated
@@ -117,6 +125,7 @@ class JobRecorder:
     def finish(self, started: float, ended: float, status: str) -> GoodputSummary:
         started = self.job_started if self.job_started is not None else started
         self._safe(lambda s: s.add_intervals(self.intervals))
+        self._safe(lambda s: s.record_attempts(self.job, _attempts(self.intervals, status)))
         self._safe(lambda s: s.end_job(self.job, ended=ended, status=status))
         summary = goodput(self.intervals, started, ended)
         with contextlib.suppress(OSError):
@@ -137,9 +146,23 @@ class JobRecorder:
                 log.warning("incident store write failed: %s", exc)
             return None
 
+    @property
+    def spool_depth(self) -> int:
+        return self.store.spool_depth if self.store is not None else 0
+
     def _append_jsonl(self, incident: Incident) -> None:
         try:
             with open(self.run_dir / "incidents.jsonl", "a") as f:
                 f.write(json.dumps(incident.to_dict(), default=str) + "\n")
         except OSError:
             pass
+
+
+def _attempts(intervals: list[Interval], status: str) -> list[tuple[int, float, float, str | None]]:
+    """Each attempt's span on this node from the ledger; the last one ended with the job's status."""
+    spans: dict[int, tuple[float, float]] = {}
+    for iv in intervals:
+        lo, hi = spans.get(iv.attempt, (iv.start, iv.end))
+        spans[iv.attempt] = (min(lo, iv.start), max(hi, iv.end))
+    last = max(spans, default=None)
+    return [(a, lo, hi, status if a == last else "restarted") for a, (lo, hi) in sorted(spans.items())]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from trainguard.remediate.api import ADMIN_PATHS, breaker_reset
-from trainguard.web import views
+from trainguard.web import fleet_views, views
 from trainguard.web.http import Request, Response
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ def load_static() -> dict[str, tuple[bytes, str]]:
         if item.is_file() and suffix in STATIC_TYPES:
             out[f"/static/{item.name}"] = (item.read_bytes(), STATIC_TYPES[suffix])
     out["/"] = out["/static/index.html"]
+    out["/fleet"] = out["/static/fleet.html"]
     return out
 
 
@@ -97,11 +98,13 @@ class Api:
             if path in ("/api/v1/incidents", "/api/v1/jobs"):
                 fn = views.incidents if path.endswith("incidents") else views.jobs
                 return self._json(await asyncio.to_thread(fn, self.daemon, req.query))
-        except views.NotFound as exc:
+            if path.startswith(fleet_views.PREFIX):  # the fleet page's API (web/fleet_views.py)
+                return self._json(await asyncio.to_thread(fleet_views.route, self.daemon, path, req.query))
+        except (views.NotFound, fleet_views.NotFound) as exc:
             return Response.error(404, str(exc), "not_found")
-        except views.BadQuery as exc:
+        except (views.BadQuery, fleet_views.BadQuery) as exc:
             return Response.error(400, str(exc), "bad_request")
-        except views.Unavailable as exc:
+        except (views.Unavailable, fleet_views.Unavailable) as exc:
             return Response.error(503, str(exc))
         return Response.error(404, f"no such path: {path}", "not_found")
 
