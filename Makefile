@@ -46,7 +46,6 @@ INTEGRATION_PACKAGES := chromium chromium-driver prometheus strace postgresql sl
 integration-deps:
 	@if dpkg -s $(INTEGRATION_PACKAGES) >/dev/null 2>&1; then echo "integration-deps: installed"; else \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(INTEGRATION_PACKAGES); fi
-test-all: export CI := true
 
 test-integration: $(STAMP) integration-deps
 	TRAINGUARD_REQUIRE_REAL=1 $(BIN)/pytest -q -m integration
@@ -55,6 +54,7 @@ test-integration: $(STAMP) integration-deps
 # `make test-all` (CI) fails on it.
 test: lint typecheck unit gpu-check-dry
 
+test-all: export CI := true
 test-all: lint typecheck integration-deps gpu-check-dry
 	TRAINGUARD_REQUIRE_REAL=1 $(BIN)/pytest -q -m "not gpu"
 
