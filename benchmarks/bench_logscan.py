@@ -44,8 +44,8 @@ from pathlib import Path
 
 import loggen
 from trainguard.cli.logs import emit_events
-from trainguard.detect.follow import LogFollower
 from trainguard.detect.scan import EventMerger, ScanStats, merge_events, scan_bytes, scan_file
+from trainguard.telemetry.follow import LogFollower
 
 TARGET = 1.0
 FOLLOW_RATE = 50 << 20  # bytes per second

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent_service import Running, sim_config
-from trainguard.export.prometheus import DCGM_FIELDS, dcgm_pci
+from trainguard.agent.prometheus import DCGM_FIELDS, dcgm_pci
 from trainguard.incidents import Incident, RootCause
 from trainguard.incidents.goodput import Interval, IntervalKind
 from trainguard.incidents.store import IncidentStore
@@ -23,7 +23,7 @@ def agent(tmp_path: Path):
 
 def test_node_and_gpus_show_a_fault_with_its_reasons(agent: Running) -> None:
     assert agent.json("/api/v1/node")["health"] == "ok"
-    agent.daemon.fleet.now().dbe(gpu=2)
+    agent.daemon.sim.now().dbe(gpu=2)
     agent.daemon.step()
     node = agent.json("/api/v1/node")
     assert node["health"] == "failed" and node["hostname"] == "node-a"
@@ -104,7 +104,7 @@ def test_openapi_describes_every_route_the_agent_serves(agent: Running) -> None:
 
 
 def test_metrics_use_dcgm_exporter_names_and_labels(agent: Running) -> None:
-    agent.daemon.fleet.now().xid(79, gpu=3)
+    agent.daemon.sim.now().xid(79, gpu=3)
     agent.daemon.step()
     status, headers, body = agent.get("/metrics")
     text = body.decode()
@@ -135,15 +135,14 @@ def test_metrics_use_dcgm_exporter_names_and_labels(agent: Running) -> None:
 
 def test_xid_counter_keeps_every_event_where_dcgm_keeps_the_last(agent: Running) -> None:
     for code in (13, 31, 13):
-        agent.daemon.fleet.now().xid(code, gpu=1)
+        agent.daemon.sim.now().xid(code, gpu=1)
         agent.daemon.step()
     text = agent.get("/metrics")[2].decode()
     assert re.search(r'^DCGM_FI_DEV_XID_ERRORS\{.*gpu="1".*\} 13\.0$', text, re.M)
     counts = dict(re.findall(r'^trainguard_xid_total\{.*gpu="1".*xid="(\d+)"\} ([\d.]+)$', text, re.M))
     pci = agent.json("/api/v1/gpus/1")["pci"]
     logged = {
-        c: sum(f"Xid (PCI:{pci}): {c}," in line for line in agent.daemon.fleet.kernel_log)
-        for c in ("13", "31")
+        c: sum(f"Xid (PCI:{pci}): {c}," in line for line in agent.daemon.sim.kernel_log) for c in ("13", "31")
     }
     assert logged["13"] >= 2 and counts == {c: f"{n}.0" for c, n in logged.items()}
 
@@ -168,7 +167,7 @@ def test_dashboard_assets_are_served_by_the_agent(agent: Running) -> None:
 def test_healthz_says_when_the_store_cannot_be_written(tmp_path: Path) -> None:
     (tmp_path / "blocked").write_text("a file, not a directory")
     with Running(sim_config(tmp_path, db=str(tmp_path / "blocked" / "tg.db"))) as agent:
-        agent.daemon.fleet.now().xid(79, gpu=3)
+        agent.daemon.sim.now().xid(79, gpu=3)
         agent.daemon.step()
         body = json.loads(agent.get("/healthz", token=None)[2])
         assert body["status"] == "degraded" and "incident store" in body["problems"][0]

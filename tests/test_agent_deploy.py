@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent_service import sim_config
-from trainguard.agentd import AgentDaemon
+from trainguard.agent import AgentDaemon
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 UNIT = DEPLOY / "systemd" / "trainguard-agent.service"
@@ -26,12 +26,12 @@ METRIC = re.compile(r"\b(DCGM_FI_[A-Z0-9_]+|trainguard_[a-z0-9_]+)\b")
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     """Every metric name in /metrics once the agent has seen a fault of each kind."""
-    from trainguard.export.prometheus import MetricsView
+    from trainguard.agent.prometheus import MetricsView
 
     daemon = AgentDaemon(sim_config(tmp_path_factory.mktemp("agent")))
     try:
         daemon.step()
-        daemon.fleet.now().xid(79, gpu=3).dbe(gpu=2)
+        daemon.sim.now().xid(79, gpu=3).dbe(gpu=2)
         daemon.step()
         text = MetricsView(daemon).render().decode()
     finally:

@@ -131,7 +131,7 @@ def test_a_real_prometheus_scrapes_the_agent_and_sees_a_fault(agent: Running, pr
         "Hostname"
     ] == "node-a"
     assert query(prometheus, 'up{job="trainguard-agent"}')[0]["value"][1] == "1"
-    agent.daemon.fleet.now().xid(79, gpu=3)
+    agent.daemon.sim.now().xid(79, gpu=3)
     failed = poll(lambda: query(prometheus, 'trainguard_gpu_health{state="failed"} == 1'), 30)
     assert failed and [r["metric"]["gpu"] for r in failed] == ["3"]
     xids = poll(lambda: query(prometheus, 'trainguard_xid_total{xid="79"}'), 30)
@@ -217,7 +217,7 @@ def test_dashboard_shows_live_data_and_a_fault_within_5_seconds(agent: Running, 
     first = state()
     assert first["lines"] == 8 and first["verdict"] == "ok" and first["gpu3"] == "ok"
 
-    agent.daemon.fleet.now().xid(79, gpu=3)
+    agent.daemon.sim.now().xid(79, gpu=3)
     injected = time.monotonic()
     assert poll(lambda: state()["gpu3"] == "failed", 5.0), "GPU 3's failure did not reach the page within 5 s"
     seen_after = time.monotonic() - injected

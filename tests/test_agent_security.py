@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from agent_service import TOKEN, Running, sim_config, write_token
+from trainguard.agent.auth import RateLimiter, TokenCheck
 from trainguard.errors import ConfigError
-from trainguard.web.auth import RateLimiter, TokenCheck
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def test_agent_creates_a_private_token_when_none_is_configured(tmp_path: Path) -
 def test_a_slow_client_is_dropped_and_others_are_served(
     agent: Running, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trainguard.web.http as http
+    import trainguard.agent.http as http
 
     monkeypatch.setattr(http, "HEADER_TIMEOUT_S", 0.3)
     with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as s:

@@ -12,10 +12,8 @@ with the verdict it produced and how long detection took.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from trainguard.cli.interrupt import quits_on_ctrl_c
@@ -91,47 +89,46 @@ def run_node_demo(speed: float = 2.0, console: Any = None, seed: int = 0) -> int
     from rich.console import Console, Group
     from rich.live import Live
 
-    from trainguard.agent import Agent
+    from trainguard.agent import Agent, open_node
     from trainguard.cli.render import gpu_table, node_line
     from trainguard.clock import VirtualClock
-    from trainguard.telemetry.sim import SCENARIOS, SimFleet
+    from trainguard.telemetry.sim import SCENARIOS
 
     console = console or Console()
     speed = max(speed, 0.01)
     spec = SCENARIOS[SCENARIO]
     log: list[LogEntry] = []
-    with tempfile.TemporaryDirectory(prefix="trainguard-demo-") as tmp:
-        kmsg = Path(tmp) / "kmsg.log"
-        clock = VirtualClock()
-        fleet = SimFleet(n_gpus=8, seed=seed, clock=clock, kmsg_path=kmsg)
-        spec.script(fleet)
-        faults = fleet.pending()
-        title = f"trainguard demo: simulated 8-GPU node, scenario '{spec.name}' at {speed:g}x"
-        with Agent(fleet, kernel_log=kmsg, clock=clock) as agent:
-            prev = agent.tick()
+    clock = VirtualClock()
+    node = open_node("sim", n_gpus=8, seed=seed, scenario=spec.name, clock=clock)
+    fleet = node.sim
+    assert fleet is not None
+    faults = fleet.pending()
+    title = f"trainguard demo: simulated 8-GPU node, scenario '{spec.name}' at {speed:g}x"
+    with Agent.of(node, clock=clock) as agent:
+        prev = agent.tick()
 
-            def frame() -> Group:
-                table = gpu_table(agent.samples, agent.verdict, title=title, width=console.width)
-                return Group(
-                    table,
-                    node_line(agent.verdict),
-                    _log_table(log),
-                    _progress(fleet.elapsed, spec.duration_s),
-                )
+        def frame() -> Group:
+            table = gpu_table(agent.samples, agent.verdict, title=title, width=console.width)
+            return Group(
+                table,
+                node_line(agent.verdict),
+                _log_table(log),
+                _progress(fleet.elapsed, spec.duration_s),
+            )
 
-            try:
-                with Live(frame(), console=console, refresh_per_second=8, transient=False) as live:
-                    while fleet.elapsed < spec.duration_s + 2:
-                        time.sleep(1.0 / speed)
-                        clock.advance(1.0)
-                        cur = agent.tick()
-                        log.extend(changes(prev, cur, fleet.elapsed))
-                        prev = cur
-                        live.update(frame())
-            except KeyboardInterrupt:
-                console.print("[dim]demo interrupted[/dim]")
-                return 0
-            final = agent.verdict
+        try:
+            with Live(frame(), console=console, refresh_per_second=8, transient=False) as live:
+                while fleet.elapsed < spec.duration_s + 2:
+                    time.sleep(1.0 / speed)
+                    clock.advance(1.0)
+                    cur = agent.tick()
+                    log.extend(changes(prev, cur, fleet.elapsed))
+                    prev = cur
+                    live.update(frame())
+        except KeyboardInterrupt:
+            console.print("[dim]demo interrupted[/dim]")
+            return 0
+        final = agent.verdict
     console.print()
     console.print(_summary(faults, log, final))
     ok = final is not None and final.health is spec.expected

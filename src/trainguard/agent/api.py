@@ -14,13 +14,13 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from trainguard.web import views
-from trainguard.web.http import Request, Response
+from trainguard.agent import views
+from trainguard.agent.http import Request, Response
 
 if TYPE_CHECKING:
-    from trainguard.agentd.daemon import AgentDaemon
-    from trainguard.export.prometheus import MetricsView
-    from trainguard.web.auth import RateLimiter, TokenCheck
+    from trainguard.agent.auth import RateLimiter, TokenCheck
+    from trainguard.agent.daemon import AgentDaemon
+    from trainguard.agent.prometheus import MetricsView
 
 JSON = "application/json"
 TOKEN_PARAMS = frozenset({"token", "access_token", "auth", "bearer", "api_key", "apikey", "key"})
@@ -38,7 +38,7 @@ STATIC_TYPES = {
 def load_static() -> dict[str, tuple[bytes, str]]:
     """Every dashboard asset, read once at start: URL path -> (body, content type)."""
     out: dict[str, tuple[bytes, str]] = {}
-    root = resources.files("trainguard.web") / "static"
+    root = resources.files("trainguard.agent") / "static"
     for item in root.iterdir():
         suffix = "." + item.name.rpartition(".")[2]
         if item.is_file() and suffix in STATIC_TYPES:
@@ -56,6 +56,7 @@ class Api:
         self._cache: dict[str, tuple[int, bytes]] = {}  # path -> (snapshot seq, body)
         self.routes: dict[str, Any] = {
             "/api/v1/node": views.node,
+            "/api/v1/verdict": views.verdict,
             "/api/v1/gpus": views.gpus,
             "/api/v1/findings": views.findings,
             "/api/v1/history": views.history,
@@ -69,14 +70,14 @@ class Api:
         if path == "/healthz":
             return self.healthz()
         if path == "/metrics":
-            from trainguard.export.prometheus import CONTENT_TYPE
+            from trainguard.agent.prometheus import CONTENT_TYPE
 
             return Response(200, self.metrics.render(), CONTENT_TYPE)
         if path in self.static:
             body, kind = self.static[path]
             return Response(200, body, kind)
         if path == "/api/v1/openapi.json":
-            from trainguard.web.openapi import spec_bytes
+            from trainguard.agent.openapi import spec_bytes
 
             return Response(200, spec_bytes(), JSON)
         try:

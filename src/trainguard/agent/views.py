@@ -10,13 +10,13 @@ import dataclasses
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from trainguard.agentd.judge import all_findings
-from trainguard.agentd.snapshot import CHART_FIELDS
+from trainguard.agent.judge import all_findings
+from trainguard.agent.snapshot import CHART_FIELDS
 from trainguard.errors import StoreError
 from trainguard.records import Finding, Sample
 
 if TYPE_CHECKING:
-    from trainguard.agentd.daemon import AgentDaemon
+    from trainguard.agent.daemon import AgentDaemon
 
 Query = dict[str, list[str]]
 MAX_PAGE = 500
@@ -54,6 +54,19 @@ def node(d: AgentDaemon, q: Query) -> dict[str, Any]:
             "backend": "sim" if d.config.sim else d.config.backend,
             "scenario": d.config.scenario or None,
         },
+    }
+
+
+def verdict(d: AgentDaemon, q: Query) -> dict[str, Any]:
+    """The whole NodeVerdict of the last tick (what a supervisor on this node reads)."""
+    from trainguard.agent.verdicts import verdict_to_json
+
+    s = d.snapshot
+    return {
+        "hostname": s.hostname,
+        "seq": s.seq,
+        "time": s.time,
+        "verdict": verdict_to_json(s.verdict) if s.verdict is not None else None,
     }
 
 

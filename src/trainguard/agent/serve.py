@@ -17,13 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainguard.agentd import AgentConfig, AgentDaemon
-from trainguard.agentd.config import host_port
+from trainguard.agent import AgentConfig, AgentDaemon
+from trainguard.agent.api import Api
+from trainguard.agent.auth import RateLimiter, TokenCheck, create_token_file
+from trainguard.agent.config import host_port
+from trainguard.agent.http import HttpServer, Limits
 from trainguard.detect.thresholds import Thresholds
 from trainguard.errors import ConfigError
-from trainguard.web.api import Api
-from trainguard.web.auth import RateLimiter, TokenCheck, create_token_file
-from trainguard.web.http import HttpServer, Limits
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class AgentService:
     """The daemon plus its server, started and stopped together (tests drive it directly)."""
 
     def __init__(self, daemon: AgentDaemon) -> None:
-        from trainguard.export.prometheus import MetricsView
+        from trainguard.agent.prometheus import MetricsView
 
         cfg = daemon.config
         self.daemon = daemon

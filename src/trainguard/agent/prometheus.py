@@ -1,7 +1,7 @@
 """The node agent's ``/metrics``: dcgm-exporter's names where the quantity is one it exports,
 ``trainguard_*`` for the rest. The only importer of prometheus_client.
 
-    >>> from trainguard.agentd import AgentConfig, AgentDaemon
+    >>> from trainguard.agent import AgentConfig, AgentDaemon
     >>> import tempfile
     >>> d = tempfile.mkdtemp()
     >>> daemon = AgentDaemon(AgentConfig(backend="sim", gpus=2, db=f"{d}/tg.db", state_dir=d))
@@ -37,11 +37,11 @@ except ImportError:
     ) from None
 
 from trainguard import __version__
-from trainguard.agentd.snapshot import LATENCY_BUCKETS, REFUSALS
+from trainguard.agent.snapshot import LATENCY_BUCKETS, REFUSALS
 from trainguard.records import Health, Sample
 
 if TYPE_CHECKING:
-    from trainguard.agentd.daemon import AgentDaemon
+    from trainguard.agent.daemon import AgentDaemon
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
