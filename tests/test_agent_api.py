@@ -103,6 +103,45 @@ def test_openapi_describes_every_route_the_agent_serves(agent: Running) -> None:
         assert agent.get(path)[0] == 200, path
 
 
+# dcgm-exporter's default counter set (etc/default-counters.csv, release 4.5.x) but
+# DCGM_FI_DEV_VGPU_LICENSE_STATUS (vGPU only; docs/agent.md) and DCGM_FI_DRIVER_VERSION (a label).
+DCGM_DEFAULT_COUNTERS = (
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_ENC_UTIL",
+    "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_RESERVED",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+)
+
+
+def test_every_default_dcgm_exporter_counter_is_served_for_every_gpu(agent: Running) -> None:
+    text = agent.get("/metrics")[2].decode()
+    for name in DCGM_DEFAULT_COUNTERS:
+        gpus = set(re.findall(rf'^{name}\{{.*gpu="(\d+)".*\}} \S+$', text, re.M))
+        assert gpus == {str(i) for i in range(8)}, name
+    # an Xid-free GPU reports 0, as dcgm-exporter does, so panels and alerts see the series
+    assert len(re.findall(r"^DCGM_FI_DEV_XID_ERRORS\{.*\} 0\.0$", text, re.M)) == 8
+
+
 def test_metrics_use_dcgm_exporter_names_and_labels(agent: Running) -> None:
     agent.daemon.sim.now().xid(79, gpu=3)
     agent.daemon.step()
@@ -111,6 +150,7 @@ def test_metrics_use_dcgm_exporter_names_and_labels(agent: Running) -> None:
     assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
     gpu0 = agent.json("/api/v1/gpus/0")
     labels = (
+        'DCGM_FI_DRIVER_VERSION="550.90.07",'
         f'Hostname="node-a",UUID="{gpu0["uuid"]}",device="nvidia0",gpu="0",'
         f'modelName="{gpu0["name"]}",pci_bus_id="{dcgm_pci(gpu0["pci"])}"'
     )

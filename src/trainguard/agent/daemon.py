@@ -99,6 +99,7 @@ class AgentDaemon:
         self.node: Node = self._open_node(backend, saved)
         self.sim = self.node.sim  # the SimNode when simulated: fault injection for drills and tests
         self.agent = Agent.of(self.node, clock=self.clock, thresholds=thresholds)
+        self.driver_version = _driver_version(self.node.backend)
         self.act: Act = act
         self._active: Counter[FindingKey] = saved.active
         self._saved = saved
@@ -319,6 +320,18 @@ class AgentDaemon:
         self.agent.close()
         if self._store is not None:
             self._store.close()
+
+
+def _driver_version(backend: Any) -> str:
+    """The NVIDIA driver version (a label on every GPU series); "" when the backend cannot say."""
+    info = getattr(backend, "driver_info", None)
+    if info is None:
+        return ""
+    try:
+        return info().driver or ""
+    except Exception:  # a label is not worth failing the start
+        log.debug("driver version unreadable", exc_info=True)
+        return ""
 
 
 def default_state_dir(environ: dict[str, str] | None = None) -> Path:

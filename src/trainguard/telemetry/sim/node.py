@@ -222,6 +222,7 @@ class SimNode:
         rng = random.Random(f"{self.seed}/{self.hostname}/{i}/{now:.6f}")
         load = self.load if st.load is None else st.load
         r: dict[str, Any] = profiles.baseline(self._profile, self._quirks[i], load, rng)
+        r.update(profiles.counters(self._profile, load, now - self.start_time, self.uptime(now)))
         r.update(st.counters())
         r["_busy_s"] = self._busy_seconds(st, load, now)
         for condition in (*st.conditions, *st.defects):
