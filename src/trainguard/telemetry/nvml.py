@@ -241,10 +241,10 @@ class NvmlBackend:
         if handle is None:
             return Sample(gpu=gpu, time=now, lost=True, error="GPU could not be opened (NVML)")
         try:
-            fields = self._fields(handle, self._links[k])
-            return Sample(
-                gpu=gpu, time=now, **fields, **self._dcgm(handle, self._links[k]), **self._gpm[k].read()
-            )
+            fields: dict[str, Any] = self._fields(handle, self._links[k])
+            fields.update(self._dcgm(handle, self._links[k]))
+            fields.update(self._gpm[k].read())
+            return Sample(gpu=gpu, time=now, **fields)
         except GpuLost as exc:
             return Sample(gpu=gpu, time=now, lost=True, error=str(exc))
         except BackendUnavailable as exc:  # the driver went away: every reading unknown
