@@ -100,6 +100,15 @@ def test_the_node_agent_never_imports_what_serves_it():
     assert {k: v for k, v in bad.items() if v} == {}
 
 
+def test_only_the_agents_server_imports_aiohttp():
+    importers = {
+        str(p.relative_to(SRC))
+        for p in _modules(SRC)
+        if any(n.split(".")[0] == "aiohttp" for n in _imports(p))
+    }
+    assert importers == {"agent/server.py"}
+
+
 # Front ends beside the CLI: the demo's live panel shares the CLI's colours.
 FRONT_ENDS = {"cli", "demo"}
 

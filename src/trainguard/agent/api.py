@@ -1,21 +1,28 @@
 """The agent's routes: ``/healthz``, ``/metrics``, ``/api/v1/...`` and the dashboard at ``/``.
 
 Every route but ``/healthz`` needs the token; the API is read-only (GET and HEAD). Refusals come
-back as JSON errors and are counted by reason: ``method``, ``path_traversal``, ``token_in_query``,
-``rate_limited``, ``unauthenticated``, ``wrong_token``, ``not_found`` (plus the HTTP layer's
-``oversized``, ``bad_request``, ``too_many_connections``).
+back as JSON errors (each closes its connection) and are counted by reason: ``method``,
+``path_traversal``, ``token_in_query``, ``rate_limited``, ``unauthenticated``, ``wrong_token``,
+``not_found`` (plus the server's ``oversized``, ``bad_request``, ``too_many_connections``,
+``evicted``, ``write_timeout``).
+
+The token is checked before the rate limit, and the two kinds of client have separate buckets
+per address: requests with the right token, and everything else (no token, a wrong one,
+``/healthz``). A flood without the token from the scraper's own address cannot spend the
+scraper's requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from trainguard.agent import views
-from trainguard.agent.http import Request, Response
+from trainguard.agent.messages import Request, Response
 
 if TYPE_CHECKING:
     from trainguard.agent.auth import RateLimiter, TokenCheck
@@ -66,6 +73,10 @@ class Api:
         refused = self.gate(req)
         if refused is not None:
             return refused
+        answer = await self._route(req)
+        return replace(answer, authenticated=True) if req.path != "/healthz" else answer
+
+    async def _route(self, req: Request) -> Response:
         path = req.path
         if path == "/healthz":
             return self.healthz()
@@ -106,36 +117,43 @@ class Api:
             )
         decoded = unquote(unquote(req.path))
         if ".." in decoded.split("/") or "\\" in decoded or "\x00" in decoded or not req.path.startswith("/"):
-            return Response.error(400, "path traversal refused", "path_traversal", close=True)
+            return Response.error(400, "path traversal refused", "path_traversal")
         if TOKEN_PARAMS & {k.lower() for k in req.query}:
             return Response.error(
                 400,
                 "never put the token in the URL (it ends up in logs): send Authorization: Bearer",
                 "token_in_query",
             )
-        if not self.limiter.allow(req.client):
-            return Response.error(429, "rate limit exceeded", "rate_limited", headers=(("Retry-After", "1"),))
         if req.path == "/healthz":
-            return None
+            return self._limit("anon", req)
         ok = self.tokens.verify(req.headers.get("authorization"))
-        if ok is None:
-            return Response.error(
-                401,
-                "authentication required: Authorization: Bearer <token>",
-                "unauthenticated",
-                headers=CHALLENGE,
-            )
-        if not ok:
+        if ok is not True:
+            refused = self._limit("anon", req)
+            if refused is not None:
+                return refused
+            if ok is None:
+                return Response.error(
+                    401,
+                    "authentication required: Authorization: Bearer <token>",
+                    "unauthenticated",
+                    headers=CHALLENGE,
+                )
             return Response.error(401, "wrong token", "wrong_token", headers=CHALLENGE)
-        return None
+        return self._limit("token", req)
+
+    def _limit(self, kind: str, req: Request) -> Response | None:
+        if self.limiter.allow(f"{kind}:{req.client}"):
+            return None
+        return Response.error(429, "rate limit exceeded", "rate_limited", headers=(("Retry-After", "1"),))
 
     def healthz(self) -> Response:
+        """Liveness for anyone: the state only. Why (paths, store errors) is behind the token,
+        in /api/v1/node."""
         snap = self.daemon.snapshot
         if self.daemon.stalled():
-            body = {"status": "failed", "problems": ["the sampling loop has stalled"]}
-            return Response(503, json.dumps(body).encode(), JSON)
-        body = {"status": snap.health.value if snap.seq else "starting", "problems": list(snap.problems)}
-        return Response(200, json.dumps(body).encode(), JSON)
+            return Response(503, b'{"status":"failed"}', JSON)
+        status = snap.health.value if snap.seq else "starting"
+        return Response(200, json.dumps({"status": status}).encode(), JSON)
 
     def _per_tick(self, path: str) -> bytes:
         """The body of a query-less snapshot route, computed once per tick."""

@@ -6,7 +6,7 @@
     >>> d = tempfile.mkdtemp()
     >>> daemon = AgentDaemon(AgentConfig(backend="sim", gpus=2, db=f"{d}/tg.db", state_dir=d))
     >>> _ = daemon.step()
-    >>> b'DCGM_FI_DEV_GPU_TEMP{Hostname=' in MetricsView(daemon).render()
+    >>> b'DCGM_FI_DEV_GPU_TEMP{DCGM_FI_DRIVER_VERSION="550.90.07",Hostname=' in MetricsView(daemon).render()
     True
     >>> daemon.close()
 
@@ -35,7 +35,7 @@ try:
     from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 except ImportError:
     raise ImportError(
-        "trainguard's /metrics needs prometheus_client: pip install 'trainguard[prometheus]'"
+        "trainguard's /metrics needs prometheus_client: pip install 'trainguard[agent]'"
     ) from None
 
 from trainguard import __version__
