@@ -209,12 +209,18 @@ class HttpServer:
     async def _open(self, conn: _Conn) -> None:
         loop = asyncio.get_running_loop()
         factory = functools.partial(self._new_handler, conn)
+        timeout = self.limits.tls_handshake_timeout_s
+        deadline = loop.time() + timeout
         try:
+            if self._tls is not None:
+                # asyncio's TLS transport takes a 256 KiB buffer at once: only for a client that
+                # has sent its ClientHello. A silent one costs a socket until the deadline.
+                await asyncio.wait_for(_readable(loop, conn.sock), timeout)
             await loop.connect_accepted_socket(
                 factory,
                 conn.sock,
                 ssl=self._tls,
-                ssl_handshake_timeout=self.limits.tls_handshake_timeout_s if self._tls else None,
+                ssl_handshake_timeout=max(0.1, deadline - loop.time()) if self._tls else None,
             )
         except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
             log.debug("connection from %s dropped before HTTP: %s", conn.client, exc)
@@ -307,6 +313,17 @@ class HttpServer:
         if length is not None and length > self.limits.max_body_bytes:
             return Response.error(413, f"request body over {self.limits.max_body_bytes} bytes", "oversized")
         return None
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    """Until ``sock`` has bytes to read (or is closed)."""
+    ready: asyncio.Future[None] = loop.create_future()
+    fd = sock.fileno()
+    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
 
 
 def _reset(sock: socket.socket) -> None:
