@@ -38,6 +38,17 @@ from pathlib import Path
 
 TOKEN = "bench-token-0123456789abcdef"
 SCRAPES = 50
+OPENSSL_EC = (
+    "openssl",
+    "req",
+    "-x509",
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+)
+OPENSSL_EC += ("-days", "1", "-subj", "/CN=127.0.0.1")
 
 
 def _child_setup() -> None:
@@ -60,7 +71,16 @@ def start_agent(tmp: Path, src: str | None) -> tuple[subprocess.Popen[bytes], in
     env = dict(os.environ)
     if src:
         env["PYTHONPATH"] = src
-    cmd = [sys.executable, "-m", "trainguard.cli", "agent", "--backend", "sim", "--listen", f"127.0.0.1:{port}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainguard.cli",
+        "agent",
+        "--backend",
+        "sim",
+        "--listen",
+        f"127.0.0.1:{port}",
+    ]
     cmd += ["--token-file", str(token), "--state-dir", str(tmp / "state"), "--db", str(tmp / "tg.db")]
     cmd += ["--set", f"agent.tls_cert={tmp / 'tls.crt'}", "--set", f"agent.tls_key={tmp / 'tls.key'}"]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, preexec_fn=_child_setup)
@@ -139,8 +159,7 @@ def one_round(arm: str, src: str | None, n_idle: int, n_silent: int) -> dict[str
     with tempfile.TemporaryDirectory(prefix="tg-abuse-") as d:
         tmp = Path(d)
         subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-            + ["-days", "1", "-subj", "/CN=127.0.0.1", "-keyout", str(tmp / "tls.key"), "-out", str(tmp / "tls.crt")],
+            [*OPENSSL_EC, "-keyout", str(tmp / "tls.key"), "-out", str(tmp / "tls.crt")],
             check=True,
             capture_output=True,
         )
@@ -172,7 +191,12 @@ def summary(rows: list[dict[str, float]]) -> dict[str, object]:
     out: dict[str, object] = {}
     for key in rows[0]:
         values = [r[key] for r in rows]
-        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+        out[key] = {
+            "median": statistics.median(values),
+            "min": min(values),
+            "max": max(values),
+            "runs": values,
+        }
     return out
 
 
@@ -185,7 +209,9 @@ def main() -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 2 * (args.idle + args.silent) + 256)), hard))
+    resource.setrlimit(
+        resource.RLIMIT_NOFILE, (min(hard, max(soft, 2 * (args.idle + args.silent) + 256)), hard)
+    )
     arms: dict[str, str | None] = {"baseline": None, "attacked": None}
     if args.old_src:
         arms["old_attacked"] = args.old_src

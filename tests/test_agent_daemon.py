@@ -323,3 +323,42 @@ def test_reloaded_thresholds_judge_the_next_tick(tmp_path: Path) -> None:
         assert daemon.step().verdict.health is Health.DEGRADED  # type: ignore[union-attr]
     finally:
         daemon.close()
+
+
+def test_the_act_step_gets_each_judged_tick_before_it_is_recorded(tmp_path: Path) -> None:
+    from trainguard.agent import Judged
+
+    seen: list[tuple[Judged, int]] = []
+    daemon: AgentDaemon | None = None
+
+    def act(judged: Judged) -> None:
+        assert daemon is not None
+        seen.append((judged, daemon.tally.copy().ticks))  # before record counts the tick
+
+    daemon = AgentDaemon(sim_config(tmp_path), act=act)
+    try:
+        daemon.step()
+        assert daemon.sim is not None
+        daemon.sim.now().xid(79, gpu=3)
+        daemon.step()
+    finally:
+        daemon.close()
+    (first, ticks0), (second, ticks1) = seen
+    assert first.new == () and first.incidents == () and ticks0 == 0
+    assert second.verdict.health.value == "failed" and ticks1 == 1
+    assert [i.gpu for i in second.incidents] == [3] and second.hostname == "node-a"
+
+
+def test_an_act_that_raises_is_counted_and_the_tick_is_still_recorded(tmp_path: Path) -> None:
+    def broken(judged: object) -> None:
+        raise RuntimeError("remediation backend down")
+
+    daemon = AgentDaemon(sim_config(tmp_path), act=broken)
+    try:
+        assert daemon.sim is not None
+        daemon.sim.now().xid(79, gpu=3)
+        snap = daemon.step()
+        assert snap.seq == 1 and daemon.tally.copy().errors["act"] == 1
+        assert len(daemon.store().incidents()) == 1
+    finally:
+        daemon.close()

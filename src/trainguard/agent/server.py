@@ -319,7 +319,12 @@ async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
     """Until ``sock`` has bytes to read (or is closed)."""
     ready: asyncio.Future[None] = loop.create_future()
     fd = sock.fileno()
-    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
     try:
         await ready
     finally:
