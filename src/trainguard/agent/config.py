@@ -41,9 +41,7 @@ class AgentConfig:
     rate_limit_burst: int = 100  # requests a client may make at once
     max_header_bytes: int = 16384  # request line plus headers
     max_body_bytes: int = 1024  # the API is read-only: bodies are refused beyond this
-    max_connections: int = (
-        256  # open connections at once, all clients (the oldest without a token is evicted)
-    )
+    max_connections: int = 128  # open connections at once, all clients (oldest without a token evicted)
     max_connections_per_client: int = 16  # open connections at once from one address
     idle_timeout_s: float = 15.0  # a connection without a request in flight is closed after this
     tls_handshake_timeout_s: float = 5.0  # a TLS connection that has not finished its handshake

@@ -47,7 +47,7 @@ SWEEP_S = 0.5  # how often stuck writers are looked for
 class Limits:
     max_header_bytes: int = 16384  # request line, and each header line
     max_body_bytes: int = 1024
-    max_connections: int = 256  # held at once, all clients
+    max_connections: int = 128  # held at once, all clients
     max_connections_per_client: int = 16  # held at once by one address
     idle_timeout_s: float = 15.0  # a connection with no request in flight is closed after this
     tls_handshake_timeout_s: float = 5.0
@@ -57,11 +57,12 @@ class Limits:
 class _Conn:
     """One accepted connection: its client, and whether it ever carried the right token."""
 
-    __slots__ = ("authenticated", "client", "handler", "sock", "stuck_since")
+    __slots__ = ("authenticated", "client", "handler", "sock", "stuck_since", "waiting")
 
     def __init__(self, client: str, sock: socket.socket) -> None:
         self.client, self.sock = client, sock
         self.handler: Any = None
+        self.waiting: asyncio.Task[Any] | None = None  # waiting for a ClientHello: still ours to close
         self.authenticated = False
         self.stuck_since: float | None = None
 
@@ -215,15 +216,19 @@ class HttpServer:
             if self._tls is not None:
                 # asyncio's TLS transport takes a 256 KiB buffer at once: only for a client that
                 # has sent its ClientHello. A silent one costs a socket until the deadline.
-                await asyncio.wait_for(_readable(loop, conn.sock), timeout)
+                conn.waiting = asyncio.current_task()
+                try:
+                    await asyncio.wait_for(_readable(loop, conn.sock), timeout)
+                finally:
+                    conn.waiting = None
             await loop.connect_accepted_socket(
                 factory,
                 conn.sock,
                 ssl=self._tls,
                 ssl_handshake_timeout=max(0.1, deadline - loop.time()) if self._tls else None,
             )
-        except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
-            log.debug("connection from %s dropped before HTTP: %s", conn.client, exc)
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError, asyncio.CancelledError) as exc:
+            log.debug("connection from %s dropped before HTTP: %r", conn.client, exc)
             self._release(conn)
             _reset(conn.sock)
 
@@ -252,7 +257,10 @@ class HttpServer:
         if transport is not None:
             transport.abort()
             return
-        # Still in its TLS handshake: the socket belongs to asyncio's transport. Shutting it down
+        if conn.waiting is not None:  # no ClientHello yet: the socket is still ours
+            conn.waiting.cancel()
+            return
+        # In its TLS handshake: the socket belongs to asyncio's transport. Shutting it down
         # makes the handshake fail at once, and the transport closes it.
         with contextlib.suppress(OSError):
             conn.sock.shutdown(socket.SHUT_RDWR)
