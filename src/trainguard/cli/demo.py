@@ -99,36 +99,36 @@ def run_node_demo(speed: float = 2.0, console: Any = None, seed: int = 0) -> int
     spec = SCENARIOS[SCENARIO]
     log: list[LogEntry] = []
     clock = VirtualClock()
-    node = open_node("sim", n_gpus=8, seed=seed, scenario=spec.name, clock=clock)
-    fleet = node.sim
-    assert fleet is not None
-    faults = fleet.pending()
-    title = f"trainguard demo: simulated 8-GPU node, scenario '{spec.name}' at {speed:g}x"
-    with Agent.of(node, clock=clock) as agent:
-        prev = agent.tick()
+    with open_node("sim", n_gpus=8, seed=seed, scenario=spec.name, clock=clock) as node:
+        fleet = node.sim
+        assert fleet is not None
+        faults = fleet.pending()
+        title = f"trainguard demo: simulated 8-GPU node, scenario '{spec.name}' at {speed:g}x"
+        with Agent.of(node, clock=clock) as agent:
+            prev = agent.tick()
 
-        def frame() -> Group:
-            table = gpu_table(agent.samples, agent.verdict, title=title, width=console.width)
-            return Group(
-                table,
-                node_line(agent.verdict),
-                _log_table(log),
-                _progress(fleet.elapsed, spec.duration_s),
-            )
+            def frame() -> Group:
+                table = gpu_table(agent.samples, agent.verdict, title=title, width=console.width)
+                return Group(
+                    table,
+                    node_line(agent.verdict),
+                    _log_table(log),
+                    _progress(fleet.elapsed, spec.duration_s),
+                )
 
-        try:
-            with Live(frame(), console=console, refresh_per_second=8, transient=False) as live:
-                while fleet.elapsed < spec.duration_s + 2:
-                    time.sleep(1.0 / speed)
-                    clock.advance(1.0)
-                    cur = agent.tick()
-                    log.extend(changes(prev, cur, fleet.elapsed))
-                    prev = cur
-                    live.update(frame())
-        except KeyboardInterrupt:
-            console.print("[dim]demo interrupted[/dim]")
-            return 0
-        final = agent.verdict
+            try:
+                with Live(frame(), console=console, refresh_per_second=8, transient=False) as live:
+                    while fleet.elapsed < spec.duration_s + 2:
+                        time.sleep(1.0 / speed)
+                        clock.advance(1.0)
+                        cur = agent.tick()
+                        log.extend(changes(prev, cur, fleet.elapsed))
+                        prev = cur
+                        live.update(frame())
+            except KeyboardInterrupt:
+                console.print("[dim]demo interrupted[/dim]")
+                return 0
+            final = agent.verdict
     console.print()
     console.print(_summary(faults, log, final))
     ok = final is not None and final.health is spec.expected
