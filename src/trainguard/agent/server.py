@@ -213,6 +213,8 @@ class HttpServer:
         timeout = self.limits.tls_handshake_timeout_s
         deadline = loop.time() + timeout
         try:
+            if not self._holds(conn):  # evicted before this task ran
+                raise ConnectionAbortedError("evicted before it was served")
             if self._tls is not None:
                 # asyncio's TLS transport takes a 256 KiB buffer at once: only for a client that
                 # has sent its ClientHello. A silent one costs a socket until the deadline.
@@ -221,6 +223,8 @@ class HttpServer:
                     await asyncio.wait_for(_readable(loop, conn.sock), timeout)
                 finally:
                     conn.waiting = None
+                if not self._holds(conn):
+                    raise ConnectionAbortedError("evicted before its handshake")
             await loop.connect_accepted_socket(
                 factory,
                 conn.sock,
@@ -243,6 +247,9 @@ class HttpServer:
         if conn is not None:
             self._release(conn)
 
+    def _holds(self, conn: _Conn) -> bool:
+        return self._conns.get(id(conn.sock)) is conn
+
     def _release(self, conn: _Conn) -> None:
         if self._conns.pop(id(conn.sock), None) is not None:
             self._per_client[conn.client] -= 1
@@ -259,6 +266,8 @@ class HttpServer:
             return
         if conn.waiting is not None:  # no ClientHello yet: the socket is still ours
             conn.waiting.cancel()
+            return
+        if conn.handler is None:  # its task has not started: it sees the eviction and closes
             return
         # In its TLS handshake: the socket belongs to asyncio's transport. Shutting it down
         # makes the handshake fail at once, and the transport closes it.
