@@ -145,7 +145,6 @@ class HttpServer:
             lingering_time=1.0,
             access_log=None,
         )
-
         self._spawn(self._accept_loop())
         self._spawn(self._sweep_loop())
         return int(sock.getsockname()[1])
@@ -289,7 +288,7 @@ class HttpServer:
                 elif now - conn.stuck_since > self.limits.write_timeout_s:
                     log.debug("aborting %s: its answer sat unread", conn.client)
                     self.on_refusal("write_timeout")
-                    transport.abort()
+                    self._abort(conn)
 
     # -- one request ------------------------------------------------------------------------
 
