@@ -183,6 +183,8 @@ class HttpServer:
                 self.on_refusal("too_many_connections")
                 _reset(sock)
                 continue
+            with contextlib.suppress(OSError):  # headers and body may go out in two writes
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(client, sock)
             self._conns[id(sock)] = conn
             self._per_client[client] += 1
