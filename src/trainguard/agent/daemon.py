@@ -98,6 +98,7 @@ class AgentDaemon:
         saved = load_state(self.state_path)
         self.node: Node = self._open_node(backend, saved)
         self.sim = self.node.sim  # the SimNode when simulated: fault injection for drills and tests
+        self.fleet = self.sim  # deprecated name of ``sim`` (code written before the rename reads it)
         self.agent = Agent.of(self.node, clock=self.clock, thresholds=thresholds)
         self.driver_version = _driver_version(self.node.backend)
         self.act: Act = act
