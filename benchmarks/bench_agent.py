@@ -151,14 +151,14 @@ def rss_mb(pid: int) -> float:
 
 def scrape_ms(rounds: int = 50) -> float:
     """Median time to render /metrics for a simulated 8-GPU node, cache defeated each round."""
-    from trainguard.agentd import AgentConfig, AgentDaemon
-    from trainguard.export.prometheus import MetricsView
+    from trainguard.agent import AgentConfig, AgentDaemon
+    from trainguard.agent.prometheus import MetricsView
 
     with tempfile.TemporaryDirectory() as d:
         daemon = AgentDaemon(AgentConfig(backend="sim", gpus=8, db=f"{d}/tg.db", state_dir=d))
         try:
             daemon.step()
-            daemon.fleet.now().xid(79, gpu=3)
+            daemon.sim.now().xid(79, gpu=3)
             view = MetricsView(daemon)
             times = []
             for _ in range(rounds):

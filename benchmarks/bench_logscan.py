@@ -45,8 +45,8 @@ from pathlib import Path
 import loggen
 from targets import Target, finish
 from trainguard.cli.logs import emit_events
-from trainguard.detect.follow import LogFollower
 from trainguard.detect.scan import EventMerger, ScanStats, merge_events, scan_bytes, scan_file
+from trainguard.telemetry.follow import LogFollower
 
 TARGET = 1.0
 REAL_LINES = Path(__file__).resolve().parent.parent / "tests" / "data" / "real"

@@ -13,8 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from trainguard.agentd import AgentConfig, AgentDaemon
-from trainguard.web.run import AgentService
+from trainguard.agent import AgentConfig, AgentDaemon
+from trainguard.agent.serve import AgentService
 
 TOKEN = "test-token-0123456789abcdef"
 

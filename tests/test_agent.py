@@ -7,12 +7,12 @@ from pathlib import Path
 from trainguard.agent import Agent
 from trainguard.clock import VirtualClock
 from trainguard.records import Action, Gpu, Health, Sample
-from trainguard.telemetry.sim import SimFleet, write_xid_line
+from trainguard.telemetry.sim import SimNode, write_xid_line
 
 
-def sim(tmp_path: Path, n_gpus: int = 8) -> tuple[SimFleet, VirtualClock, Path]:
+def sim(tmp_path: Path, n_gpus: int = 8) -> tuple[SimNode, VirtualClock, Path]:
     clock, kmsg = VirtualClock(), tmp_path / "kmsg.log"
-    return SimFleet(n_gpus=n_gpus, seed=1, clock=clock, kmsg_path=kmsg), clock, kmsg
+    return SimNode(n_gpus=n_gpus, seed=1, clock=clock, kmsg_path=kmsg), clock, kmsg
 
 
 def test_healthy_node_is_ok_with_one_verdict_per_gpu(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent_service import Running, sim_config
-from trainguard.export.prometheus import DCGM_FIELDS, dcgm_pci
+from trainguard.agent.prometheus import DCGM_FIELDS, dcgm_pci
 from trainguard.incidents import Incident, RootCause
 from trainguard.incidents.goodput import Interval, IntervalKind
 from trainguard.incidents.store import IncidentStore
@@ -23,7 +23,7 @@ def agent(tmp_path: Path):
 
 def test_node_and_gpus_show_a_fault_with_its_reasons(agent: Running) -> None:
     assert agent.json("/api/v1/node")["health"] == "ok"
-    agent.daemon.fleet.now().dbe(gpu=2)
+    agent.daemon.sim.now().dbe(gpu=2)
     agent.daemon.step()
     node = agent.json("/api/v1/node")
     assert node["health"] == "failed" and node["hostname"] == "node-a"
@@ -103,14 +103,54 @@ def test_openapi_describes_every_route_the_agent_serves(agent: Running) -> None:
         assert agent.get(path)[0] == 200, path
 
 
+# dcgm-exporter's default counter set (etc/default-counters.csv, release 4.5.x) but
+# DCGM_FI_DEV_VGPU_LICENSE_STATUS (vGPU only; docs/agent.md) and DCGM_FI_DRIVER_VERSION (a label).
+DCGM_DEFAULT_COUNTERS = (
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_ENC_UTIL",
+    "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_RESERVED",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+)
+
+
+def test_every_default_dcgm_exporter_counter_is_served_for_every_gpu(agent: Running) -> None:
+    text = agent.get("/metrics")[2].decode()
+    for name in DCGM_DEFAULT_COUNTERS:
+        gpus = set(re.findall(rf'^{name}\{{.*gpu="(\d+)".*\}} \S+$', text, re.M))
+        assert gpus == {str(i) for i in range(8)}, name
+    # an Xid-free GPU reports 0, as dcgm-exporter does, so panels and alerts see the series
+    assert len(re.findall(r"^DCGM_FI_DEV_XID_ERRORS\{.*\} 0\.0$", text, re.M)) == 8
+
+
 def test_metrics_use_dcgm_exporter_names_and_labels(agent: Running) -> None:
-    agent.daemon.fleet.now().xid(79, gpu=3)
+    agent.daemon.sim.now().xid(79, gpu=3)
     agent.daemon.step()
     status, headers, body = agent.get("/metrics")
     text = body.decode()
     assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
     gpu0 = agent.json("/api/v1/gpus/0")
     labels = (
+        'DCGM_FI_DRIVER_VERSION="550.90.07",'
         f'Hostname="node-a",UUID="{gpu0["uuid"]}",device="nvidia0",gpu="0",'
         f'modelName="{gpu0["name"]}",pci_bus_id="{dcgm_pci(gpu0["pci"])}"'
     )
@@ -135,15 +175,14 @@ def test_metrics_use_dcgm_exporter_names_and_labels(agent: Running) -> None:
 
 def test_xid_counter_keeps_every_event_where_dcgm_keeps_the_last(agent: Running) -> None:
     for code in (13, 31, 13):
-        agent.daemon.fleet.now().xid(code, gpu=1)
+        agent.daemon.sim.now().xid(code, gpu=1)
         agent.daemon.step()
     text = agent.get("/metrics")[2].decode()
     assert re.search(r'^DCGM_FI_DEV_XID_ERRORS\{.*gpu="1".*\} 13\.0$', text, re.M)
     counts = dict(re.findall(r'^trainguard_xid_total\{.*gpu="1".*xid="(\d+)"\} ([\d.]+)$', text, re.M))
     pci = agent.json("/api/v1/gpus/1")["pci"]
     logged = {
-        c: sum(f"Xid (PCI:{pci}): {c}," in line for line in agent.daemon.fleet.kernel_log)
-        for c in ("13", "31")
+        c: sum(f"Xid (PCI:{pci}): {c}," in line for line in agent.daemon.sim.kernel_log) for c in ("13", "31")
     }
     assert logged["13"] >= 2 and counts == {c: f"{n}.0" for c, n in logged.items()}
 
@@ -168,10 +207,13 @@ def test_dashboard_assets_are_served_by_the_agent(agent: Running) -> None:
 def test_healthz_says_when_the_store_cannot_be_written(tmp_path: Path) -> None:
     (tmp_path / "blocked").write_text("a file, not a directory")
     with Running(sim_config(tmp_path, db=str(tmp_path / "blocked" / "tg.db"))) as agent:
-        agent.daemon.fleet.now().xid(79, gpu=3)
+        agent.daemon.sim.now().xid(79, gpu=3)
         agent.daemon.step()
-        body = json.loads(agent.get("/healthz", token=None)[2])
-        assert body["status"] == "degraded" and "incident store" in body["problems"][0]
+        raw = agent.get("/healthz", token=None)[2]
+        assert json.loads(raw) == {"status": "degraded"}
+        assert b"blocked" not in raw and str(tmp_path).encode() not in raw  # no path for strangers
+        problems = agent.json("/api/v1/node")["agent"]["problems"]  # the reason, behind the token
+        assert "incident store" in problems[0] and "blocked" in problems[0]
         assert agent.get("/api/v1/incidents")[0] == 503
 
 

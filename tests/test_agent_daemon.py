@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from agent_service import sim_config
-from trainguard.agentd import AgentDaemon
-from trainguard.agentd import daemon as daemon_module
-from trainguard.agentd.judge import incidents_for, onsets
-from trainguard.agentd.snapshot import History
-from trainguard.agentd.state import Cursor, SavedState, load_state, save_state
+from trainguard.agent import AgentDaemon
+from trainguard.agent import daemon as daemon_module
+from trainguard.agent.judge import incidents_for, onsets
+from trainguard.agent.snapshot import History
+from trainguard.agent.state import Cursor, SavedState, load_state, save_state
 from trainguard.incidents.store import IncidentStore
 from trainguard.records import Action, Finding, Gpu, Health, Sample
 from trainguard.telemetry.sim import pci_address, write_xid_line
@@ -54,7 +54,7 @@ def test_a_fault_becomes_one_incident_however_many_ticks_it_lasts(tmp_path: Path
     daemon = AgentDaemon(sim_config(tmp_path))
     try:
         daemon.step()
-        daemon.fleet.now().dbe(gpu=2)
+        daemon.sim.now().dbe(gpu=2)
         for _ in range(5):
             snap = daemon.step()
         assert snap.verdict is not None and snap.verdict.health is Health.FAILED
@@ -149,7 +149,7 @@ def test_a_locked_store_keeps_incidents_until_it_can_write(tmp_path: Path) -> No
         daemon.step()
         blocker = sqlite3.connect(tmp_path / "tg.db", isolation_level=None)
         blocker.execute("BEGIN EXCLUSIVE")  # another writer holds the store
-        daemon.fleet.now().xid(79, gpu=3)
+        daemon.sim.now().xid(79, gpu=3)
         snap = daemon.step()
         assert snap.health is Health.DEGRADED and "incident store" in snap.problems[0]
         assert snap.verdict is not None and snap.verdict.health is Health.FAILED  # still judging
@@ -174,7 +174,7 @@ def test_a_full_disk_makes_the_agent_degraded_and_it_keeps_sampling(
     daemon = AgentDaemon(sim_config(tmp_path))
     try:
         daemon.step()
-        daemon.fleet.now().thermal_runaway(gpu=1, rate_c_per_s=50.0)
+        daemon.sim.now().thermal_runaway(gpu=1, rate_c_per_s=50.0)
         snaps = [daemon.step() for _ in range(3)]
         assert all(s.health is Health.DEGRADED for s in snaps)
         assert "No space left on device" in snaps[-1].problems[0]
@@ -191,8 +191,8 @@ def test_pending_incidents_are_bounded_and_drops_are_counted(
     (tmp_path / "no").write_text("a file where the store's directory should be")
     try:
         daemon.step()
-        daemon.fleet.now().xid(79, gpu=3)
-        daemon.fleet.now().xid(79, gpu=4)  # two GPUs: two incidents for a queue that holds one
+        daemon.sim.now().xid(79, gpu=3)
+        daemon.sim.now().xid(79, gpu=4)  # two GPUs: two incidents for a queue that holds one
         snap = daemon.step()
         assert snap.health is Health.DEGRADED
         assert daemon.pending == 1 and daemon.tally.copy().incidents_dropped >= 1
@@ -204,14 +204,14 @@ def test_a_gpu_off_the_bus_and_a_failing_driver_do_not_stop_the_loop(tmp_path: P
     daemon = AgentDaemon(sim_config(tmp_path))
     try:
         daemon.step()
-        daemon.fleet.now().xid(79, gpu=4)
+        daemon.sim.now().xid(79, gpu=4)
         snap = daemon.step()
         assert [s.lost for s in snap.samples].count(True) == 1
 
         def broken() -> list[Sample]:
             raise RuntimeError("NVML_ERROR_UNKNOWN")
 
-        daemon.fleet.sample = broken
+        daemon.sim.sample = broken
         snap = daemon.step()
         assert snap.samples == () and snap.health is Health.DEGRADED
         assert snap.verdict is not None and snap.verdict.health is Health.FAILED  # GPU 4's Xid still counts
@@ -256,7 +256,7 @@ def test_state_round_trips_and_a_corrupt_file_starts_afresh(tmp_path: Path) -> N
 
 
 def test_kmsg_resumes_after_the_last_sequence_number_of_the_same_boot(tmp_path: Path) -> None:
-    from trainguard.agentd.follow import ResumingKmsg
+    from trainguard.telemetry.resume import ResumingKmsg
 
     records = [
         b"6,10,100,-;NVRM: loading\n",
@@ -289,7 +289,16 @@ def test_kmsg_resumes_after_the_last_sequence_number_of_the_same_boot(tmp_path: 
 
 
 @pytest.mark.parametrize(
-    "name", ["trainguard.agentd.judge", "trainguard.agentd.daemon", "trainguard.export.prometheus"]
+    "name",
+    [
+        "trainguard.agent.judge",
+        "trainguard.agent.daemon",
+        "trainguard.agent.prometheus",
+        "trainguard.agent.node",
+        "trainguard.agent.tick",
+        "trainguard.agent.verdicts",
+        "trainguard.telemetry.lines",
+    ],
 )
 def test_module_examples_run(name: str) -> None:
     import doctest
@@ -312,5 +321,44 @@ def test_reloaded_thresholds_judge_the_next_tick(tmp_path: Path) -> None:
         assert daemon.step().verdict.health is Health.OK  # type: ignore[union-attr]
         daemon.reload(config, Thresholds(thermal_margin_c=10.0))
         assert daemon.step().verdict.health is Health.DEGRADED  # type: ignore[union-attr]
+    finally:
+        daemon.close()
+
+
+def test_the_act_step_gets_each_judged_tick_before_it_is_recorded(tmp_path: Path) -> None:
+    from trainguard.agent import Judged
+
+    seen: list[tuple[Judged, int]] = []
+    daemon: AgentDaemon | None = None
+
+    def act(judged: Judged) -> None:
+        assert daemon is not None
+        seen.append((judged, daemon.tally.copy().ticks))  # before record counts the tick
+
+    daemon = AgentDaemon(sim_config(tmp_path), act=act)
+    try:
+        daemon.step()
+        assert daemon.sim is not None
+        daemon.sim.now().xid(79, gpu=3)
+        daemon.step()
+    finally:
+        daemon.close()
+    (first, ticks0), (second, ticks1) = seen
+    assert first.new == () and first.incidents == () and ticks0 == 0
+    assert second.verdict.health.value == "failed" and ticks1 == 1
+    assert [i.gpu for i in second.incidents] == [3] and second.hostname == "node-a"
+
+
+def test_an_act_that_raises_is_counted_and_the_tick_is_still_recorded(tmp_path: Path) -> None:
+    def broken(judged: object) -> None:
+        raise RuntimeError("remediation backend down")
+
+    daemon = AgentDaemon(sim_config(tmp_path), act=broken)
+    try:
+        assert daemon.sim is not None
+        daemon.sim.now().xid(79, gpu=3)
+        snap = daemon.step()
+        assert snap.seq == 1 and daemon.tally.copy().errors["act"] == 1
+        assert len(daemon.store().incidents()) == 1
     finally:
         daemon.close()

@@ -13,7 +13,7 @@ import pytest
 
 from agent_service import sim_config
 from real_parts import require_real
-from trainguard.agentd import AgentDaemon
+from trainguard.agent import AgentDaemon
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 UNIT = DEPLOY / "systemd" / "trainguard-agent.service"
@@ -26,12 +26,12 @@ METRIC = re.compile(r"\b(DCGM_FI_[A-Z0-9_]+|trainguard_[a-z0-9_]+)\b")
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     """Every metric name in /metrics once the agent has seen a fault of each kind."""
-    from trainguard.export.prometheus import MetricsView
+    from trainguard.agent.prometheus import MetricsView
 
     daemon = AgentDaemon(sim_config(tmp_path_factory.mktemp("agent")))
     try:
         daemon.step()
-        daemon.fleet.now().xid(79, gpu=3).dbe(gpu=2)
+        daemon.sim.now().xid(79, gpu=3).dbe(gpu=2)
         daemon.step()
         text = MetricsView(daemon).render().decode()
     finally:
@@ -139,8 +139,54 @@ def test_daemonset_validates_against_the_kubernetes_schema() -> None:
     volumes = {v["name"] for v in spec["volumes"]}
     assert {m["name"] for m in container["volumeMounts"]} <= volumes
     assert "nvidia.com/gpu" not in json.dumps(container.get("resources", {}))  # leaves the GPUs to jobs
-    assert any(v.get("hostPath", {}).get("path") == "/var/log" for v in spec["volumes"])
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    host = [v["hostPath"] for v in spec["volumes"] if "hostPath" in v]
+    assert {h["path"] for h in host} == {"/var/log", "/var/lib/trainguard"}
+    log_mount = next(m for m in container["volumeMounts"] if m["name"] == "host-log")
+    assert log_mount["readOnly"] is True
+    assert 4 in spec["securityContext"]["supplementalGroups"]  # adm: reads kern.log without a capability
+    sc = container["securityContext"]
+    assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    for probe in (container["livenessProbe"], container["readinessProbe"]):
+        assert probe["httpGet"]["path"] == "/healthz" and probe["httpGet"]["scheme"] == "HTTPS"
+
+
+def test_the_daemonset_serves_tls_by_default_behind_a_network_policy() -> None:
+    import tomllib
+
+    yaml = pytest.importorskip("yaml")
+    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    config = tomllib.loads(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["agent.toml"])["agent"]
+    assert config["tls_cert"] and config["tls_key"]
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+    assert str(Path(config["tls_key"]).parent) in mounts
+    tls = next(v for v in spec["volumes"] if v["name"] == "tls")
+    assert tls["secret"]["defaultMode"] == 0o400
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"} and policy["spec"]["egress"] == []
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9410}] and rule["from"]
+
+
+def test_the_systemd_unit_runs_with_the_least_privilege_that_works(tmp_path: Path) -> None:
+    require_real("systemd-analyze", install="apt-get install systemd")
+    unit = tmp_path / UNIT.name
+    unit.write_text(UNIT.read_text())
+    done = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    found = re.search(r"Overall exposure level for \S+: ([0-9.]+)", done.stdout)
+    assert found, done.stdout + done.stderr
+    assert float(found.group(1)) <= 2.5  # was 7.5 EXPOSED as full root
+    text = UNIT.read_text()
+    assert "DynamicUser=yes" in text and "CapabilityBoundingSet=CAP_SYSLOG" in text and "UMask=0077" in text
 
 
 def test_schema_validation_catches_a_broken_daemonset() -> None:

@@ -134,7 +134,7 @@ def test_a_real_prometheus_scrapes_the_agent_and_sees_a_fault(agent: Running, pr
         "Hostname"
     ] == "node-a"
     assert query(prometheus, 'up{job="trainguard-agent"}')[0]["value"][1] == "1"
-    agent.daemon.fleet.now().xid(79, gpu=3)
+    agent.daemon.sim.now().xid(79, gpu=3)
     failed = poll(lambda: query(prometheus, 'trainguard_gpu_health{state="failed"} == 1'), CEILING_S)
     assert failed and [r["metric"]["gpu"] for r in failed] == ["3"]
     xids = poll(lambda: query(prometheus, 'trainguard_xid_total{xid="79"}'), CEILING_S)
@@ -216,7 +216,7 @@ def test_dashboard_shows_live_data_and_a_fault(agent: Running, browser) -> None:
     first = state()
     assert first["lines"] == 8 and first["verdict"] == "ok" and first["gpu3"] == "ok"
 
-    agent.daemon.fleet.now().xid(79, gpu=3)
+    agent.daemon.sim.now().xid(79, gpu=3)
     injected = time.monotonic()
     assert poll(lambda: state()["gpu3"] == "failed", CEILING_S), "GPU 3's failure never reached the page"
     seen_after = time.monotonic() - injected
@@ -237,3 +237,32 @@ def test_dashboard_without_credentials_gets_nothing(agent: Running, browser) -> 
     browser.get(f"http://127.0.0.1:{agent.port}/")
     assert not browser.find_elements(By.ID, "gpus")
     assert agent.daemon.tally.copy().refusals["unauthenticated"] >= 1
+
+
+DASHBOARD = ROOT / "tests" / "data" / "grafana" / "dcgm-exporter-dashboard-queries.json"
+
+
+def label_values(base: str, metric: str, label: str) -> list[str]:
+    """What Grafana's ``label_values(metric, label)`` asks Prometheus."""
+    url = f"{base}/api/v1/label/{label}/values?" + urllib.parse.urlencode({"match[]": metric})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return list(json.loads(r.read())["data"])
+
+
+def test_nvidias_dcgm_exporter_dashboard_shows_every_panel(agent: Running, prometheus: str) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert poll(lambda: len(query(prometheus, "DCGM_FI_DEV_GPU_TEMP")) == 8, 30), "no scrape arrived"
+    chosen: dict[str, str] = {}
+    for var in dashboard["variables"]:  # Grafana fills each with label_values(...), "All" selected
+        metric, label = var["query"].removeprefix("label_values(").removesuffix(")").split(", ")
+        values = label_values(prometheus, metric, label)
+        assert values, f"dashboard variable ${var['name']} has no values"
+        chosen[var["name"]] = "(" + "|".join(values) + ")"
+    empty = []
+    for panel in dashboard["panels"]:
+        for expr in panel["expr"]:
+            for name, value in chosen.items():
+                expr = expr.replace(f"${name}", value)
+            if not poll(lambda e=expr: query(prometheus, e), 10):
+                empty.append(panel["title"])
+    assert empty == [], f"panels without data: {empty}"

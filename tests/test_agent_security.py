@@ -13,14 +13,23 @@ from pathlib import Path
 import pytest
 
 from agent_service import TOKEN, Running, sim_config, write_token
+from trainguard.agent.auth import RateLimiter, TokenCheck
 from trainguard.errors import ConfigError
-from trainguard.web.auth import RateLimiter, TokenCheck
 
 
 @pytest.fixture
 def agent(tmp_path: Path):
     with Running(sim_config(tmp_path)) as running:
         yield running
+
+
+def closed_unanswered(s: socket.socket) -> bool:
+    """The agent closed this connection without a word (a reset, or EOF before any byte)."""
+    try:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        return s.recv(4096) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
 
 
 def refusals(running: Running) -> dict[str, int]:
@@ -130,13 +139,11 @@ def test_agent_creates_a_private_token_when_none_is_configured(tmp_path: Path) -
         assert agent.get("/api/v1/node", token=path.read_text().strip())[0] == 200
 
 
-def test_a_slow_client_is_dropped_and_others_are_served(
-    agent: Running, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import trainguard.web.http as http
-
-    monkeypatch.setattr(http, "HEADER_TIMEOUT_S", 0.3)
-    with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as s:
+def test_a_slow_client_is_dropped_and_others_are_served(tmp_path: Path) -> None:
+    with (
+        Running(sim_config(tmp_path, idle_timeout_s=0.3)) as agent,
+        socket.create_connection(("127.0.0.1", agent.port), timeout=10) as s,
+    ):
         s.sendall(b"GET /api/v1/node HTTP/1.1\r\n")  # and never the rest
         assert agent.get("/api/v1/node")[0] == 200  # served meanwhile
         assert s.recv(100) == b""  # then the slow one is closed
@@ -168,20 +175,40 @@ def test_agent_serves_https_when_given_a_certificate(tmp_path: Path) -> None:
     with Running(sim_config(tmp_path, tls_cert=str(cert), tls_key=str(key))) as agent:
         assert agent.get("/api/v1/node")[0] == 200
         with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as s:
-            s.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")  # plain HTTP to a TLS port: no answer in clear
+            s.sendall(
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+            )  # plain HTTP to a TLS port: no answer in clear
             assert not s.recv(100).startswith(b"HTTP/")
 
 
-def test_connections_beyond_the_limit_are_refused_and_counted(tmp_path: Path) -> None:
-    with Running(sim_config(tmp_path, max_connections=2)) as agent:
+def test_connections_beyond_a_clients_share_are_refused_and_counted(tmp_path: Path) -> None:
+    with Running(sim_config(tmp_path, max_connections_per_client=2)) as agent:
         held = [socket.create_connection(("127.0.0.1", agent.port), timeout=10) for _ in range(2)]
         try:
-            for s in held:  # make sure both are accepted before the third arrives
-                s.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+            for s in held:  # both show the token: neither may be evicted for the third
+                s.sendall(
+                    f"GET /healthz HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+                )
                 assert s.recv(4096).startswith(b"HTTP/1.1 200")
+                s.sendall(
+                    f"GET /api/v1/node HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+                )
+                assert s.recv(65536).startswith(b"HTTP/1.1 200")
             with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as third:
-                assert third.recv(4096).startswith(b"HTTP/1.1 503")
+                assert closed_unanswered(third)
         finally:
             for s in held:
                 s.close()
         assert refusals(agent) == {"too_many_connections": 1}
+
+
+def test_a_new_connection_evicts_the_clients_oldest_one_without_a_token(tmp_path: Path) -> None:
+    with Running(sim_config(tmp_path, max_connections_per_client=2)) as agent:
+        silent = [socket.create_connection(("127.0.0.1", agent.port), timeout=10) for _ in range(2)]
+        try:
+            assert agent.get("/api/v1/node")[0] == 200  # room made by evicting a silent one
+            assert closed_unanswered(silent[0])
+        finally:
+            for s in silent:
+                s.close()
+        assert refusals(agent)["evicted"] >= 1

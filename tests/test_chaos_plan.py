@@ -123,9 +123,9 @@ def test_wrong_products_make_the_rank_gpu_fail_the_sdc_test_and_nothing_else(tmp
     from trainguard.agent import Agent
     from trainguard.diagnose import preflight
     from trainguard.records import Health
-    from trainguard.telemetry.sim import SimFleet
+    from trainguard.telemetry.sim import SimNode
 
-    fleet = SimFleet(n_gpus=3, load=0.0)
+    fleet = SimNode(n_gpus=3, load=0.0)
     plan = parse_plan('[[fault]]\nkind = "wrong_products"\nrank = 0\nat_s = 5\nrate = 1.0\n')
     ex = ChaosExecutor(plan, tmp_path, started=0.0, fleet=fleet)
     assert ex.tick(4.0, None, {0: 1}, lambda r: 2) == []

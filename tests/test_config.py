@@ -89,4 +89,4 @@ def test_run_hands_the_thresholds_to_the_supervisors_health_agent(tmp_path, monk
     cfg = config_from_args(build_parser().parse_args(argv))
     assert (cfg.thresholds.pcie_replay_per_min, cfg.thresholds.xid_hold_s) == (20.0, 60.0)
     health = NodeHealth("sim", 2, tmp_path, thresholds=cfg.thresholds)
-    assert health.enabled and health._agent.thresholds == cfg.thresholds
+    assert health.source == "local" and health._verdicts.agent.thresholds == cfg.thresholds

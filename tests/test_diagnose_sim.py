@@ -16,7 +16,7 @@ from trainguard.diagnose.result import Verdict
 from trainguard.diagnose.sim_device import SimDevice
 from trainguard.diagnose.target import Target
 from trainguard.records import Health
-from trainguard.telemetry.sim import DIAGNOSE_SCENARIOS, SimFleet
+from trainguard.telemetry.sim import DIAGNOSE_SCENARIOS, SimNode
 
 pytest.importorskip("torch")
 
@@ -30,8 +30,8 @@ def _failing(report: Any) -> set[tuple[str, int]]:
     return {(t.name, g.index) for g in report.gpus for t in g.tests if t.verdict is Verdict.FAIL}
 
 
-def _scenario_fleet(name: str) -> SimFleet:
-    fleet = SimFleet(n_gpus=8, load=0.0)
+def _scenario_fleet(name: str) -> SimNode:
+    fleet = SimNode(n_gpus=8, load=0.0)
     DIAGNOSE_SCENARIOS[name].script(fleet)
     return fleet
 
@@ -63,7 +63,7 @@ def test_cli_level_2_on_each_scenario_fails_only_the_injected_fault(name, capsys
 
 def test_wrong_products_leave_no_telemetry_symptom():
     clock = VirtualClock()
-    fleet = SimFleet(n_gpus=8, clock=clock)
+    fleet = SimNode(n_gpus=8, clock=clock)
     fleet.now().wrong_products(gpu=5)
     with Agent(fleet, clock=clock) as agent:
         verdict = agent.tick()
@@ -71,13 +71,13 @@ def test_wrong_products_leave_no_telemetry_symptom():
 
 
 def test_silicon_defects_survive_a_gpu_reset():
-    fleet = SimFleet(n_gpus=2, load=0.0)
+    fleet = SimNode(n_gpus=2, load=0.0)
     fleet.now().wrong_products(gpu=1).reset_gpu(gpu=1)
     assert fleet.state(1).defects
 
 
 def test_preflight_fails_the_gpu_that_returns_wrong_products():
-    fleet = SimFleet(n_gpus=4, load=0.0)
+    fleet = SimNode(n_gpus=4, load=0.0)
     fleet.now().wrong_products(gpu=2)
     report = preflight([0, 1, 2, 3], backend="sim", fleet=fleet)
     assert [report.gpu_health(g) for g in range(4)] == [Health.OK, Health.OK, Health.FAILED, Health.OK]
@@ -87,7 +87,7 @@ def test_preflight_fails_the_gpu_that_returns_wrong_products():
 
 
 def test_health_hook_has_the_supervisors_signature_and_names_a_straggler():
-    fleet = SimFleet(n_gpus=4, load=0.0)
+    fleet = SimNode(n_gpus=4, load=0.0)
     fleet.now().straggler(gpu=1)
     seen = []
     diagnose = health_hook(
@@ -113,7 +113,7 @@ class _Wedged(SimDevice):
 
 
 def test_a_wedged_gpu_fails_its_test_and_the_run_goes_on():
-    fleet = SimFleet(n_gpus=3, load=0.0)
+    fleet = SimNode(n_gpus=3, load=0.0)
     target = open_target("sim", fleet=fleet)
     target.devices[1] = _Wedged(fleet, 1)
     budget = budget_for(2, "sim", compute_s=0.2, timeout_s=1.0, pattern_max_bytes=2**20)
@@ -136,7 +136,7 @@ def test_a_wedged_gpu_fails_its_test_and_the_run_goes_on():
 def test_a_simulated_link_runs_at_its_models_rate_and_a_slow_link_at_its_share(model, healthy_gbps):
     from trainguard.diagnose.interconnect import measure_interconnect
 
-    fleet = SimFleet(n_gpus=3, load=0.0, model=model)
+    fleet = SimNode(n_gpus=3, load=0.0, model=model)
     fleet.now().slow_link(gpu=2, fraction=0.25)
     target = open_target("sim", fleet=fleet)
     try:
@@ -149,7 +149,7 @@ def test_a_simulated_link_runs_at_its_models_rate_and_a_slow_link_at_its_share(m
 
 
 def test_a_hung_collective_fails_interconnect_within_the_watchdog(monkeypatch):
-    fleet = SimFleet(n_gpus=2, load=0.0)
+    fleet = SimNode(n_gpus=2, load=0.0)
     target = open_target("sim", fleet=fleet)
     release = threading.Event()
     monkeypatch.setattr(
@@ -200,7 +200,7 @@ def test_a_single_gpu_is_checked_against_the_golden_checksum_of_a_first_run():
         golden = run_diagnostics(clean, 2, tests=["sdc"], budget=FAST).extra["sdc_golden"]
     finally:
         clean.close()
-    fleet = SimFleet(n_gpus=2, load=0.0)
+    fleet = SimNode(n_gpus=2, load=0.0)
     fleet.now().wrong_products(gpu=1)
     alone = open_target("sim", [1], fleet=fleet)
     try:

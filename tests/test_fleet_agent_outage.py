@@ -11,7 +11,7 @@ import pytest
 
 from agent_service import sim_config
 from pgserver import PgServer, postgres  # noqa: F401 - fixtures
-from trainguard.agentd import AgentDaemon
+from trainguard.agent import AgentDaemon
 from trainguard.incidents import IncidentStore
 from trainguard.records import Health
 
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def spool_gauge(daemon: AgentDaemon) -> float:
-    from trainguard.export.prometheus import MetricsView
+    from trainguard.agent.prometheus import MetricsView
 
     for line in MetricsView(daemon).render().decode().splitlines():
         if line.startswith("trainguard_store_spool_depth "):

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from trainguard.detect.follow import KmsgReader, LogFollower, decode_line, read_journal_kernel, read_kmsg
 from trainguard.errors import InputError
+from trainguard.telemetry.follow import KmsgReader, LogFollower, decode_line, read_journal_kernel, read_kmsg
 
 
 def _append(path, data: bytes) -> None:

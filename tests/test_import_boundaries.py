@@ -22,6 +22,7 @@ SPINE = [
     "trainguard.recover",
     "trainguard.checkpoint",
     "trainguard.agent",
+    "trainguard.agent.daemon",
     "trainguard.chaos",
     "trainguard.supervisor",
     "trainguard.supervisor.supervisor",  # the monitor loop: torch only once it launches
@@ -35,9 +36,6 @@ SPINE = [
     "trainguard.supervisor.lighthouse",
     "trainguard.diagnose",  # the GPU tests: torch/pynvml only when a test runs
     "trainguard.reliability",
-    "trainguard.agentd",
-    "trainguard.web",
-    "trainguard.export",
 ]
 
 _PROBE = """
@@ -88,9 +86,31 @@ def test_the_libraries_the_supervisor_uses_never_import_it():
     assert _forbidden(["diagnose", "incidents", "telemetry", "reliability"], ("trainguard.supervisor",)) == {}
 
 
+# The agent's HTTP side and Prometheus view: they read the loop's state; the loop runs without them.
+AGENT_EDGES = (
+    "trainguard.agent.serve",
+    "trainguard.agent.server",
+    "trainguard.agent.api",
+    "trainguard.agent.prometheus",
+)
+AGENT_LOOP = ["config", "daemon", "judge", "node", "snapshot", "state", "tick", "verdicts"]
+
+
 def test_the_node_agent_never_imports_what_serves_it():
-    # web/ and export/ read the agent daemon's state; the daemon runs without them.
-    assert _forbidden(["agentd"], ("trainguard.web", "trainguard.export")) == {}
+    bad = {
+        f"agent/{m}.py": sorted(n for n in _imports(SRC / "agent" / f"{m}.py") if n.startswith(AGENT_EDGES))
+        for m in AGENT_LOOP
+    }
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_only_the_agents_server_imports_aiohttp():
+    importers = {
+        str(p.relative_to(SRC))
+        for p in _modules(SRC)
+        if any(n.split(".")[0] == "aiohttp" for n in _imports(p))
+    }
+    assert importers == {"agent/server.py"}
 
 
 # Front ends beside the CLI: the demo's live panel shares the CLI's colours.

@@ -151,7 +151,8 @@ def test_ctrl_c_during_start_up_quits_with_exit_0(monkeypatch, capsys):
     before = signal.getsignal(signal.SIGINT)
     assert main(["monitor", "--backend", "sim", "--interval", "5"]) == 0
     assert waits == []  # did not wait for the first interval
-    assert len(opened) == 1 and not os.path.exists(opened[0]._tmp.name)  # the node was closed
+    node = opened[0].agent.node
+    assert len(opened) == 1 and not os.path.exists(node.kernel_log)  # the node was closed
     assert "node:" not in capsys.readouterr().out  # nothing drawn
     assert signal.getsignal(signal.SIGINT) == before  # the previous handler is back
 

@@ -8,11 +8,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainguard.detect.follow import LogFollower
 from trainguard.detect.kernel_log import parse_kernel_line
 from trainguard.detect.scan import ScanStats, classify_line, scan_engine, scan_file
 from trainguard.detect.training_log import classify_training_line
 from trainguard.records import Event
+from trainguard.telemetry.follow import LogFollower
 
 FAST = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FILES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -18,7 +18,7 @@ from trainguard.clock import VirtualClock
 from trainguard.errors import InputError
 from trainguard.incidents import Incident, IncidentStore, RootCause
 from trainguard.supervisor.exits import gpu_trouble
-from trainguard.telemetry.sim import SimFleet, faults
+from trainguard.telemetry.sim import SimNode, faults
 
 pytest.importorskip("lifelines")
 pytest.importorskip("sklearn")
@@ -32,7 +32,7 @@ WARNING = (faults.ThermalRunaway, faults.PcieReplayStorm, faults.NvlinkDown, fau
 def _incident(job: str, t: float, node: str, gpu: int, fault: type) -> Incident:
     """What the supervisor records when the agent on `node` sees `fault` on `gpu`."""
     clock = VirtualClock()
-    fleet = SimFleet(n_gpus=8, clock=clock, hostname=node)
+    fleet = SimNode(n_gpus=8, clock=clock, hostname=node)
     agent = Agent(fleet, clock=clock)
     agent.tick()
     fleet.inject_now(fault(gpu=gpu))

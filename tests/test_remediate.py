@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.agent import Agent
-from trainguard.agentd.judge import all_findings, onsets
+from trainguard.agent.judge import all_findings, onsets
 from trainguard.clock import VirtualClock
 from trainguard.errors import ConfigError, StoreError
 from trainguard.incidents.store import IncidentStore
@@ -19,7 +19,7 @@ from trainguard.remediate.breaker import BreakerState, fleet_limit, reset
 from trainguard.remediate.policy import BreakerLimits, EscalationLimits, load_policy
 from trainguard.remediate.providers import Status, Target
 from trainguard.remediate.providers.sim import SimScheduler
-from trainguard.telemetry.sim import SimFleet
+from trainguard.telemetry.sim import SimNode
 
 DBE = Finding("ecc_dbe", Health.FAILED, Action.RESET_GPU, "1 uncorrectable ECC error", gpu=2, time=1.0)
 XID79 = Finding("xid", Health.FAILED, Action.REBOOT_NODE, "Xid 79: GPU has fallen off the bus.", gpu=1)
@@ -119,7 +119,7 @@ def test_breaker_drains_exactly_k_of_a_64_node_fleet_and_holds_the_rest(tmp_path
         records = []
         for name in names:
             kmsg = tmp_path / f"{name}.kmsg"
-            fleet = SimFleet(n_gpus=2, clock=clock, kmsg_path=kmsg, hostname=name)
+            fleet = SimNode(n_gpus=2, clock=clock, kmsg_path=kmsg, hostname=name)
             with Agent(fleet, kernel_log=kmsg, clock=clock) as agent:
                 _, active = onsets(Counter(), all_findings(agent.tick()))
                 if name in bad:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from agent_service import TOKEN, Running, sim_config, write_token
-from trainguard.agentd import AgentDaemon
-from trainguard.export.prometheus import MetricsView
+from trainguard.agent import AgentDaemon
+from trainguard.agent.prometheus import MetricsView
 from trainguard.incidents.store import IncidentStore
 
 ADMIN = "admin-token-0123456789abcdef"
@@ -25,7 +25,7 @@ def test_default_agent_decides_but_does_not_act(tmp_path: Path) -> None:
     daemon = AgentDaemon(sim_config(tmp_path))
     try:
         daemon.step()
-        daemon.fleet.now().xid(79, gpu=3)
+        daemon.sim.now().xid(79, gpu=3)
         daemon.step()
         daemon.remediation.flush()
         assert daemon.remediation.counts[("reboot_node", "dry_run")] == 1
@@ -43,7 +43,7 @@ def test_enforcing_agent_acts_records_and_exports(tmp_path: Path) -> None:
     daemon = AgentDaemon(sim_config(tmp_path, policy=policy))
     try:
         daemon.step()
-        daemon.fleet.now().xid(79, gpu=3)
+        daemon.sim.now().xid(79, gpu=3)
         daemon.step()
         daemon.remediation.flush()
         sched = daemon.remediation.remediator.providers["node"]
@@ -62,8 +62,8 @@ def test_enforcing_agent_acts_records_and_exports(tmp_path: Path) -> None:
 def test_agent_reports_a_stranger_process_once(tmp_path: Path) -> None:
     daemon = AgentDaemon(sim_config(tmp_path, policy=_policy(tmp_path, "[remediation]\n")))
     try:
-        daemon.fleet.start_process(1, 1001, "python train.py", user="alice", job="77")
-        daemon.fleet.start_process(5, 4242, "xmrig -o pool", user="mallory")
+        daemon.sim.start_process(1, 1001, "python train.py", user="alice", job="77")
+        daemon.sim.start_process(5, 4242, "xmrig -o pool", user="mallory")
         for _ in range(3):
             daemon.step()
         daemon.remediation.flush()
@@ -82,7 +82,7 @@ def test_breaker_reset_needs_the_admin_token(tmp_path: Path) -> None:
     admin = write_token(tmp_path / "admin", ADMIN)
     with Running(sim_config(tmp_path, policy=policy, admin_token_file=str(admin))) as agent:
         agent.daemon.step()
-        agent.daemon.fleet.now().xid(79, gpu=2)
+        agent.daemon.sim.now().xid(79, gpu=2)
         agent.daemon.step()
         agent.daemon.remediation.flush()
         status = agent.json("/api/v1/remediation")
@@ -102,7 +102,7 @@ def test_enforcing_agent_resets_a_gpu_and_the_next_tick_sees_it_healthy(tmp_path
     daemon = AgentDaemon(sim_config(tmp_path, enforce=True))  # --enforce with the built-in defaults
     try:
         daemon.step()
-        daemon.fleet.now().dbe(gpu=2)
+        daemon.sim.now().dbe(gpu=2)
         assert daemon.step().verdict.gpus[2].health is Health.FAILED  # type: ignore[union-attr]
         daemon.remediation.flush()
         assert daemon.remediation.counts[("reset_gpu", "done")] == 1
@@ -133,7 +133,7 @@ def test_dashboard_shows_an_open_breaker(tmp_path: Path) -> None:
         driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
         try:
             agent.daemon.step()
-            agent.daemon.fleet.now().xid(79, gpu=2)
+            agent.daemon.sim.now().xid(79, gpu=2)
             agent.daemon.step()
             agent.daemon.remediation.flush()
             driver.get(f"http://viewer:{TOKEN}@127.0.0.1:{agent.port}/")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.agent import Agent
-from trainguard.agentd.judge import all_findings, onsets
+from trainguard.agent.judge import all_findings, onsets
 from trainguard.clock import VirtualClock
 from trainguard.incidents.store import IncidentStore
 from trainguard.records import Health
@@ -20,16 +20,16 @@ from trainguard.remediate.providers import Status, Target
 from trainguard.remediate.providers.gpu_reset import GpuResetProvider, SimGpuControl
 from trainguard.remediate.providers.sim import SimScheduler
 from trainguard.telemetry.procinfo import describe
-from trainguard.telemetry.sim import SimFleet
+from trainguard.telemetry.sim import SimNode
 
 ENFORCE = parse_policy(
     {"remediation": {"enforce": True, "actions": {"gpu_lost": "reset_gpu", "xid": "reset_gpu"}}}
 )
 
 
-def _node(tmp_path: Path) -> tuple[VirtualClock, SimFleet, Agent]:
+def _node(tmp_path: Path) -> tuple[VirtualClock, SimNode, Agent]:
     clock = VirtualClock()
-    fleet = SimFleet(n_gpus=4, clock=clock, kmsg_path=tmp_path / "kmsg", hostname="n1")
+    fleet = SimNode(n_gpus=4, clock=clock, kmsg_path=tmp_path / "kmsg", hostname="n1")
     return clock, fleet, Agent(fleet, kernel_log=tmp_path / "kmsg", clock=clock)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from slurm_cluster import NODE, SlurmCluster, require_slurm
 from trainguard.agent import Agent
-from trainguard.agentd.judge import all_findings, onsets
+from trainguard.agent.judge import all_findings, onsets
 from trainguard.clock import VirtualClock
 from trainguard.incidents.store import IncidentStore
 from trainguard.remediate import Remediator, parse_policy
@@ -22,7 +22,7 @@ from trainguard.remediate.escalation import EscalationState
 from trainguard.remediate.providers import Status, Target
 from trainguard.remediate.providers.slurm import MAX_REASON, SlurmProvider, node_state
 from trainguard.remediate.resume import diagnose_passes, resume_node
-from trainguard.telemetry.sim import SimFleet
+from trainguard.telemetry.sim import SimNode
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TRAINGUARD = [sys.executable, "-m", "trainguard.cli"]
@@ -48,7 +48,7 @@ def test_failing_gpu_drains_its_node_and_resume_follows_a_passing_diagnose(
 ) -> None:
     clock = VirtualClock()
     kmsg = tmp_path / "kmsg.log"
-    fleet = SimFleet(n_gpus=4, clock=clock, kmsg_path=kmsg, hostname=NODE)
+    fleet = SimNode(n_gpus=4, clock=clock, kmsg_path=kmsg, hostname=NODE)
     policy = parse_policy(
         {"remediation": {"enforce": True, "actions": {"xid": "drain", "gpu_lost": "drain"}}}
     )

@@ -12,7 +12,7 @@ import pytest
 from trainguard.agent import Agent
 from trainguard.clock import VirtualClock
 from trainguard.records import Health
-from trainguard.telemetry.sim import DIAGNOSE_SCENARIOS, SCENARIOS, SimFleet
+from trainguard.telemetry.sim import DIAGNOSE_SCENARIOS, SCENARIOS, SimNode
 
 pytest.importorskip("torch")
 
@@ -37,8 +37,8 @@ def test_check_passes_a_node_with_a_silent_fault(name, capsys):
 @pytest.mark.parametrize("name", sorted(SILENT))
 def test_a_silent_fault_changes_no_reading_and_no_agent_verdict(name, tmp_path):
     clock = VirtualClock()
-    fleet = SimFleet(n_gpus=8, clock=clock, load=1.0, kmsg_path=tmp_path / "faulty")
-    healthy = SimFleet(n_gpus=8, clock=clock, load=1.0, kmsg_path=tmp_path / "healthy")
+    fleet = SimNode(n_gpus=8, clock=clock, load=1.0, kmsg_path=tmp_path / "faulty")
+    healthy = SimNode(n_gpus=8, clock=clock, load=1.0, kmsg_path=tmp_path / "healthy")
     DIAGNOSE_SCENARIOS[name].script(fleet)
     assert fleet.state(SILENT[name][1]).defects  # the fault is there
     clock.advance(10)
@@ -60,7 +60,7 @@ def test_diagnose_fails_the_silent_fault_on_its_gpu_and_no_other(name):
         2, "sim", compute_s=0.3, pattern_max_bytes=2**20, allreduce_bytes=2**20, allreduce_iters=4
     )
     for scripted in (True, False):  # the same node without the fault: the test passes everywhere
-        fleet = SimFleet(n_gpus=8, load=0.0)
+        fleet = SimNode(n_gpus=8, load=0.0)
         if scripted:
             DIAGNOSE_SCENARIOS[name].script(fleet)
         target = open_target("sim", fleet=fleet)
@@ -77,7 +77,7 @@ def test_stuck_bits_corrupt_only_patterns_that_need_the_other_value():
 
     from trainguard.diagnose.sim_device import SimDevice
 
-    fleet = SimFleet(n_gpus=2, load=0.0)
+    fleet = SimNode(n_gpus=2, load=0.0)
     fleet.now().stuck_bits(gpu=1, cells=4)
     good, bad = SimDevice(fleet, 0), SimDevice(fleet, 1)
     buf = torch.empty(2**20, dtype=torch.uint8)
@@ -95,7 +95,7 @@ def test_stuck_bits_corrupt_only_patterns_that_need_the_other_value():
 
 
 def test_silent_defects_survive_a_gpu_reset():
-    fleet = SimFleet(n_gpus=8, load=0.0)
+    fleet = SimNode(n_gpus=8, load=0.0)
     fleet.now().slow_products(gpu=4).detoured_link(gpu=6).stuck_bits(gpu=0)
     fleet.now().reset_gpu(gpu=4).reset_gpu(gpu=6).reset_gpu(gpu=0)
     assert all(fleet.state(g).defects for g in (0, 4, 6))
@@ -105,7 +105,7 @@ def test_a_detoured_link_is_measured_slow_from_the_copies_it_really_makes():
     from trainguard.diagnose import open_target
     from trainguard.diagnose.interconnect import measure_interconnect
 
-    fleet = SimFleet(n_gpus=3, load=0.0)
+    fleet = SimNode(n_gpus=3, load=0.0)
     fleet.now().detoured_link(gpu=2, bounces=4)
     target = open_target("sim", fleet=fleet)
     try:

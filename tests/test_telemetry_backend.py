@@ -35,7 +35,7 @@ def test_importing_telemetry_and_the_simulator_pulls_no_pynvml():
         "trainguard.clock",
         "trainguard.telemetry",
         "trainguard.telemetry.sim",
-        "trainguard.telemetry.sim.fleet",
+        "trainguard.telemetry.sim.node",
         "trainguard.telemetry.sim.faults",
         "trainguard.telemetry.sim.kmsg",
         "trainguard.telemetry.sim.scenarios",

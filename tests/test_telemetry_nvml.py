@@ -58,6 +58,13 @@ class FakeGpu:
             },
             "recovery": 0,
             "nvlink_totals": {},  # NVML_FI_DEV_NVLINK_*_TOTAL field id -> value
+            "reserved": 512 * MIB,
+            "mem_temp": 71,
+            "energy_mj": 123_456_789,
+            "enc_dec": (3, 5),
+            "nvlink_data_kib": 1000,  # per link and direction
+            "gpm": True,  # Hopper: GPM answers
+            "gpm_samples": 0,
         }
         self.v.update(values)
 
@@ -144,9 +151,56 @@ class FakeNvml:
         h.answer("util")
         return SimpleNamespace(gpu=h.v["util"][0], memory=h.v["util"][1])
 
-    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu, version: int | None = None) -> Any:
         h.answer("mem")
-        return SimpleNamespace(used=h.v["mem"][0], total=h.v["mem"][1], free=h.v["mem"][1] - h.v["mem"][0])
+        used, total = h.v["mem"]
+        if version is None:
+            return SimpleNamespace(used=used, total=total, free=total - used)
+        h.answer("mem_v2")
+        return SimpleNamespace(
+            used=used, total=total, reserved=h.v["reserved"], free=total - used - h.v["reserved"]
+        )
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: FakeGpu) -> int:
+        h.answer("energy")
+        return h.v["energy_mj"]
+
+    def nvmlDeviceGetEncoderUtilization(self, h: FakeGpu) -> list[int]:
+        h.answer("enc")
+        return [h.v["enc_dec"][0], 167000]
+
+    def nvmlDeviceGetDecoderUtilization(self, h: FakeGpu) -> list[int]:
+        h.answer("dec")
+        return [h.v["enc_dec"][1], 167000]
+
+    # GPM (Hopper and newer)
+    def nvmlGpmQueryDeviceSupport(self, h: FakeGpu) -> Any:
+        h.answer("gpm")
+        return SimpleNamespace(isSupportedDevice=int(h.v["gpm"]))
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        return pynvml.c_nvmlGpmSample_t()
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        pass
+
+    def nvmlGpmSampleGet(self, h: FakeGpu, sample: Any) -> Any:
+        h.answer("gpm_sample")
+        h.v["gpm_samples"] += 1
+        return sample
+
+    def nvmlGpmMetricsGet(self, get: Any) -> Any:
+        percent = {
+            pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 90.0,
+            pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 55.0,
+            pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 40.0,
+            pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: 2.0,  # MiB/s
+            pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: 3.0,
+        }
+        for i in range(get.numMetrics):
+            get.metrics[i].value = percent[get.metrics[i].metricId]
+            get.metrics[i].nvmlReturn = pynvml.NVML_SUCCESS
+        return get
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: FakeGpu) -> int:
         h.answer("event_reasons")
@@ -202,11 +256,23 @@ class FakeNvml:
         h.answer("nvlink_errors")
         return h.v["link_errors"][counter]
 
-    def nvmlDeviceGetFieldValues(self, h: FakeGpu, ids: list[int]) -> list[Any]:
+    def nvmlDeviceGetFieldValues(self, h: FakeGpu, ids: list[Any]) -> list[Any]:
         h.answer("fields")
         out = []
+        throughput = (
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+        )
         for field_id in ids:
-            if field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+            if (
+                isinstance(field_id, tuple)
+                and field_id[0] in throughput
+                and "nvlink_data" not in h.unsupported
+            ):
+                value, ret = SimpleNamespace(ullVal=h.v["nvlink_data_kib"]), pynvml.NVML_SUCCESS
+            elif field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP and "mem_temp" not in h.unsupported:
+                value, ret = SimpleNamespace(uiVal=h.v["mem_temp"]), pynvml.NVML_SUCCESS
+            elif field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
                 value, ret = SimpleNamespace(uiVal=h.v["recovery"]), pynvml.NVML_SUCCESS
             elif field_id in h.v["nvlink_totals"]:
                 value, ret = SimpleNamespace(ullVal=h.v["nvlink_totals"][field_id]), pynvml.NVML_SUCCESS
@@ -229,6 +295,38 @@ def box(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     fake = FakeNvml([FakeGpu(0), FakeGpu(1), FakeGpu(2)])
     fake.install(monkeypatch)
     return fake
+
+
+def test_dcgm_exporters_default_counters_come_from_nvml(box):
+    backend = NvmlBackend()
+    first = backend.sample()[0]
+    assert (first.mem_free_mib, first.mem_reserved_mib) == (81_559 - 70_000 - 512, 512)
+    assert (first.memory_temp_c, first.energy_mj, first.enc_util_pct, first.dec_util_pct) == (
+        71,
+        123_456_789,
+        3,
+        5,
+    )
+    assert first.nvlink_data_kib == 18 * 2 * 1000  # every link, both directions
+    assert first.tensor_active is None  # GPM reports over an interval: nothing after one sample
+    second = backend.sample()[0]
+    assert (second.gr_engine_active, second.tensor_active, second.dram_active) == (0.9, 0.55, 0.4)
+    assert (second.pcie_tx_bytes_s, second.pcie_rx_bytes_s) == (2 * MIB, 3 * MIB)
+    backend.close()
+
+
+def test_before_hopper_the_gpm_fields_are_unknown(box):
+    box.gpus[0].v["gpm"] = False
+    box.gpus[0].unsupported |= {"mem_v2", "mem_temp", "nvlink_data"}
+    backend = NvmlBackend()
+    backend.sample()
+    s = backend.sample()[0]
+    assert (s.gr_engine_active, s.tensor_active, s.dram_active, s.pcie_tx_bytes_s) == (None, None, None, None)
+    assert box.gpus[0].v["gpm_samples"] == 0  # never asked
+    assert s.mem_reserved_mib is None and s.mem_free_mib == 81_559 - 70_000  # the v1 answer
+    assert s.memory_temp_c is None and s.nvlink_data_kib is None
+    assert backend.sample()[1].tensor_active == 0.55  # its Hopper neighbour still reports
+    backend.close()
 
 
 def test_healthy_gpu_reads_every_field_in_trainguard_units(box):

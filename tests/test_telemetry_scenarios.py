@@ -4,13 +4,14 @@ fleet writes is read back by the kernel-log parser as the right Xid on the right
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
 from trainguard.clock import RealClock, VirtualClock
 from trainguard.errors import ConfigError
 from trainguard.records import Action, EventKind, Gpu, GpuVerdict, Health, NodeVerdict
-from trainguard.telemetry.sim import SCENARIOS, SimFleet, run_scenario
+from trainguard.telemetry.sim import SCENARIOS, SimNode, run_scenario
 
 EXPECTED = {
     "healthy": Health.OK,
@@ -39,9 +40,9 @@ XIDS = {
 }
 
 
-def played(name: str, tmp_path) -> tuple[SimFleet, list[str]]:
+def played(name: str, tmp_path) -> tuple[SimNode, list[str]]:
     kmsg = tmp_path / f"{name}.log"
-    fleet = SimFleet(clock=VirtualClock(), kmsg_path=kmsg)
+    fleet = SimNode(clock=VirtualClock(), kmsg_path=kmsg)
     run_scenario(name, fleet)
     return fleet, kmsg.read_text().splitlines()
 
@@ -60,8 +61,10 @@ def test_scenario_runs_to_its_end_and_leaves_evidence_on_the_faulty_gpus(name, t
     scenario = SCENARIOS[name]
     assert fleet.elapsed == scenario.duration_s
     assert fleet.pending() == []
-    samples = fleet.sample()
-    healthy = SimFleet(clock=VirtualClock(start=fleet.clock.time())).sample()
+    # cumulative counters (energy, NVLink data) count the time each node has run: left out
+    samples = [replace(s, energy_mj=None, nvlink_data_kib=None) for s in fleet.sample()]
+    fresh = SimNode(clock=VirtualClock(start=fleet.clock.time())).sample()
+    healthy = [replace(s, energy_mj=None, nvlink_data_kib=None) for s in fresh]
     xid_lines = [line for line in lines if "NVRM: Xid" in line]
     if name == "healthy":
         assert xid_lines == []
@@ -77,16 +80,16 @@ def test_scenario_runs_to_its_end_and_leaves_evidence_on_the_faulty_gpus(name, t
 
 def test_run_scenario_refuses_unknown_names_and_real_clocks():
     with pytest.raises(ConfigError, match="unknown scenario"):
-        run_scenario("nope", SimFleet(clock=VirtualClock()))
+        run_scenario("nope", SimNode(clock=VirtualClock()))
     with pytest.raises(ConfigError, match="VirtualClock"):
-        run_scenario("dbe", SimFleet(clock=RealClock()))
+        run_scenario("dbe", SimNode(clock=RealClock()))
     with pytest.raises(ConfigError, match="needs 8 GPUs"):
-        run_scenario("nvlink-crc", SimFleet(n_gpus=4, clock=VirtualClock()))
+        run_scenario("nvlink-crc", SimNode(n_gpus=4, clock=VirtualClock()))
 
 
 def test_run_scenario_calls_on_step_once_per_step():
     steps: list[float] = []
-    run_scenario("healthy", SimFleet(clock=VirtualClock()), step_s=5, on_step=steps.append)
+    run_scenario("healthy", SimNode(clock=VirtualClock()), step_s=5, on_step=steps.append)
     assert steps == [5, 10, 15, 20, 25, 30]
 
 
@@ -119,7 +122,7 @@ def test_every_kernel_line_the_fleet_writes_parses_to_the_right_xid_and_gpu(name
 def test_scenario_ends_in_its_documented_verdict_through_the_agent(name, tmp_path):
     agent_mod = pytest.importorskip("trainguard.agent")
     clock, kmsg = VirtualClock(), tmp_path / "kmsg.log"
-    fleet = SimFleet(clock=clock, kmsg_path=kmsg)
+    fleet = SimNode(clock=clock, kmsg_path=kmsg)
     with agent_mod.Agent(fleet, kernel_log=kmsg, clock=clock) as agent:
         agent.tick()
         run_scenario(name, fleet, on_step=lambda _t: agent.tick())

@@ -11,16 +11,16 @@ from trainguard.clock import VirtualClock
 from trainguard.errors import ConfigError
 from trainguard.records import RecoveryAction, Throttle
 from trainguard.telemetry import TelemetryBackend, open_backend
-from trainguard.telemetry.sim import SimFleet, faults, write_xid_line
+from trainguard.telemetry.sim import SimNode, faults, write_xid_line
 
 UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 DMESG = re.compile(r"^\[ *\d+\.\d{6}\] ")
 
 
-def make(tmp_path: Path, **kw) -> tuple[SimFleet, VirtualClock, Path]:
+def make(tmp_path: Path, **kw) -> tuple[SimNode, VirtualClock, Path]:
     clock = VirtualClock()
     kmsg = tmp_path / "kmsg.log"
-    return SimFleet(clock=clock, kmsg_path=kmsg, **kw), clock, kmsg
+    return SimNode(clock=clock, kmsg_path=kmsg, **kw), clock, kmsg
 
 
 def new_lines(kmsg: Path, before: int) -> list[str]:
@@ -30,7 +30,7 @@ def new_lines(kmsg: Path, before: int) -> list[str]:
 def test_fleet_is_a_telemetry_backend(tmp_path):
     fleet, _, _ = make(tmp_path)
     assert isinstance(fleet, TelemetryBackend)
-    assert isinstance(open_backend("sim", n_gpus=2, clock=VirtualClock()), SimFleet)
+    assert isinstance(open_backend("sim", n_gpus=2, clock=VirtualClock()), SimNode)
 
 
 def test_healthy_h100_readings_are_plausible(tmp_path):
@@ -56,7 +56,7 @@ def test_healthy_h100_readings_are_plausible(tmp_path):
 
 def test_readings_vary_with_time_but_not_between_runs_of_one_seed(tmp_path):
     def run(seed: int) -> list:
-        fleet = SimFleet(seed=seed, clock=(clock := VirtualClock()))
+        fleet = SimNode(seed=seed, clock=(clock := VirtualClock()))
         out = []
         for _ in range(5):
             clock.advance(1)
@@ -76,7 +76,7 @@ def test_gpus_have_distinct_pci_addresses_and_uuids(tmp_path):
     assert len({g.pci for g in gpus}) == 16 and len({g.uuid for g in gpus}) == 16
     assert all(UUID.match(g.uuid) for g in gpus)
     assert all(re.match(r"^[0-9a-f]{4}:[0-9a-f]{2}:00$", g.pci) for g in gpus)
-    assert SimFleet(hostname="node1").gpus()[0].uuid != SimFleet(hostname="node0").gpus()[0].uuid
+    assert SimNode(hostname="node1").gpus()[0].uuid != SimNode(hostname="node0").gpus()[0].uuid
 
 
 def test_fleet_start_writes_driver_gpu_map_lines(tmp_path):
@@ -264,7 +264,7 @@ def test_scripting_a_gpu_the_fleet_does_not_have_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="no GPU 7"):
         fleet.at(1).xid(79, gpu=7)
     with pytest.raises(ConfigError):
-        SimFleet(n_gpus=0)
+        SimNode(n_gpus=0)
 
 
 def test_idle_fleet_reads_idle(tmp_path):

@@ -156,6 +156,20 @@ class Sample:
     nvlink_recovery_errors: int | None = None
     # the driver's own word
     recovery_action: RecoveryAction | None = None
+    # what dcgm-exporter's default counters add (docs/agent.md: where each comes from)
+    mem_free_mib: float | None = None
+    mem_reserved_mib: float | None = None  # held by the driver and firmware
+    memory_temp_c: float | None = None  # HBM temperature
+    energy_mj: int | None = None  # cumulative energy since the driver loaded (mJ)
+    enc_util_pct: float | None = None
+    dec_util_pct: float | None = None
+    nvlink_data_kib: int | None = None  # cumulative NVLink data (tx + rx, all links), KiB
+    # activity over the last sampling interval (NVML GPM: Hopper and newer; None before)
+    gr_engine_active: float | None = None  # ratio 0..1 of time the graphics/compute engine was busy
+    tensor_active: float | None = None  # ratio of cycles any tensor pipe was busy
+    dram_active: float | None = None  # ratio of peak device-memory bandwidth used
+    pcie_tx_bytes_s: float | None = None
+    pcie_rx_bytes_s: float | None = None
 
 
 class EventKind(str, Enum):

@@ -72,7 +72,7 @@ def register(subparsers: Any) -> None:
 
 
 def load_config(args: argparse.Namespace) -> Any:
-    from trainguard.agentd import AgentConfig
+    from trainguard.agent import AgentConfig
     from trainguard.config import load
     from trainguard.incidents.backend import check_cli_target
 
@@ -91,7 +91,7 @@ def load_config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from trainguard.web.run import run_agent
+        from trainguard.agent.serve import run_agent
     except ImportError as exc:
         print(f"trainguard agent: {exc}", file=sys.stderr)
         return 3

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -123,19 +122,18 @@ def check_scenario(
     thresholds: Thresholds | None = None,
 ) -> tuple[NodeVerdict, dict[str, Any]]:
     """Play scenario ``name`` on a simulated node on a virtual clock, one agent tick per second."""
-    from trainguard.agent import Agent
+    from trainguard.agent import Agent, open_node
     from trainguard.clock import VirtualClock
-    from trainguard.telemetry.sim import SimFleet, run_scenario
+    from trainguard.telemetry.sim import run_scenario
 
     sim_kernel_log_is_new(kernel_log)
-    with tempfile.TemporaryDirectory(prefix="trainguard-check-") as tmp:
-        kmsg = kernel_log if kernel_log is not None else Path(tmp) / "kmsg.log"
-        clock = VirtualClock()
-        fleet = SimFleet(n_gpus=n_gpus, seed=seed, clock=clock, kmsg_path=kmsg)
-        with Agent(fleet, kernel_log=kmsg, clock=clock, thresholds=thresholds) as agent:
-            agent.tick()
-            scenario = run_scenario(name, fleet, step_s=1.0, on_step=lambda _elapsed: agent.tick())
-            verdict = agent.tick()
+    clock = VirtualClock()
+    node = open_node("sim", kernel_log=kernel_log, n_gpus=n_gpus, seed=seed, clock=clock)
+    assert node.sim is not None
+    with Agent.of(node, clock=clock, thresholds=thresholds) as agent:
+        agent.tick()
+        scenario = run_scenario(name, node.sim, step_s=1.0, on_step=lambda _elapsed: agent.tick())
+        verdict = agent.tick()
     extra = {
         "backend": "sim",
         "scenario": scenario.name,
@@ -167,12 +165,11 @@ def _require(kernel_log: Path | None) -> None:
 def _check_live(
     kernel_log: Path | None, interval: float, th: Thresholds
 ) -> tuple[NodeVerdict, dict[str, Any]]:
-    from trainguard.agent import Agent
-    from trainguard.telemetry import open_backend
+    from trainguard.agent import Agent, open_node
 
     _require(kernel_log)
 
-    with Agent(open_backend("nvml"), kernel_log=kernel_log, thresholds=th) as agent:
+    with Agent.of(open_node("nvml", kernel_log=kernel_log), thresholds=th) as agent:
         agent.tick()
         time.sleep(max(interval, 0.0))  # rates (PCIe replays, NVLink errors) need two readings
         verdict = agent.tick()
@@ -182,11 +179,10 @@ def _check_live(
 def _check_snapshot(
     path: Path, kernel_log: Path | None, th: Thresholds
 ) -> tuple[NodeVerdict, dict[str, Any]]:
-    from trainguard.agent import Agent
-    from trainguard.telemetry import open_backend
+    from trainguard.agent import Agent, open_node
 
     _require(kernel_log)
-    with Agent(open_backend("smi-xml", path=path), kernel_log=kernel_log, thresholds=th) as agent:
+    with Agent.of(open_node("smi-xml", kernel_log=kernel_log, path=path), thresholds=th) as agent:
         verdict = agent.tick()  # one snapshot: no counter rates
     return verdict, {"backend": "smi-xml", "source": str(path)}
 

@@ -12,10 +12,8 @@ with the verdict it produced and how long detection took.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from trainguard.cli.interrupt import quits_on_ctrl_c
@@ -92,23 +90,22 @@ def run_node_demo(speed: float = 2.0, console: Any = None, seed: int = 0) -> int
     from rich.console import Console, Group
     from rich.live import Live
 
-    from trainguard.agent import Agent
+    from trainguard.agent import Agent, open_node
     from trainguard.cli.render import gpu_table, node_line
     from trainguard.clock import VirtualClock
-    from trainguard.telemetry.sim import SCENARIOS, SimFleet
+    from trainguard.telemetry.sim import SCENARIOS
 
     console = console or Console()
     speed = max(speed, 0.01)
     spec = SCENARIOS[SCENARIO]
     log: list[LogEntry] = []
-    with tempfile.TemporaryDirectory(prefix="trainguard-demo-") as tmp:
-        kmsg = Path(tmp) / "kmsg.log"
-        clock = VirtualClock()
-        fleet = SimFleet(n_gpus=8, seed=seed, clock=clock, kmsg_path=kmsg)
-        spec.script(fleet)
+    clock = VirtualClock()
+    with open_node("sim", n_gpus=8, seed=seed, scenario=spec.name, clock=clock) as node:
+        fleet = node.sim
+        assert fleet is not None
         faults = fleet.pending()
         title = f"trainguard demo: simulated 8-GPU node, scenario '{spec.name}' at {speed:g}x"
-        with Agent(fleet, kernel_log=kmsg, clock=clock) as agent:
+        with Agent.of(node, clock=clock) as agent:
             prev = agent.tick()
 
             def frame() -> Group:

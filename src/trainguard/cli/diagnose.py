@@ -102,13 +102,13 @@ def _diagnose(args: argparse.Namespace) -> Any:
     tests = [t.strip() for t in args.tests.split(",") if t.strip()] if args.tests else None
     fleet, extra = None, {}
     if backend == "sim":
-        from trainguard.telemetry.sim import DIAGNOSE_SCENARIOS, SimFleet
+        from trainguard.telemetry.sim import DIAGNOSE_SCENARIOS, SimNode
 
         name = args.scenario or "healthy"
         scenario = DIAGNOSE_SCENARIOS.get(name)
         if scenario is None:
             raise ConfigError(f"unknown scenario {name!r}: choose one of {', '.join(DIAGNOSE_SCENARIOS)}")
-        fleet = SimFleet(n_gpus=args.sim_gpus, seed=args.seed, load=0.0)
+        fleet = SimNode(n_gpus=args.sim_gpus, seed=args.seed, load=0.0)
         scenario.script(fleet)
         extra = {"scenario": name, "description": scenario.description}
     target = open_target(backend, _indices(args.gpus, "--gpus"), fleet=fleet)

@@ -165,9 +165,9 @@ def run_scan(args: argparse.Namespace) -> int:
 def run_follow(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from trainguard.detect.follow import KmsgReader, LogFollower
     from trainguard.detect.scan import BurstTracker, EventMerger, ScanStats, scan_bytes
     from trainguard.errors import InputError
+    from trainguard.telemetry.follow import KmsgReader, LogFollower
 
     if not Path(args.path).exists():  # a typo, most likely; the Python API waits for the file instead
         raise InputError(f"{args.path}: no such file")

@@ -212,7 +212,6 @@ class Session:
         self._t0 = time.monotonic()
         self._start = clock.time() if clock is not None else 0.0
         self.scenario_end: float | None = None
-        self._tmp: Any = None  # a TemporaryDirectory holding the simulated kernel log
         self.agent.tick()
 
     @classmethod
@@ -226,20 +225,16 @@ class Session:
         speed: float,
         thresholds: Thresholds | None = None,
     ) -> Session:
-        from trainguard.agent import Agent
+        from trainguard.agent import Agent, open_node
         from trainguard.errors import ConfigError
 
         if backend != "sim":
             if scenario:
                 raise ConfigError("--scenario runs on the simulated node: use --backend sim")
-            from trainguard.telemetry import open_backend
-
-            agent = Agent(open_backend(backend), kernel_log=kernel_log, thresholds=thresholds)
+            agent = Agent.of(open_node(backend, kernel_log=kernel_log), thresholds=thresholds)
             return cls(agent, None, 1.0, f"{backend} telemetry")
-        import tempfile
-
         from trainguard.clock import VirtualClock
-        from trainguard.telemetry.sim import SCENARIOS, SimFleet
+        from trainguard.telemetry.sim import SCENARIOS
 
         spec = SCENARIOS.get(scenario or "healthy")
         if spec is None:
@@ -247,19 +242,17 @@ class Session:
         from trainguard.cli.check import sim_kernel_log_is_new
 
         sim_kernel_log_is_new(kernel_log)
-        tmp = tempfile.TemporaryDirectory(prefix="trainguard-monitor-")
-        kmsg = kernel_log if kernel_log is not None else Path(tmp.name) / "kmsg.log"
         clock = VirtualClock()
-        fleet = SimFleet(n_gpus=n_gpus, seed=seed, clock=clock, kmsg_path=kmsg)
-        spec.script(fleet)
+        node = open_node(
+            "sim", kernel_log=kernel_log, n_gpus=n_gpus, seed=seed, scenario=spec.name, clock=clock
+        )
         session = cls(
-            Agent(fleet, kernel_log=kmsg, clock=clock, thresholds=thresholds),
+            Agent.of(node, clock=clock, thresholds=thresholds),
             clock,
             speed,
             f"simulated node: {spec.name}",
         )
         session.scenario_end = spec.duration_s
-        session._tmp = tmp  # removed on close
         return session
 
     @property
@@ -314,8 +307,6 @@ class Session:
 
     def close(self) -> None:
         self.agent.close()
-        if self._tmp is not None:
-            self._tmp.cleanup()
 
     def __enter__(self) -> Session:
         return self

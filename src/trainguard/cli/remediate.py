@@ -83,7 +83,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
-    from trainguard.agentd.daemon import default_state_dir
+    from trainguard.agent.daemon import default_state_dir
 
     return Path(args.state_dir) if args.state_dir else default_state_dir()
 

@@ -88,6 +88,16 @@ def register(subparsers: Any) -> None:
         "they run only with --backend nvml or sim",
     )
     g.add_argument("--kernel-log", type=Path, default=None, help="kernel log the health agent follows")
+    g.add_argument(
+        "--agent-url",
+        default="",
+        metavar="URL",
+        help="the node agent whose verdict to read instead of opening the node (default with "
+        "--backend nvml: http://127.0.0.1:9410 when its token is readable)",
+    )
+    g.add_argument(
+        "--agent-token-file", type=Path, default=None, metavar="PATH", help="the node agent's token"
+    )
     add_config_args(g)
     g.add_argument(
         "--chaos", type=Path, default=None, metavar="PLAN.toml", help="inject faults (docs/chaos.md)"
@@ -171,6 +181,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         preflight=not args.no_preflight,
         backend=args.backend,
         kernel_log=args.kernel_log,
+        agent_url=args.agent_url,
+        agent_token_file=args.agent_token_file,
         chaos=args.chaos,
         crash_loop_after=args.crash_loop_after,
         backoff_base_s=args.backoff_base,

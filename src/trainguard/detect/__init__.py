@@ -8,7 +8,6 @@ readings -> rules (Samples and Events -> Findings -> verdicts)
 
 from __future__ import annotations
 
-from trainguard.detect.follow import KmsgReader, LogFollower, decode_line, read_journal_kernel, read_kmsg
 from trainguard.detect.kernel_log import line_time, parse_kernel_line
 from trainguard.detect.scan import (
     BurstTracker,
@@ -21,6 +20,7 @@ from trainguard.detect.scan import (
 )
 from trainguard.detect.training_log import ElasticRootCause, classify_training_line, parse_elastic_root_cause
 from trainguard.detect.xid import XidClass, XidInfo, xid_catalog, xid_info
+from trainguard.telemetry.follow import KmsgReader, LogFollower, decode_line, read_journal_kernel, read_kmsg
 
 __all__ = [
     "BurstTracker",

@@ -3,8 +3,8 @@ level 2 on a GPU named in an ambiguous incident. Both return a ``Report``: ``rep
 is stored with the incident, ``report.summary()`` is the line for the report, and
 ``report.gpu_health(gpu)`` is the ``Health`` that decides between excluding the GPU and retrying.
 
-    >>> from trainguard.telemetry.sim import SimFleet
-    >>> fleet = SimFleet(n_gpus=2, load=0.0)
+    >>> from trainguard.telemetry.sim import SimNode
+    >>> fleet = SimNode(n_gpus=2, load=0.0)
     >>> _ = fleet.now().wrong_products(gpu=1)
     >>> report = preflight([0, 1], backend="sim", fleet=fleet)
     >>> report.gpu_health(0).value, report.gpu_health(1).value

@@ -19,8 +19,8 @@ It does the real work on the CPU, then does to it what the fleet's faults do to 
 
 The tests see only the computed tensors and the time they took, as on real hardware.
 
-    >>> from trainguard.telemetry.sim import SimFleet
-    >>> fleet = SimFleet(n_gpus=2, load=0.0)
+    >>> from trainguard.telemetry.sim import SimNode
+    >>> fleet = SimNode(n_gpus=2, load=0.0)
     >>> _ = fleet.now().wrong_products(gpu=1)
     >>> import torch
     >>> a = torch.ones(4, 4)
@@ -40,7 +40,7 @@ import torch
 
 from trainguard.diagnose.torch_device import TorchDevice
 from trainguard.records import Sample
-from trainguard.telemetry.sim import SimFleet, state
+from trainguard.telemetry.sim import SimNode, state
 from trainguard.telemetry.sim.profiles import link_gbps
 
 __all__ = ["SimDevice"]
@@ -53,7 +53,7 @@ LINK_EFFICIENCY = 0.8
 
 
 class SimDevice(TorchDevice):
-    def __init__(self, fleet: SimFleet, index: int) -> None:
+    def __init__(self, fleet: SimNode, index: int) -> None:
         super().__init__(index, "cpu", fleet.identity(index).name or "simulated GPU", "sim")
         self.fleet = fleet
         self._rng = fleet.rng("sim-device", index)

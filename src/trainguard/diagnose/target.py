@@ -29,7 +29,7 @@ class Target:
     devices: list[Device]
     software: Software
     gpus_found: int  # every GPU of the node, selected or not
-    telemetry: Any = None  # NvmlBackend or SimFleet: sample(), modes(k), driver_info()
+    telemetry: Any = None  # NvmlBackend or SimNode: sample(), modes(k), driver_info()
     owned: list[Any] = field(default_factory=list)  # what close() must close
     nvml_index: dict[int, int] = field(default_factory=dict)  # device index -> telemetry position
 
@@ -110,11 +110,11 @@ def open_target(
 
 def _open_sim(gpus: Sequence[int] | None, fleet: Any, n_sim: int, seed: int) -> Target:
     from trainguard.diagnose.sim_device import SimDevice
-    from trainguard.telemetry.sim import SimFleet
+    from trainguard.telemetry.sim import SimNode
 
     owned = []
     if fleet is None:
-        fleet = SimFleet(n_gpus=n_sim, seed=seed, load=0.0)  # idle until a test loads a GPU
+        fleet = SimNode(n_gpus=n_sim, seed=seed, load=0.0)  # idle until a test loads a GPU
         owned.append(fleet)
     chosen = _select(range(fleet.n_gpus), gpus)
     devices: list[Device] = [SimDevice(fleet, i) for i in chosen]

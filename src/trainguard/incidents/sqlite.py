@@ -62,6 +62,10 @@ class SqliteBackend:
                 )
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+                # Created private (0600): SQLite gives its -wal and -shm files the same mode.
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                pass  # another process created it meanwhile
             except OSError as exc:
                 raise StoreError(
                     f"cannot create the directory of incident store {self.path}: {exc}"

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.agent.auth import TokenCheck, create_token_file
 from trainguard.incidents import Incident
 from trainguard.remediate.breaker import reset
-from trainguard.web.auth import TokenCheck, create_token_file
 
 __all__ = ["ADMIN_PATHS", "admin_token_path", "breaker_reset"]
 

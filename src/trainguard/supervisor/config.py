@@ -54,6 +54,8 @@ class SupervisorConfig:
     backend: str = "none"  # node health telemetry: nvml | sim | none
     kernel_log: Path | None = None  # kernel log for the agent (sim: the fleet's own file)
     health_interval: float = 0.5  # seconds between node-health ticks
+    agent_url: str = ""  # the node agent's API; "" = http://127.0.0.1:9410 when its token is readable (nvml)
+    agent_token_file: Path | None = None  # the agent's token; default <agent state dir>/agent.token
     thresholds: Thresholds | None = None  # node-health thresholds (default: Thresholds())
     chaos: Path | None = None  # chaos plan (TOML)
     crash_loop_after: int = 3  # same application error this many times in a row -> exit 3

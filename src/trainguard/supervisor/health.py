@@ -1,9 +1,12 @@
-"""The node's health, as the supervisor sees it: the node agent (telemetry + kernel log) ticked
-from the monitor loop, and which ranks use which GPU.
+"""The node's health, as the supervisor sees it (its look at the node), and which ranks use
+which GPU.
 
-With ``backend="sim"`` the supervisor owns a simulated fleet of ``nproc`` GPUs whose kernel-log
-file the agent follows; chaos drills inject faults into that fleet, so a simulated Xid 79 reaches
-the supervisor through the same kernel line a real one would.
+Where ``trainguard agent`` serves on the node, the supervisor reads the agent's verdict from its
+API (``AgentApiVerdicts``): the node is sampled and its kernel log read once, by the agent. Where
+none serves, it opens the node itself (``open_node``) and ticks an in-process agent
+(``LocalVerdicts``). With ``backend="sim"`` that node is a ``SimNode`` of ``nproc`` GPUs whose
+kernel-log file the agent follows; chaos drills inject faults into it, so a simulated Xid 79
+reaches the supervisor through the same kernel line a real one would.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from typing import Any
 
 from trainguard.detect.thresholds import Thresholds
 from trainguard.records import Health, NodeVerdict
+
+DEFAULT_AGENT_URL = "http://127.0.0.1:9410"
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +53,13 @@ class GpuMap:
 
 
 class NodeHealth:
-    """Ticks the node agent at most every ``interval`` seconds; never raises (a broken health
-    source degrades to "no verdict", it must not stop training)."""
+    """Reads the node's verdict at most every ``interval`` seconds; never raises (a broken health
+    source degrades to "no verdict", it must not stop training).
+
+    ``source`` is ``"agent"`` (the running node agent's API), ``"local"`` (an in-process agent)
+    or ``"none"``. ``agent_url``: the agent to read; without one, a real node (``nvml``) looks
+    for an agent on ``127.0.0.1:9410`` whose token it can read, a simulated node never does.
+    """
 
     def __init__(
         self,
@@ -59,60 +69,84 @@ class NodeHealth:
         kernel_log: Path | None = None,
         interval: float = 0.5,
         thresholds: Thresholds | None = None,
+        *,
+        agent_url: str = "",
+        agent_token_file: Path | None = None,
     ) -> None:
         self.backend_name = backend
         self.thresholds = thresholds
         self.interval = interval
-        self.fleet: Any = None  # the SimFleet when backend == "sim"
+        self.fleet: Any = None  # the SimNode when the supervisor simulates the node itself
         self.kernel_log = kernel_log
-        self._agent: Any = None
+        self.source = "none"
+        self._verdicts: Any = None
         self._next = 0.0
         self.last: NodeVerdict | None = None
         if backend in ("", "none"):
             return
+        self._verdicts = self._agent_api(backend, agent_url, agent_token_file)
+        if self._verdicts is not None:
+            self.source = "agent"
+            log.warning("node health: reading the node agent's verdict at %s", self._verdicts.url)
+            return
         try:
-            self._agent = self._open(backend, n_gpus, run_dir)
+            self._verdicts = self._open(backend, n_gpus, run_dir)
+            self.source = "local"
         except Exception as exc:  # missing module, no driver...: run without node health
             log.warning("node health disabled (%s backend): %s", backend, exc)
-            self._agent = None
+            self._verdicts = None
 
     @property
     def active(self) -> bool:
-        """The node agent runs (a backend was asked for and opened)."""
-        return self._agent is not None
+        """Node health is read (an agent answers or a backend was opened)."""
+        return self._verdicts is not None
+
+    def _agent_api(self, backend: str, url: str, token_file: Path | None) -> Any:
+        """The running agent's verdicts when one answers (asked for, or found on a real node)."""
+        from trainguard.agent.verdicts import AgentApiVerdicts
+
+        if not url and backend != "nvml":
+            return None
+        if token_file is None:
+            from trainguard.agent.daemon import default_state_dir
+
+            token_file = default_state_dir() / "agent.token"
+        try:
+            source = AgentApiVerdicts.from_token_file(url or DEFAULT_AGENT_URL, token_file)
+        except Exception as exc:
+            if url:
+                log.warning("node agent at %s not used: %s", url, exc)
+            return None
+        if source.probe():
+            return source
+        if url:
+            log.warning("node agent at %s gave no verdict: reading the node here", url)
+        return None
 
     def _open(self, backend: str, n_gpus: int, run_dir: Path) -> Any:
-        from trainguard.agent import Agent
+        from trainguard.agent.node import open_node
+        from trainguard.agent.tick import Agent
+        from trainguard.agent.verdicts import LocalVerdicts
 
-        if backend == "sim":
-            from trainguard.telemetry.sim import SimFleet
-
-            if self.kernel_log is None:
-                self.kernel_log = run_dir / "sim-kmsg.log"
-            self.kernel_log.parent.mkdir(parents=True, exist_ok=True)
-            self.kernel_log.touch()
-            self.fleet = SimFleet(n_gpus=n_gpus, seed=0, kmsg_path=self.kernel_log)
-            return Agent(self.fleet, kernel_log=self.kernel_log, thresholds=self.thresholds)
-        from trainguard.telemetry import open_backend
-
-        return Agent(open_backend(backend), kernel_log=self.kernel_log, thresholds=self.thresholds)
+        if backend == "sim" and self.kernel_log is None:
+            self.kernel_log = run_dir / "sim-kmsg.log"
+        node = open_node(backend, kernel_log=self.kernel_log, n_gpus=n_gpus, seed=0)
+        self.fleet = node.sim
+        return LocalVerdicts(Agent.of(node, thresholds=self.thresholds))
 
     @property
     def enabled(self) -> bool:
-        return self._agent is not None
+        return self._verdicts is not None
 
     def tick(self, now: float | None = None, force: bool = False) -> NodeVerdict | None:
         """A fresh verdict when the interval elapsed (or ``force``), else None."""
         now = time.time() if now is None else now
-        if self._agent is None or (not force and now < self._next):
+        if self._verdicts is None or (not force and now < self._next):
             return None
         self._next = now + self.interval
-        try:
-            verdict = self._agent.tick()
-        except Exception:
-            log.debug("node agent tick failed", exc_info=True)
-            return None
-        self.last = verdict
+        verdict: NodeVerdict | None = self._verdicts.verdict()
+        if verdict is not None:
+            self.last = verdict
         return verdict
 
     def gpu_health(self, gpu: int) -> Health | None:
@@ -137,10 +171,8 @@ class NodeHealth:
         return Health.UNKNOWN
 
     def close(self) -> None:
-        for obj in (self._agent, self.fleet):
-            close = getattr(obj, "close", None)
-            if callable(close):
-                try:
-                    close()
-                except Exception:
-                    log.debug("close failed", exc_info=True)
+        if self._verdicts is not None:
+            try:
+                self._verdicts.close()  # closes the node (and the SimNode's temp files) with it
+            except Exception:
+                log.debug("close failed", exc_info=True)

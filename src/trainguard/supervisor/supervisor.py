@@ -122,6 +122,8 @@ class Supervisor:
             config.kernel_log,
             config.health_interval,
             config.thresholds,
+            agent_url=config.agent_url,
+            agent_token_file=config.agent_token_file,
         )
         watch = ProgressWatch(
             self.run_dir, config.hang_timeout_floor, config.hang_step_factor, config.startup_timeout

@@ -57,9 +57,9 @@ def open_backend(name: str, **kw: Any) -> TelemetryBackend:
 
         return NvmlBackend(**kw)
     if name == "sim":
-        from trainguard.telemetry.sim import SimFleet
+        from trainguard.telemetry.sim import SimNode
 
-        return SimFleet(**kw)
+        return SimNode(**kw)
     if name in ("smi-xml", "nvidia-smi"):
         from trainguard.telemetry.smi_xml import SmiXmlBackend
 

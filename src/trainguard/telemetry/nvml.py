@@ -32,6 +32,7 @@ from trainguard.records import (
     Throttle,
     normalize_pci,
 )
+from trainguard.telemetry.gpm import GpmReader
 
 try:
     import pynvml as _pynvml
@@ -140,6 +141,7 @@ class NvmlBackend:
         self._handles: list[Any] = []
         self._gpus: list[Gpu] = []
         self._links: list[list[int]] = []
+        self._gpm: list[GpmReader] = []
         for index in indices if indices is not None else range(count):
             self._attach(index)
 
@@ -154,6 +156,8 @@ class NvmlBackend:
     def close(self) -> None:
         if getattr(self, "_open", False):
             self._open = False
+            for gpm in getattr(self, "_gpm", ()):
+                gpm.close()
             try:
                 pynvml.nvmlShutdown()
             except Exception as exc:  # shutting down must not fail the caller
@@ -246,6 +250,7 @@ class NvmlBackend:
             handle, name, uuid, bus_id = None, None, None, None
         self._handles.append(handle)
         self._links.append(links)
+        self._gpm.append(GpmReader(pynvml, handle))
         self._gpus.append(Gpu(index, _text(uuid) if uuid else None, bus_id, _text(name) if name else None))
 
     def _sample_one(self, k: int, now: float) -> Sample:
@@ -253,7 +258,10 @@ class NvmlBackend:
         if handle is None:
             return Sample(gpu=gpu, time=now, lost=True, error="GPU could not be opened (NVML)")
         try:
-            return Sample(gpu=gpu, time=now, **self._fields(handle, self._links[k]))
+            fields: dict[str, Any] = self._fields(handle, self._links[k])
+            fields.update(self._dcgm(handle, self._links[k]))
+            fields.update(self._gpm[k].read())
+            return Sample(gpu=gpu, time=now, **fields)
         except GpuLost as exc:
             return Sample(gpu=gpu, time=now, lost=True, error=str(exc))
         except BackendUnavailable as exc:  # the driver went away: every reading unknown
@@ -315,6 +323,39 @@ class NvmlBackend:
             **self._nvlink(h, links),
             "recovery_action": self._recovery_action(h),
         }
+
+    def _dcgm(self, h: Any, links: list[int]) -> dict[str, Any]:
+        """The rest of dcgm-exporter's default counters (FB free/reserved, HBM temperature,
+        energy, encoder/decoder, NVLink data)."""
+        c, nv = self._call, pynvml
+        v2 = getattr(nv, "nvmlMemory_v2", None)
+        mem = c("nvmlDeviceGetMemoryInfo", h, v2) if v2 is not None else None
+        if mem is None:  # a driver before R510: no reserved memory
+            mem = c("nvmlDeviceGetMemoryInfo", h)
+        enc, dec = c("nvmlDeviceGetEncoderUtilization", h), c("nvmlDeviceGetDecoderUtilization", h)
+        mem_temp = getattr(nv, "NVML_FI_DEV_MEMORY_TEMP", None)
+        energy = c("nvmlDeviceGetTotalEnergyConsumption", h)
+        return {
+            "mem_free_mib": None if mem is None else mem.free / 2**20,
+            "mem_reserved_mib": _mib(getattr(mem, "reserved", None)),
+            "memory_temp_c": None if mem_temp is None else self._field_value(h, mem_temp),
+            "energy_mj": None if energy is None else int(energy),
+            "enc_util_pct": None if enc is None else enc[0],
+            "dec_util_pct": None if dec is None else dec[0],
+            "nvlink_data_kib": self._nvlink_data(h, links),
+        }
+
+    def _nvlink_data(self, h: Any, links: list[int]) -> int | None:
+        tx = getattr(pynvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", None)
+        rx = getattr(pynvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", None)
+        if not links or tx is None or rx is None:
+            return None
+        values = self._call("nvmlDeviceGetFieldValues", h, [(f, link) for link in links for f in (tx, rx)])
+        if not values:
+            return None
+        ok = getattr(pynvml, "NVML_SUCCESS", 0)
+        got = [int(v.value.ullVal) for v in values if v.nvmlReturn == ok]
+        return sum(got) if got else None
 
     def _throttle(self, h: Any) -> frozenset[Throttle] | None:
         mask = self._call("nvmlDeviceGetCurrentClocksEventReasons", h)
@@ -380,3 +421,7 @@ class NvmlBackend:
 
 def _milli(value: Any) -> float | None:
     return None if value is None else float(value) / 1000.0
+
+
+def _mib(value: Any) -> float | None:
+    return None if value is None else float(value) / 2**20

@@ -71,7 +71,7 @@ class GpuResetProvider:
 
 
 class SimGpuControl:
-    """The simulated node's GPUs (a ``SimFleet``)."""
+    """The simulated node's GPUs (a ``SimNode``)."""
 
     def __init__(self, fleet: Any) -> None:
         self.fleet = fleet

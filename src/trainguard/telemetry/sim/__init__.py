@@ -1,12 +1,12 @@
-"""The simulated GPU fleet: a product feature (demo, scenarios, chaos drills, tests), not a mock.
+"""The simulated GPU node: a product feature (demo, scenarios, chaos drills, tests), not a mock.
 
-``SimFleet`` is a ``TelemetryBackend``; faults scripted on it (``fleet.at(t).xid(79, gpu=3)``,
+``SimNode`` is a ``TelemetryBackend``; faults scripted on it (``fleet.at(t).xid(79, gpu=3)``,
 ``fleet.inject_now(faults.DoubleBitEcc(gpu=2))``) produce NVML-shaped readings and real-format
 kernel-log lines. ``SCENARIOS`` are the named scripts with the verdict each must produce.
 
     >>> from trainguard.clock import VirtualClock
-    >>> from trainguard.telemetry.sim import SimFleet, run_scenario
-    >>> fleet = SimFleet(clock=VirtualClock())
+    >>> from trainguard.telemetry.sim import SimNode, run_scenario
+    >>> fleet = SimNode(clock=VirtualClock())
     >>> run_scenario("dbe", fleet).expected.value
     'failed'
 """
@@ -14,8 +14,8 @@ kernel-log lines. ``SCENARIOS`` are the named scripts with the verdict each must
 from __future__ import annotations
 
 from trainguard.telemetry.sim import faults
-from trainguard.telemetry.sim.fleet import SimFleet
 from trainguard.telemetry.sim.kmsg import dmesg_line, format_xid, write_xid_line, xid_messages
+from trainguard.telemetry.sim.node import SimNode
 from trainguard.telemetry.sim.profiles import PROFILES, GpuProfile, pci_address
 from trainguard.telemetry.sim.scenarios import (
     DIAGNOSE_SCENARIOS,
@@ -26,6 +26,8 @@ from trainguard.telemetry.sim.scenarios import (
 )
 from trainguard.telemetry.sim.script import At
 
+SimFleet = SimNode  # deprecated name (it always was one node): use SimNode
+
 __all__ = [
     "DIAGNOSE_SCENARIOS",
     "PROFILES",
@@ -35,6 +37,7 @@ __all__ = [
     "GpuProfile",
     "Scenario",
     "SimFleet",
+    "SimNode",
     "dmesg_line",
     "faults",
     "format_xid",

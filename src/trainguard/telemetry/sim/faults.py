@@ -5,8 +5,8 @@ the NVML-shaped state of the GPU (counters, a lost GPU, a lasting ``Condition``)
 real driver or kernel logs something, appends those exact lines to the fleet's kernel log.
 
     >>> from trainguard.clock import VirtualClock
-    >>> from trainguard.telemetry.sim import SimFleet
-    >>> fleet = SimFleet(clock=VirtualClock())
+    >>> from trainguard.telemetry.sim import SimNode
+    >>> fleet = SimNode(clock=VirtualClock())
     >>> fleet.inject_now(FallOffBus(gpu=3))            # or fleet.at(30).xid(79, gpu=3)
     >>> fleet.sample()[3].error
     'GPU is lost (Xid 79: GPU has fallen off the bus)'

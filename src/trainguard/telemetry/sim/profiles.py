@@ -17,7 +17,9 @@ __all__ = [
     "PROFILES",
     "GpuProfile",
     "Quirks",
+    "activity",
     "baseline",
+    "counters",
     "link_gbps",
     "pci_address",
     "profile_for",
@@ -43,15 +45,32 @@ class GpuProfile:
     pcie_width_max: int
     nvlinks: int
     has_fan: bool = False  # SXM boards are cooled by the chassis: NVML says NotSupported
+    gpm: bool = False  # NVML GPM (the DCGM_FI_PROF_* ratios): Hopper and newer
 
 
 PROFILES: dict[str, GpuProfile] = {
     p.name: p
     for p in (
         GpuProfile(
-            "NVIDIA H100 80GB HBM3", "10de:2330", 700, 72, 1980, 345, 2619, 81559, 87, 89, 92, 5, 16, 18
+            "NVIDIA H100 80GB HBM3",
+            "10de:2330",
+            700,
+            72,
+            1980,
+            345,
+            2619,
+            81559,
+            87,
+            89,
+            92,
+            5,
+            16,
+            18,
+            gpm=True,
         ),
-        GpuProfile("NVIDIA H200", "10de:2335", 700, 75, 1980, 345, 3201, 143771, 87, 89, 92, 5, 16, 18),
+        GpuProfile(
+            "NVIDIA H200", "10de:2335", 700, 75, 1980, 345, 3201, 143771, 87, 89, 92, 5, 16, 18, gpm=True
+        ),
         GpuProfile(
             "NVIDIA A100-SXM4-80GB", "10de:20b2", 400, 62, 1410, 210, 1593, 81920, 85, 89, 92, 4, 16, 12
         ),
@@ -60,6 +79,33 @@ PROFILES: dict[str, GpuProfile] = {
         ),
     )
 }
+
+
+def activity(p: GpuProfile, util: float, load: float, rng: random.Random) -> dict[str, float | None]:
+    """What GPM reports for a busy training step (None before Hopper, as NVML answers there)."""
+    if not p.gpm:
+        return dict.fromkeys(
+            ("gr_engine_active", "tensor_active", "dram_active", "pcie_tx_bytes_s", "pcie_rx_bytes_s")
+        )
+    return {
+        "gr_engine_active": round(util / 100, 3),
+        "tensor_active": round(0.55 * load * rng.uniform(0.9, 1.1), 3),
+        "dram_active": round(0.4 * load * rng.uniform(0.9, 1.1), 3),
+        "pcie_tx_bytes_s": round(2e8 * load * rng.uniform(0.5, 1.5)),  # data loading, small next to NVLink
+        "pcie_rx_bytes_s": round(8e8 * load * rng.uniform(0.5, 1.5)),
+    }
+
+
+def counters(p: GpuProfile, load: float, elapsed_s: float, uptime_s: float) -> dict[str, int | None]:
+    """Cumulative counters at ``elapsed_s`` into a run at a constant ``load`` (uptime before it idle):
+    energy (mJ) and NVLink data (KiB, tx + rx, all links)."""
+    busy_w = p.idle_power_w + load * (0.86 * p.power_limit_w - p.idle_power_w)
+    energy_j = p.idle_power_w * max(0.0, uptime_s - elapsed_s) + busy_w * max(0.0, elapsed_s)
+    nvlink = None
+    if p.nvlinks:  # all-reduce traffic: a fifth of the links' rate, both ways
+        nvlink = round(2 * 0.2 * link_gbps(p) * 1e9 / 1024 * load * max(0.0, elapsed_s))
+    return {"energy_mj": round(energy_j * 1000), "nvlink_data_kib": nvlink}
+
 
 # GPU bus numbers of a DGX H100 baseboard; more GPUs continue in the next PCI domains.
 _DGX_BUSES = (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF)
@@ -123,6 +169,8 @@ def baseline(p: GpuProfile, q: Quirks, load: float, rng: random.Random) -> dict[
     power = min(power + rng.gauss(0, 0.02 * p.power_limit_w), p.power_limit_w)
     # Under load the SM clock sits near its max, a bin or two below as power management dithers.
     sm = p.sm_clock_max_mhz - q.clock_bin_mhz - 15 * rng.randrange(4) if busy else p.sm_clock_idle_mhz
+    used = round(p.mem_total_mib * (0.86 * load + 0.005) + rng.uniform(-200, 200) * load)
+    reserved = round(p.mem_total_mib * 0.0066)  # what the driver and firmware keep (~540 MiB on 80 GB)
     return {
         "temperature_c": round(temp),
         "temp_slowdown_c": p.temp_slowdown_c,
@@ -136,8 +184,14 @@ def baseline(p: GpuProfile, q: Quirks, load: float, rng: random.Random) -> dict[
         "mem_clock_max_mhz": p.mem_clock_max_mhz,
         "util_gpu_pct": round(util),
         "util_mem_pct": round(util * rng.uniform(0.35, 0.55)),
-        "mem_used_mib": round(p.mem_total_mib * (0.86 * load + 0.005) + rng.uniform(-200, 200) * load),
+        "mem_used_mib": used,
         "mem_total_mib": p.mem_total_mib,
+        "mem_free_mib": p.mem_total_mib - used - reserved,
+        "mem_reserved_mib": reserved,
+        "memory_temp_c": round(temp + 6 + 4 * load),  # HBM runs a few degrees above the core
+        "enc_util_pct": 0,  # training uses neither NVENC nor NVDEC
+        "dec_util_pct": 0,
+        **activity(p, util, load, rng),
         "throttle": set(),
         "retired_sbe": None,  # Ampere and later remap rows instead of retiring pages: NotSupported
         "retired_dbe": None,

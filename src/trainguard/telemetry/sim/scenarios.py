@@ -3,7 +3,7 @@
 Each scenario scripts faults on a fleet and states the node verdict trainguard must reach::
 
     >>> from trainguard.clock import VirtualClock
-    >>> fleet = SimFleet(clock=VirtualClock())
+    >>> fleet = SimNode(clock=VirtualClock())
     >>> scenario = run_scenario("xid79", fleet)    # scripts it, advances the clock to its end
     >>> scenario.expected
     <Health.FAILED: 'failed'>
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from trainguard.clock import VirtualClock
 from trainguard.errors import ConfigError
 from trainguard.records import Health, NodeVerdict, RecoveryAction
-from trainguard.telemetry.sim.fleet import SimFleet
+from trainguard.telemetry.sim.node import SimNode
 
 __all__ = ["DIAGNOSE_SCENARIOS", "SCENARIOS", "DiagnoseScenario", "Scenario", "run_scenario"]
 
@@ -28,7 +28,7 @@ class Scenario:
     description: str
     expected: Health  # the node verdict at the end of the scenario
     duration_s: float
-    script: Callable[[SimFleet], object]
+    script: Callable[[SimNode], object]
     faulty_gpus: tuple[int, ...] = ()  # GPUs the faults hit (each needs >= 8 GPUs in the fleet)
     per_gpu: dict[int, Health] = field(default_factory=dict)  # a faulty GPU's verdict, if not `expected`
 
@@ -56,7 +56,7 @@ class Scenario:
         return out
 
 
-def _tour(f: SimFleet) -> None:
+def _tour(f: SimNode) -> None:
     f.at(5).app_xid_burst(gpu=2)
     f.at(10).thermal_runaway(gpu=1, rate_c_per_s=2.0)
     f.at(15).pcie_replay_storm(gpu=5).pcie_downtrain(gpu=5)
@@ -198,7 +198,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in _ALL}
 
 def run_scenario(
     name: str,
-    fleet: SimFleet,
+    fleet: SimNode,
     *,
     step_s: float = 1.0,
     on_step: Callable[[float], object] | None = None,
@@ -212,7 +212,7 @@ def run_scenario(
         raise ConfigError(f"unknown scenario {name!r}: choose one of {', '.join(SCENARIOS)}")
     clock = fleet.clock
     if not isinstance(clock, VirtualClock):
-        raise ConfigError("run_scenario needs a fleet on a VirtualClock (SimFleet(clock=VirtualClock()))")
+        raise ConfigError("run_scenario needs a fleet on a VirtualClock (SimNode(clock=VirtualClock()))")
     if max(scenario.faulty_gpus, default=-1) >= fleet.n_gpus:
         raise ConfigError(
             f"scenario {name!r} needs {max(scenario.faulty_gpus) + 1} GPUs, fleet has {fleet.n_gpus}"
@@ -234,7 +234,7 @@ class DiagnoseScenario:
 
     name: str
     description: str
-    script: Callable[[SimFleet], object]
+    script: Callable[[SimNode], object]
     fails: tuple[tuple[str, int], ...] = ()  # (level-2 test, GPU)
 
 

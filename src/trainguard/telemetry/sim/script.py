@@ -12,7 +12,7 @@ from trainguard.records import RecoveryAction
 from trainguard.telemetry.sim import faults as F
 
 if TYPE_CHECKING:
-    from trainguard.telemetry.sim.fleet import SimFleet
+    from trainguard.telemetry.sim.node import SimNode
 
 __all__ = ["At"]
 
@@ -20,7 +20,7 @@ __all__ = ["At"]
 class At:
     """Faults scripted at ``t`` seconds after the fleet started."""
 
-    def __init__(self, fleet: SimFleet, t: float) -> None:
+    def __init__(self, fleet: SimNode, t: float) -> None:
         self.fleet, self.t = fleet, t
 
     def after(self, seconds: float) -> At:

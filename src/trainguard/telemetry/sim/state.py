@@ -84,7 +84,7 @@ class GpuState:
 
 
 class FaultContext(Protocol):
-    """What a fault may touch when it fires (implemented by ``SimFleet``)."""
+    """What a fault may touch when it fires (implemented by ``SimNode``)."""
 
     @property
     def n_gpus(self) -> int: ...

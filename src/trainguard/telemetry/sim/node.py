@@ -1,4 +1,4 @@
-"""``SimFleet``: a simulated node of N GPUs, a ``TelemetryBackend`` driven by a clock.
+"""``SimNode``: a simulated node of N GPUs, a ``TelemetryBackend`` driven by a clock.
 
 Readings are realistic and deterministic: a function of the seed, the clock time and the faults
 scripted so far. Faults are scheduled in seconds after the fleet started and fire when the
@@ -7,7 +7,7 @@ NVML-shaped evidence and kernel lines (appended to ``kmsg_path``) a real one doe
 
     >>> from trainguard.clock import VirtualClock
     >>> clock = VirtualClock()
-    >>> fleet = SimFleet(n_gpus=8, seed=0, clock=clock)   # kmsg_path="kmsg.log" to write the log
+    >>> fleet = SimNode(n_gpus=8, seed=0, clock=clock)   # kmsg_path="kmsg.log" to write the log
     >>> _ = fleet.at(30).xid(79, gpu=3)
     >>> _ = clock.advance(31)
     >>> fleet.sample()[3].lost
@@ -35,12 +35,12 @@ from trainguard.telemetry.sim.profiles import GpuProfile
 from trainguard.telemetry.sim.script import At
 from trainguard.telemetry.sim.state import GpuState
 
-__all__ = ["SimFleet"]
+__all__ = ["SimNode"]
 
 _BUSY = 0.05  # the load from which a GPU counts as busy (profiles.baseline uses the same)
 
 
-class SimFleet:
+class SimNode:
     """N simulated GPUs of one model on one host.
 
     ``clock`` defaults to the real clock; pass a ``VirtualClock`` for scripted runs. The kernel
@@ -102,7 +102,7 @@ class SimFleet:
     def close(self) -> None:
         """Nothing to release; kept for the protocol."""
 
-    def __enter__(self) -> SimFleet:
+    def __enter__(self) -> SimNode:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -250,6 +250,7 @@ class SimFleet:
         rng = random.Random(f"{self.seed}/{self.hostname}/{i}/{now:.6f}")
         load = self.load if st.load is None else st.load
         r: dict[str, Any] = profiles.baseline(self._profile, self._quirks[i], load, rng)
+        r.update(profiles.counters(self._profile, load, now - self.start_time, self.uptime(now)))
         r.update(st.counters())
         r["_busy_s"] = self._busy_seconds(st, load, now)
         for condition in (*st.conditions, *st.defects):
@@ -265,4 +266,4 @@ class SimFleet:
         return now - (st.busy_since if st.busy_since is not None else self.start_time)
 
     def __repr__(self) -> str:
-        return f"SimFleet(n_gpus={len(self._gpus)}, seed={self.seed}, model={self._profile.name!r})"
+        return f"SimNode(n_gpus={len(self._gpus)}, seed={self.seed}, model={self._profile.name!r})"

@@ -16,7 +16,7 @@ from trainguard.errors import StoreError
 from trainguard.incidents import fleet_read
 
 if TYPE_CHECKING:
-    from trainguard.agentd.daemon import AgentDaemon
+    from trainguard.agent.daemon import AgentDaemon
 
 PREFIX = "/api/v1/fleet/"
 MAX_LIMIT = 500

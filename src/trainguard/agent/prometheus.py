@@ -1,21 +1,23 @@
 """The node agent's ``/metrics``: dcgm-exporter's names where the quantity is one it exports,
 ``trainguard_*`` for the rest. The only importer of prometheus_client.
 
-    >>> from trainguard.agentd import AgentConfig, AgentDaemon
+    >>> from trainguard.agent import AgentConfig, AgentDaemon
     >>> import tempfile
     >>> d = tempfile.mkdtemp()
     >>> daemon = AgentDaemon(AgentConfig(backend="sim", gpus=2, db=f"{d}/tg.db", state_dir=d))
     >>> _ = daemon.step()
-    >>> b'DCGM_FI_DEV_GPU_TEMP{Hostname=' in MetricsView(daemon).render()
+    >>> b'DCGM_FI_DEV_GPU_TEMP{DCGM_FI_DRIVER_VERSION="550.90.07",Hostname=' in MetricsView(daemon).render()
     True
     >>> daemon.close()
 
-Per-GPU series carry dcgm-exporter's labels (``gpu``, ``UUID``, ``pci_bus_id``, ``device``,
-``modelName``, ``Hostname``), so its Grafana dashboards and alerts work unchanged. Its counters
-(ECC, PCIe replay, row remaps) are typed ``gauge`` here: prometheus_client would append
-``_total`` to a counter's name and break those dashboards; ``rate()`` works on them either way.
-Unlike dcgm-exporter's ``DCGM_FI_DEV_XID_ERRORS`` (the last Xid only), ``trainguard_xid_total``
-counts every Xid by code.
+Every field of dcgm-exporter's default counter set (etc/default-counters.csv) that NVML can give
+is here, under its name, with the labels its current release (4.5.x) puts on them: ``gpu``,
+``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``Hostname`` and the driver version as the
+``DCGM_FI_DRIVER_VERSION`` label; so its Grafana dashboards and alerts work unchanged. Its
+counters (energy, ECC, PCIe replay, row remaps, NVLink bandwidth) are typed ``gauge`` here:
+prometheus_client would append ``_total`` to a counter's name and break those dashboards;
+``rate()`` works on them either way. ``DCGM_FI_DEV_XID_ERRORS`` is 0 for every GPU until its
+first Xid, as dcgm-exporter reports it; ``trainguard_xid_total`` counts every Xid by code.
 
 The text is rendered once per tick (the readings do not change in between) and then served from
 that cache, so a scrape costs a dictionary lookup.
@@ -33,18 +35,18 @@ try:
     from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 except ImportError:
     raise ImportError(
-        "trainguard's /metrics needs prometheus_client: pip install 'trainguard[prometheus]'"
+        "trainguard's /metrics needs prometheus_client: pip install 'trainguard[agent]'"
     ) from None
 
 from trainguard import __version__
-from trainguard.agentd.snapshot import LATENCY_BUCKETS, REFUSALS
+from trainguard.agent.snapshot import LATENCY_BUCKETS, REFUSALS
 from trainguard.records import Health, Sample
 
 if TYPE_CHECKING:
-    from trainguard.agentd.daemon import AgentDaemon
+    from trainguard.agent.daemon import AgentDaemon
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION")
 HEALTH_STATES = tuple(h.value for h in Health)
 
 # dcgm-exporter field -> (Sample attribute, help); value None (unreadable) leaves the series out.
@@ -92,6 +94,31 @@ DCGM_FIELDS: dict[str, tuple[str, str]] = {
         "nvlink_recovery_errors",
         "Total number of NVLink recovery errors.",
     ),
+    "DCGM_FI_DEV_FB_FREE": ("mem_free_mib", "Framebuffer memory free (in MiB)."),
+    "DCGM_FI_DEV_FB_RESERVED": ("mem_reserved_mib", "Framebuffer memory reserved (in MiB)."),
+    "DCGM_FI_DEV_MEMORY_TEMP": ("memory_temp_c", "Memory temperature (in C)."),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("energy_mj", "Total energy consumption since boot (in mJ)."),
+    "DCGM_FI_DEV_ENC_UTIL": ("enc_util_pct", "Encoder utilization (in %)."),
+    "DCGM_FI_DEV_DEC_UTIL": ("dec_util_pct", "Decoder utilization (in %)."),
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": (
+        "nvlink_data_kib",
+        "Total number of NVLink bandwidth counters for all lanes (NVML data throughput, tx + rx, in KiB).",
+    ),
+    # NVML GPM: Hopper and newer (docs/agent.md)
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gr_engine_active", "Ratio of time the graphics engine is active."),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_active", "Ratio of cycles the tensor (HMMA) pipe is active."),
+    "DCGM_FI_PROF_DRAM_ACTIVE": (
+        "dram_active",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+    ),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": (
+        "pcie_tx_bytes_s",
+        "The rate of data transmitted over the PCIe bus (in B/s).",
+    ),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": (
+        "pcie_rx_bytes_s",
+        "The rate of data received over the PCIe bus (in B/s).",
+    ),
 }
 # trainguard's own per-GPU readings that dcgm-exporter has no single field for.
 OWN_GPU_FIELDS: dict[str, tuple[str, str]] = {
@@ -110,9 +137,9 @@ def dcgm_pci(pci: str | None) -> str:
     return f"{int(domain, 16):08X}:{rest.upper()}.0"
 
 
-def gpu_labels(s: Sample, hostname: str) -> list[str]:
+def gpu_labels(s: Sample, hostname: str, driver: str = "") -> list[str]:
     g = s.gpu
-    return [str(g.index), g.uuid or "", dcgm_pci(g.pci), f"nvidia{g.index}", g.name or "", hostname]
+    return [str(g.index), g.uuid or "", dcgm_pci(g.pci), f"nvidia{g.index}", g.name or "", hostname, driver]
 
 
 class _Collector:
@@ -123,7 +150,7 @@ class _Collector:
         d = self.daemon
         snap, tally = d.snapshot, d.tally.copy()
         host = snap.hostname
-        labels = {s.gpu.index: gpu_labels(s, host) for s in snap.samples}
+        labels = {s.gpu.index: gpu_labels(s, host, d.driver_version) for s in snap.samples}
         for name, (attr, doc) in (DCGM_FIELDS | OWN_GPU_FIELDS).items():
             m = GaugeMetricFamily(name, doc, labels=GPU_LABELS)
             for s in snap.samples:
@@ -134,9 +161,8 @@ class _Collector:
         xid = GaugeMetricFamily(
             "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=GPU_LABELS
         )
-        for gpu, code in sorted(tally.last_xid.items()):
-            if gpu in labels:
-                xid.add_metric(labels[gpu], code)
+        for gpu in sorted(labels):  # 0 until the GPU's first Xid
+            xid.add_metric(labels[gpu], tally.last_xid.get(gpu, 0))
         yield xid
         xids = _counter(
             "trainguard_xid", "Xid errors by GPU and code (every one, not the last).", [*GPU_LABELS, "xid"]
@@ -213,10 +239,10 @@ class _Collector:
         yield events
         errors = _counter(
             "trainguard_agent_errors",
-            "Agent errors by source (telemetry, kernel_log, store, state, tick).",
+            "Agent errors by source (telemetry, kernel_log, store, state, act, tick).",
             ["source"],
         )
-        for source in ("telemetry", "kernel_log", "store", "state", "tick"):
+        for source in ("telemetry", "kernel_log", "store", "state", "act", "tick"):
             errors.add_sample("trainguard_agent_errors_total", {"source": source}, tally.errors[source])
         yield errors
         refusals = _counter("trainguard_http_refusals", "HTTP requests refused, by reason.", ["reason"])

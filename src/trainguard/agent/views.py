@@ -7,16 +7,17 @@ off the event loop); the rest read the in-memory snapshot.
 from __future__ import annotations
 
 import dataclasses
+import math
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from trainguard.agentd.judge import all_findings
-from trainguard.agentd.snapshot import CHART_FIELDS
+from trainguard.agent.judge import all_findings
+from trainguard.agent.snapshot import CHART_FIELDS
 from trainguard.errors import StoreError
 from trainguard.records import Finding, Sample
 
 if TYPE_CHECKING:
-    from trainguard.agentd.daemon import AgentDaemon
+    from trainguard.agent.daemon import AgentDaemon
 
 Query = dict[str, list[str]]
 MAX_PAGE = 500
@@ -54,6 +55,19 @@ def node(d: AgentDaemon, q: Query) -> dict[str, Any]:
             "backend": "sim" if d.config.sim else d.config.backend,
             "scenario": d.config.scenario or None,
         },
+    }
+
+
+def verdict(d: AgentDaemon, q: Query) -> dict[str, Any]:
+    """The whole NodeVerdict of the last tick (what a supervisor on this node reads)."""
+    from trainguard.agent.verdicts import verdict_to_json
+
+    s = d.snapshot
+    return {
+        "hostname": s.hostname,
+        "seq": s.seq,
+        "time": s.time,
+        "verdict": verdict_to_json(s.verdict) if s.verdict is not None else None,
     }
 
 
@@ -137,10 +151,8 @@ def history(d: AgentDaemon, q: Query) -> dict[str, Any]:
 
 def incidents(d: AgentDaemon, q: Query) -> dict[str, Any]:
     """Filters: job, node, gpu, root_cause, category, since, until; paging: limit, offset (newest first)."""
-    limit = int(_float(q, "limit", 50))
-    offset = int(_float(q, "offset", 0))
-    if not 1 <= limit <= MAX_PAGE or offset < 0:
-        raise BadQuery(f"limit must be 1..{MAX_PAGE} and offset >= 0")
+    limit = _int(q, "limit", 50, 1, MAX_PAGE)
+    offset = _int(q, "offset", 0, 0, 10**9)
     since, until = _float(q, "since", None), _float(q, "until", None)
     want = {k: _one(q, k) for k in ("node", "gpu", "root_cause", "category")}
     try:
@@ -172,9 +184,7 @@ def jobs(d: AgentDaemon, q: Query) -> list[dict[str, Any]]:
         store = d.store()
         now = d.snapshot.time
         out = []
-        limit = int(_float(q, "limit", 50))
-        if not 1 <= limit <= MAX_PAGE:
-            raise BadQuery(f"limit must be 1..{MAX_PAGE}")
+        limit = _int(q, "limit", 50, 1, MAX_PAGE)
         for j in store.list_jobs()[-limit:]:  # the most recently started
             g = store.goodput(j.job, now=now)
             out.append({**dataclasses.asdict(j), "goodput": g.to_dict()})
@@ -193,6 +203,19 @@ def _float(q: Query, name: str, default: Any) -> Any:
     if text is None or text == "":
         return default
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise BadQuery(f"{name}={text!r} is not a number") from None
+        raise BadQuery(f"{name}={text[:40]!r} is not a number") from None
+    if not math.isfinite(value):  # inf, nan, 1e400
+        raise BadQuery(f"{name}={text[:40]!r} is not a finite number")
+    return value
+
+
+def _int(q: Query, name: str, default: int, low: int, high: int) -> int:
+    """A whole number in low..high (digits only: no 1e3, inf or nan)."""
+    text = _one(q, name)
+    if text is None or text == "":
+        return default
+    if not (text.isascii() and text.isdigit()) or len(text) > 12 or not low <= int(text) <= high:
+        raise BadQuery(f"{name} must be a whole number in {low}..{high} (got {text[:40]!r})")
+    return int(text)

@@ -85,6 +85,8 @@ REFUSALS = (
     "bad_request",
     "not_found",
     "too_many_connections",
+    "evicted",
+    "write_timeout",
 )
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

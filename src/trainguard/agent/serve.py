@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import ssl
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainguard.agentd import AgentConfig, AgentDaemon
-from trainguard.agentd.config import host_port
+from trainguard.agent import AgentConfig, AgentDaemon
+from trainguard.agent.api import Api
+from trainguard.agent.auth import RateLimiter, TokenCheck, create_token_file
+from trainguard.agent.config import host_port
+from trainguard.agent.server import HttpServer, Limits
 from trainguard.detect.thresholds import Thresholds
 from trainguard.errors import ConfigError
-from trainguard.web.api import Api
-from trainguard.web.auth import RateLimiter, TokenCheck, create_token_file
-from trainguard.web.http import HttpServer, Limits
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +42,18 @@ def token_path(config: AgentConfig, daemon: AgentDaemon) -> Path:
 
 
 def tls_context(config: AgentConfig) -> ssl.SSLContext | None:
+    """The server's TLS context; refuses a private key that group or others can read."""
     if not config.tls_cert:
         return None
+    try:
+        mode = os.stat(config.tls_key).st_mode
+    except OSError as exc:
+        raise ConfigError(f"cannot read TLS key {config.tls_key}: {exc.strerror or exc}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(
+            f"TLS key {config.tls_key} is readable by group or others (mode {stat.S_IMODE(mode):04o}): "
+            f"chmod 600 {config.tls_key}"
+        )
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -53,22 +65,30 @@ def tls_context(config: AgentConfig) -> ssl.SSLContext | None:
     return ctx
 
 
+def limits(cfg: AgentConfig) -> Limits:
+    return Limits(
+        max_header_bytes=cfg.max_header_bytes,
+        max_body_bytes=cfg.max_body_bytes,
+        max_connections=cfg.max_connections,
+        max_connections_per_client=cfg.max_connections_per_client,
+        idle_timeout_s=cfg.idle_timeout_s,
+        tls_handshake_timeout_s=cfg.tls_handshake_timeout_s,
+        write_timeout_s=cfg.write_timeout_s,
+    )
+
+
 class AgentService:
     """The daemon plus its server, started and stopped together (tests drive it directly)."""
 
     def __init__(self, daemon: AgentDaemon) -> None:
-        from trainguard.export.prometheus import MetricsView
+        from trainguard.agent.prometheus import MetricsView
 
         cfg = daemon.config
         self.daemon = daemon
         self.tokens = TokenCheck(token_path(cfg, daemon))
         self.limiter = RateLimiter(cfg.rate_limit_rps, cfg.rate_limit_burst)
         self.api = Api(daemon, MetricsView(daemon), self.tokens, self.limiter)
-        self.http = HttpServer(
-            self.api,
-            Limits(cfg.max_header_bytes, cfg.max_body_bytes, cfg.max_connections),
-            daemon.tally.refuse,
-        )
+        self.http = HttpServer(self.api, limits(cfg), daemon.tally.refuse)
         self.stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -91,10 +111,10 @@ class AgentService:
         self.daemon.run(self.stop_event)
 
     def reload(self, config: AgentConfig, thresholds: Thresholds | None) -> None:
+        """Apply a re-read config whole, or (ConfigError) none of it."""
+        self.tokens.reload(Path(config.token_file) if config.token_file else None)  # first: it may refuse
         restart = self.daemon.reload(config, thresholds)
         self.limiter.rate, self.limiter.burst = config.rate_limit_rps, config.rate_limit_burst
-        self.tokens.path = Path(config.token_file) if config.token_file else self.tokens.path
-        self.tokens.reload()
         if restart:
             log.warning("config reloaded; %s change(s) need a restart", ", ".join(restart))
         else:

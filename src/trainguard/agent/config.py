@@ -15,6 +15,7 @@ the rest (interval, token, rate limit, thresholds).
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass
 
 from trainguard.errors import ConfigError
@@ -40,7 +41,11 @@ class AgentConfig:
     rate_limit_burst: int = 100  # requests a client may make at once
     max_header_bytes: int = 16384  # request line plus headers
     max_body_bytes: int = 1024  # the API is read-only: bodies are refused beyond this
-    max_connections: int = 256  # open connections at once
+    max_connections: int = 128  # open connections at once, all clients (oldest without a token evicted)
+    max_connections_per_client: int = 16  # open connections at once from one address
+    idle_timeout_s: float = 15.0  # a connection without a request in flight is closed after this
+    tls_handshake_timeout_s: float = 5.0  # a TLS connection that has not finished its handshake
+    write_timeout_s: float = 10.0  # an answer the client leaves unread this long: connection aborted
     history_s: float = 600.0  # seconds of readings kept per GPU for the charts
     hostname: str = ""  # Hostname label; "" = this host's name
     policy: str = ""  # remediation policy file (docs/remediation.md); "" = built-in defaults, dry run
@@ -49,14 +54,25 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         host_port(self.listen)
-        if self.interval_s <= 0:
-            raise ConfigError(f"agent interval_s must be positive (got {self.interval_s})")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("TLS needs both tls_cert and tls_key (one of them is empty)")
         if self.backend not in ("nvml", "sim"):
             raise ConfigError(f"agent backend must be nvml or sim (got {self.backend!r})")
-        if self.rate_limit_rps <= 0 or self.rate_limit_burst < 1:
-            raise ConfigError("agent rate_limit_rps must be > 0 and rate_limit_burst >= 1")
+        if not 0 < self.rate_limit_rps < math.inf or self.rate_limit_burst < 1:
+            raise ConfigError("agent rate_limit_rps must be a finite number > 0 and rate_limit_burst >= 1")
+        for name in (
+            "interval_s",
+            "idle_timeout_s",
+            "tls_handshake_timeout_s",
+            "write_timeout_s",
+            "history_s",
+        ):
+            value = getattr(self, name)
+            if not 0 < value < math.inf:
+                raise ConfigError(f"agent {name} must be a finite number of seconds > 0 (got {value})")
+        for name in ("max_connections", "max_connections_per_client", "max_header_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"agent {name} must be at least 1 (got {getattr(self, name)})")
 
     @property
     def sim(self) -> bool:

@@ -45,8 +45,11 @@ class TokenCheck:
         self.path = path
         self._digest = _digest(read_token(path))
 
-    def reload(self) -> None:
-        self._digest = _digest(read_token(self.path))
+    def reload(self, path: Path | None = None) -> None:
+        """Re-read the token (from ``path`` when given); on ConfigError nothing changes."""
+        path = self.path if path is None else path
+        digest = _digest(read_token(path))
+        self.path, self._digest = path, digest
 
     def verify(self, authorization: str | None) -> bool | None:
         """True: the right token; False: a wrong one; None: no credentials at all."""

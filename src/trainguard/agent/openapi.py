@@ -55,6 +55,9 @@ SPEC: dict[str, Any] = {
             }
         },
         "/api/v1/node": _get("Node verdict, its reasons and the agent's health"),
+        "/api/v1/verdict": _get(
+            "The last tick's whole NodeVerdict (every finding), for a supervisor on this node"
+        ),
         "/api/v1/gpus": _get("Every GPU with its latest reading and verdict", schema="array"),
         "/api/v1/gpus/{index}": {
             **_get("One GPU"),

@@ -1,15 +1,16 @@
-"""The node agent: one pass of the spine per ``tick()`` (telemetry -> detect -> verdict).
+"""The agent's look and judge: one pass of the spine per ``tick()`` (telemetry -> detect -> verdict).
 
 ``tick()`` samples every GPU, reads the kernel-log lines written since the last tick, runs the
 health rules and folds the findings into a ``NodeVerdict``. The loop around it (a real 1 Hz loop,
 or a simulator's virtual clock) belongs to the caller::
 
     >>> from trainguard.clock import VirtualClock
-    >>> from trainguard.telemetry.sim import SimFleet
+    >>> from trainguard.agent.node import open_node
     >>> clock = VirtualClock()
-    >>> agent = Agent(SimFleet(n_gpus=2, clock=clock), clock=clock)
+    >>> agent = Agent.of(open_node("sim", n_gpus=2, clock=clock), clock=clock)
     >>> agent.tick().health.value
     'ok'
+    >>> agent.close()
 
 The agent owns no thread and never raises because of what it reads: a backend that cannot serve
 or a kernel log that cannot be read becomes an UNKNOWN finding for the node.
@@ -29,8 +30,10 @@ from trainguard.errors import TrainguardError
 from trainguard.records import Action, Category, Event, Finding, Gpu, Health, NodeVerdict, Sample
 
 if TYPE_CHECKING:
+    from trainguard.agent.node import Node
     from trainguard.clock import Clock
     from trainguard.telemetry import TelemetryBackend
+    from trainguard.telemetry.lines import LineSource
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +41,8 @@ __all__ = ["Agent"]
 
 
 class Agent:
-    """Watches one node: a telemetry backend plus, optionally, its kernel log.
+    """Watches one node: a telemetry backend plus, optionally, its kernel log (a ``LineSource``,
+    or a path that ``open_lines`` opens). ``Agent.of(node)`` watches an opened ``Node``.
 
     After each ``tick()``: ``samples`` holds the readings of that tick, ``events`` the kernel-log
     events read in it, and ``verdict`` the verdict returned.
@@ -50,7 +54,7 @@ class Agent:
         kernel_log: Path | str | None = None,
         clock: Clock | None = None,
         thresholds: Thresholds | None = None,
-        follower: Any = None,
+        lines: LineSource | None = None,
     ) -> None:
         if clock is None:
             from trainguard.clock import RealClock
@@ -61,22 +65,24 @@ class Agent:
         self.kernel_log = Path(kernel_log) if kernel_log is not None else None
         self._rules = RuleState(self.thresholds)
         self._xids = XidState(self.thresholds)
-        # ``follower``: a ready reader of the kernel log (anything with ``poll() -> list[str]``),
-        # e.g. the daemon's, which resumes where the previous run stopped.
-        self._follower: Any = follower
-        if follower is None and self.kernel_log is not None:
-            from trainguard.detect.follow import KmsgReader, LogFollower
+        self.node: Node | None = None  # closed with the agent when it came from Agent.of
+        self._lines: Any = lines
+        if lines is None and self.kernel_log is not None:
+            from trainguard.telemetry.lines import open_lines
 
-            # From the start: what the kernel logged before we started watching still counts.
-            if self.kernel_log.is_char_device():  # /dev/kmsg: one record per read
-                self._follower = KmsgReader(self.kernel_log, from_start=True)
-            else:
-                self._follower = LogFollower(self.kernel_log, from_start=True)
+            self._lines = open_lines(self.kernel_log)
         self._gpus: list[Gpu] = []
         self.samples: list[Sample] = []
         self.events: list[Event] = []
         self.verdict: NodeVerdict | None = None
         self.ticks = 0
+
+    @classmethod
+    def of(cls, node: Node, *, clock: Clock | None = None, thresholds: Thresholds | None = None) -> Agent:
+        """The agent of an opened node; closing the agent closes the node."""
+        agent = cls(node.backend, node.kernel_log, clock, thresholds, lines=node.lines)
+        agent.node = node
+        return agent
 
     def tick(self) -> NodeVerdict:
         now = self.clock.time()
@@ -103,12 +109,12 @@ class Agent:
         return self.verdict
 
     def _read_kernel_log(self, now: float, findings: list[Finding]) -> list[Event]:
-        if self._follower is None:
+        if self._lines is None:
             return []
         from trainguard.detect.kernel_log import parse_kernel_line
 
         try:
-            lines = self._follower.poll()
+            lines = self._lines.poll()
         except (OSError, TrainguardError) as exc:
             findings.append(_unknown("kernel_log", f"kernel log {self.kernel_log} unreadable: {exc}", now))
             return []
@@ -143,9 +149,11 @@ class Agent:
         return self._xids.skipped
 
     def close(self) -> None:
-        closer = getattr(self._follower, "close", None)
-        if closer is not None:
-            closer()
+        if self.node is not None:
+            self.node.close()
+            return
+        if self._lines is not None:
+            self._lines.close()
         self.backend.close()
 
     def __enter__(self) -> Agent:

@@ -1,6 +1,11 @@
-"""The node agent's loop: look (one ``Agent.tick``), judge (new findings), act (store, publish).
+"""The node agent's loop, one ``step()`` per interval: look -> judge -> act -> record.
 
-    >>> from trainguard.agentd import AgentConfig, AgentDaemon
+    look    ``Agent.tick``: every GPU sampled, the new kernel-log lines read, a NodeVerdict
+    judge   ``onsets``/``incidents_for`` (pure): the findings new this tick and their incidents
+    act     ``self.act(judged)``: the one seam for remediation (``Act``; default ``no_action``)
+    record  the incident store (a bounded retry queue in front of it), counters, state, snapshot
+
+    >>> from trainguard.agent import AgentConfig, AgentDaemon
     >>> import tempfile
     >>> d = tempfile.mkdtemp()
     >>> daemon = AgentDaemon(AgentConfig(backend="sim", db=f"{d}/tg.db", state_dir=d))
@@ -20,28 +25,55 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import tempfile
 import threading
 import time
 from collections import Counter, deque
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from trainguard.agent import Agent
-from trainguard.agentd.config import AgentConfig
-from trainguard.agentd.follow import ResumingFollower, ResumingKmsg
-from trainguard.agentd.judge import FindingKey, all_findings, incidents_for, onsets
-from trainguard.agentd.snapshot import LATENCY_BUCKETS, History, Snapshot, Tally
-from trainguard.agentd.state import SavedState, load_state, save_state
+from trainguard.agent.config import AgentConfig
+from trainguard.agent.judge import FindingKey, all_findings, incidents_for, onsets
+from trainguard.agent.node import Node, open_node
+from trainguard.agent.snapshot import LATENCY_BUCKETS, History, Snapshot, Tally
+from trainguard.agent.state import SavedState, load_state, save_state
+from trainguard.agent.tick import Agent
 from trainguard.clock import Clock, RealClock
 from trainguard.detect.thresholds import Thresholds
-from trainguard.errors import ConfigError, StoreError
+from trainguard.errors import StoreError
 from trainguard.incidents import Incident
-from trainguard.records import Health
+from trainguard.records import Event, Finding, Health, NodeVerdict, Sample
 
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 10_000  # incidents waiting for the store; beyond this the oldest are dropped (counted)
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """One tick, looked at and judged: what ``act`` receives."""
+
+    time: float  # the agent's clock
+    hostname: str
+    verdict: NodeVerdict  # the node's state now (every finding, old and new)
+    samples: tuple[Sample, ...]
+    events: tuple[Event, ...]  # kernel-log events read this tick
+    new: tuple[Finding, ...]  # findings that appeared this tick
+    incidents: tuple[Incident, ...]  # what the new findings are, about to be recorded
+
+
+class Act(Protocol):
+    """The agent's act step: called once per tick with the judged tick, before it is recorded.
+
+    It must not raise (a failure is logged and counted as ``trainguard_agent_errors_total
+    {source="act"}``) and should return quickly: the next tick waits for it.
+    """
+
+    def __call__(self, judged: Judged) -> None: ...
+
+
+def no_action(judged: Judged) -> None:
+    """The default act: observe only."""
 
 
 class AgentDaemon:
@@ -52,41 +84,37 @@ class AgentDaemon:
         *,
         clock: Clock | None = None,
         backend: Any = None,
+        act: Act = no_action,
+        store: Any = None,
     ) -> None:
+        """``backend``: a ready ``TelemetryBackend`` instead of the one ``config`` names;
+        ``act``: the act step (remediation); ``store``: where incidents are recorded (anything
+        with ``add(incident)``; default the incident store at ``config.db``, opened lazily)."""
         self.config = config
         self.clock: Clock = clock or RealClock()
         self.hostname = config.hostname or socket.gethostname()
         self.state_dir = Path(config.state_dir or default_state_dir())
         self.state_path = self.state_dir / "agent-state.json"
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        self.fleet: Any = None  # the SimFleet when simulated: fault injection for drills and tests
-        if backend is None:
-            backend, kernel_log = self._open_backend()
-        else:
-            kernel_log = Path(config.kernel_log) if config.kernel_log else None
         saved = load_state(self.state_path)
-        follower: ResumingFollower | ResumingKmsg | None = None
-        if kernel_log is not None:
-            kmsg = kernel_log.is_char_device()  # /dev/kmsg: one record per read
-            follower = (
-                ResumingKmsg(kernel_log, saved.cursor) if kmsg else ResumingFollower(kernel_log, saved.cursor)
-            )
-        self.follower = follower
-        self.agent = Agent(
-            backend, kernel_log=kernel_log, clock=self.clock, thresholds=thresholds, follower=follower
-        )
-        from trainguard.remediate.hook import AgentRemediation
-
-        self.remediation = AgentRemediation(
-            node=self.hostname, state_dir=self.state_dir, store=self._open_store, backend=backend,
-            policy_path=config.policy, enforce=config.enforce, fleet=self.fleet,
-            on_reset=self.agent.gpu_was_reset, clock=self.clock.time,
-        )  # fmt: skip
+        self.node: Node = self._open_node(backend, saved)
+        self.sim = self.node.sim  # the SimNode when simulated: fault injection for drills and tests
+        self.fleet = self.sim  # deprecated name of ``sim`` (code written before the rename reads it)
+        self.agent = Agent.of(self.node, clock=self.clock, thresholds=thresholds)
+        self.driver_version = _driver_version(self.node.backend)
+        self.act: Act = act
         self._active: Counter[FindingKey] = saved.active
         self._saved = saved
         self._pending: deque[Incident] = deque()
-        self._store: Any = None
+        self._store: Any = store
         self._fleet: Any = None  # FleetWriter: this node's verdict changes into the store
+        from trainguard.remediate.hook import AgentRemediation
+
+        # Remediation acts on what was recorded (its records name the incidents): after record.
+        self.remediation = AgentRemediation(
+            node=self.hostname, state_dir=self.state_dir, store=self._open_store, backend=self.node.backend,
+            policy_path=config.policy, enforce=config.enforce, fleet=self.sim,
+            on_reset=self.agent.gpu_was_reset, clock=self.clock.time,
+        )  # fmt: skip
         self.tally = Tally()
         self.history = History(config.history_s, config.interval_s)
         self.snapshot = Snapshot(
@@ -97,26 +125,25 @@ class AgentDaemon:
 
     # -- setup ------------------------------------------------------------------------------
 
-    def _open_backend(self) -> tuple[Any, Path | None]:
+    def _open_node(self, backend: Any, saved: SavedState) -> Node:
         cfg = self.config
-        kernel_log = Path(cfg.kernel_log) if cfg.kernel_log else None
-        if not cfg.sim:
-            from trainguard.telemetry import open_backend
+        kernel_log = cfg.kernel_log or None
+        if backend is not None:
+            from trainguard.telemetry.lines import open_lines
 
-            return open_backend("nvml"), kernel_log
-        from trainguard.telemetry.sim import SCENARIOS, SimFleet
-
-        spec = SCENARIOS.get(cfg.scenario or "healthy")
-        if spec is None:
-            raise ConfigError(f"unknown scenario {cfg.scenario!r}: choose one of {', '.join(SCENARIOS)}")
-        if kernel_log is None:  # the simulated kernel log lives as long as the daemon
-            self._tmp = tempfile.TemporaryDirectory(prefix="trainguard-agent-")
-            kernel_log = Path(self._tmp.name) / "kmsg.log"
-        self.fleet = SimFleet(
-            n_gpus=cfg.gpus, seed=cfg.seed, clock=self.clock, kmsg_path=kernel_log, hostname=self.hostname
+            lines = open_lines(kernel_log, saved.cursor, resume=True) if kernel_log else None
+            return Node(backend, lines, None, Path(kernel_log) if kernel_log else None, self.hostname)
+        return open_node(
+            "sim" if cfg.sim else cfg.backend,
+            kernel_log=kernel_log,
+            cursor=saved.cursor,
+            resume=True,
+            n_gpus=cfg.gpus,
+            seed=cfg.seed,
+            scenario=cfg.scenario,
+            clock=self.clock,
+            hostname=self.hostname,
         )
-        spec.script(self.fleet)
-        return self.fleet, kernel_log
 
     def _open_store(self) -> Any:
         if self._store is None:
@@ -178,26 +205,17 @@ class AgentDaemon:
         t0 = time.monotonic()
         # look
         verdict = self.agent.tick()
-        samples, events = tuple(self.agent.samples), self.agent.events
+        samples, events = tuple(self.agent.samples), tuple(self.agent.events)
         now = self.clock.time()
         # judge
         new, self._active = onsets(self._active, all_findings(verdict))
         incidents = incidents_for(new, self.hostname, now)
+        judged = Judged(now, self.hostname, verdict, samples, events, tuple(new), tuple(incidents))
         # act
+        self._act(judged)
+        # record
         problems: list[str] = []
-        self._count(new, events, incidents)
-        self._pending.extend(incidents)
-        dropped = len(self._pending) - MAX_PENDING
-        for _ in range(max(0, dropped)):
-            self._pending.popleft()
-        if dropped > 0:
-            with self.tally.lock:
-                self.tally.incidents_dropped += dropped
-        self._flush(problems)
-        self.remediation.step(new, now)
-        self._record_fleet(verdict, now, problems)
-        if not self._pending:  # only then is everything before the cursor safely stored
-            self._save_state(problems)
+        self._record(judged, problems)
         if not samples:
             problems.append("no telemetry: every GPU is unknown")
         self.history.add(samples)
@@ -219,14 +237,36 @@ class AgentDaemon:
         self.last_tick_monotonic = time.monotonic()
         return self.snapshot
 
-    def _count(self, new: list[Any], events: list[Any], incidents: list[Incident]) -> None:
+    def _act(self, judged: Judged) -> None:
+        try:
+            self.act(judged)
+        except Exception:  # remediation failing must not stop the node being watched
+            log.exception("agent act step failed")
+            with self.tally.lock:
+                self.tally.errors["act"] += 1
+
+    def _record(self, judged: Judged, problems: list[str]) -> None:
+        """Counters, the store (through the retry queue) and the kernel-log cursor."""
+        self._count(list(judged.new), list(judged.events))
+        self._pending.extend(judged.incidents)
+        dropped = len(self._pending) - MAX_PENDING
+        for _ in range(max(0, dropped)):
+            self._pending.popleft()
+        if dropped > 0:
+            with self.tally.lock:
+                self.tally.incidents_dropped += dropped
+        self._flush(problems)
+        self.remediation.step(list(judged.new), judged.time)
+        self._record_fleet(judged.verdict, judged.time, problems)
+        if not self._pending:  # only then is everything before the cursor safely stored
+            self._save_state(problems)
+
+    def _count(self, new: list[Any], events: list[Any]) -> None:
         t = self.tally
         with t.lock:
             t.ticks += 1
             for f in new:
                 t.findings[(f.category.value if f.category else "", f.action.value, f.health.value)] += 1
-            for inc in incidents:
-                t.incidents[(inc.root_cause.value, inc.action)] += 1
             for ev in events:
                 t.kernel_events[(ev.kind.value, ev.category.value)] += 1
                 if ev.xid is not None:
@@ -256,8 +296,12 @@ class AgentDaemon:
             return
         try:
             store = self._open_store()
-            store.add_many(list(self._pending))  # one transaction a tick; a retry is no duplicate
+            written = list(self._pending)
+            store.add_many(written)  # one transaction a tick; a retry is no duplicate
             self._pending.clear()
+            with self.tally.lock:  # counted once written, not when created
+                for inc in written:
+                    self.tally.incidents[(inc.root_cause.value, inc.action)] += 1
         except StoreError as exc:
             with self.tally.lock:
                 self.tally.errors["store"] += 1
@@ -265,7 +309,7 @@ class AgentDaemon:
             log.warning("cannot write incidents: %s", exc)
 
     def _save_state(self, problems: list[str]) -> None:
-        cursor = self.follower.cursor if self.follower is not None else None
+        cursor = getattr(self.node.lines, "cursor", None)
         state = SavedState(cursor, +self._active)
         if state == self._saved:
             return
@@ -319,8 +363,18 @@ class AgentDaemon:
         self.agent.close()
         if self._store is not None:
             self._store.close()
-        if self._tmp is not None:
-            self._tmp.cleanup()
+
+
+def _driver_version(backend: Any) -> str:
+    """The NVIDIA driver version (a label on every GPU series); "" when the backend cannot say."""
+    info = getattr(backend, "driver_info", None)
+    if info is None:
+        return ""
+    try:
+        return info().driver or ""
+    except Exception:  # a label is not worth failing the start
+        log.debug("driver version unreadable", exc_info=True)
+        return ""
 
 
 def default_state_dir(environ: dict[str, str] | None = None) -> Path:

@@ -1,15 +1,30 @@
 """Kernel-log readers that resume at a saved cursor: a file (same inode, same bytes before the
-offset) or ``/dev/kmsg`` (records after a sequence number, same boot)."""
+offset) or ``/dev/kmsg`` (records after a sequence number, same boot).
+
+The agent saves the ``cursor`` after each tick whose incidents are stored (``agent/state.py``).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from trainguard.agentd.state import Cursor
-from trainguard.detect.follow import LogFollower
+from trainguard.telemetry.follow import LogFollower
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """A position in a log file: its identity (device, inode), a byte offset, and a digest of the
+    bytes just before it (so a file truncated and rewritten past the offset is not mistaken for
+    the one we read)."""
+
+    dev: int
+    ino: int
+    offset: int
+    tail: str = ""
 
 
 class ResumingFollower(LogFollower):
@@ -70,7 +85,7 @@ class ResumingKmsg:
     def __init__(
         self, path: str | Path, cursor: Cursor | None = None, *, boot_id: str | None = None, **kw: Any
     ) -> None:
-        from trainguard.detect.follow import KmsgReader
+        from trainguard.telemetry.follow import KmsgReader
 
         self._reader = KmsgReader(path, from_start=True, **kw)
         self._boot = boot_id if boot_id is not None else _boot_id()

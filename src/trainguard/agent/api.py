@@ -1,27 +1,34 @@
 """The agent's routes: ``/healthz``, ``/metrics``, ``/api/v1/...`` and the dashboard at ``/``.
 
 Every route but ``/healthz`` needs the token; the API is read-only (GET and HEAD). Refusals come
-back as JSON errors and are counted by reason: ``method``, ``path_traversal``, ``token_in_query``,
-``rate_limited``, ``unauthenticated``, ``wrong_token``, ``not_found`` (plus the HTTP layer's
-``oversized``, ``bad_request``, ``too_many_connections``).
+back as JSON errors (each closes its connection) and are counted by reason: ``method``,
+``path_traversal``, ``token_in_query``, ``rate_limited``, ``unauthenticated``, ``wrong_token``,
+``not_found`` (plus the server's ``oversized``, ``bad_request``, ``too_many_connections``,
+``evicted``, ``write_timeout``).
+
+The token is checked before the rate limit, and the two kinds of client have separate buckets
+per address: requests with the right token, and everything else (no token, a wrong one,
+``/healthz``). A flood without the token from the scraper's own address cannot spend the
+scraper's requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+from trainguard.agent import fleet_views, views
+from trainguard.agent.messages import Request, Response
 from trainguard.remediate.api import ADMIN_PATHS, breaker_reset
-from trainguard.web import fleet_views, views
-from trainguard.web.http import Request, Response
 
 if TYPE_CHECKING:
-    from trainguard.agentd.daemon import AgentDaemon
-    from trainguard.export.prometheus import MetricsView
-    from trainguard.web.auth import RateLimiter, TokenCheck
+    from trainguard.agent.auth import RateLimiter, TokenCheck
+    from trainguard.agent.daemon import AgentDaemon
+    from trainguard.agent.prometheus import MetricsView
 
 JSON = "application/json"
 TOKEN_PARAMS = frozenset({"token", "access_token", "auth", "bearer", "api_key", "apikey", "key"})
@@ -39,7 +46,7 @@ STATIC_TYPES = {
 def load_static() -> dict[str, tuple[bytes, str]]:
     """Every dashboard asset, read once at start: URL path -> (body, content type)."""
     out: dict[str, tuple[bytes, str]] = {}
-    root = resources.files("trainguard.web") / "static"
+    root = resources.files("trainguard.agent") / "static"
     for item in root.iterdir():
         suffix = "." + item.name.rpartition(".")[2]
         if item.is_file() and suffix in STATIC_TYPES:
@@ -58,6 +65,7 @@ class Api:
         self._cache: dict[str, tuple[int, bytes]] = {}  # path -> (snapshot seq, body)
         self.routes: dict[str, Any] = {
             "/api/v1/node": views.node,
+            "/api/v1/verdict": views.verdict,
             "/api/v1/gpus": views.gpus,
             "/api/v1/findings": views.findings,
             "/api/v1/history": views.history,
@@ -67,11 +75,15 @@ class Api:
         refused = self.gate(req)
         if refused is not None:
             return refused
+        answer = await self._route(req)
+        return replace(answer, authenticated=True) if req.path != "/healthz" else answer
+
+    async def _route(self, req: Request) -> Response:
         path = req.path
         if path == "/healthz":
             return self.healthz()
         if path == "/metrics":
-            from trainguard.export.prometheus import CONTENT_TYPE
+            from trainguard.agent.prometheus import CONTENT_TYPE
 
             return Response(200, self.metrics.render(), CONTENT_TYPE)
         if path in self.static:
@@ -85,7 +97,7 @@ class Api:
         if path == "/api/v1/remediation":
             return self._json(self.daemon.remediation.status())
         if path == "/api/v1/openapi.json":
-            from trainguard.web.openapi import spec_bytes
+            from trainguard.agent.openapi import spec_bytes
 
             return Response(200, spec_bytes(), JSON)
         try:
@@ -98,7 +110,7 @@ class Api:
             if path in ("/api/v1/incidents", "/api/v1/jobs"):
                 fn = views.incidents if path.endswith("incidents") else views.jobs
                 return self._json(await asyncio.to_thread(fn, self.daemon, req.query))
-            if path.startswith(fleet_views.PREFIX):  # the fleet page's API (web/fleet_views.py)
+            if path.startswith(fleet_views.PREFIX):  # the fleet page's API (agent/fleet_views.py)
                 return self._json(await asyncio.to_thread(fleet_views.route, self.daemon, path, req.query))
         except (views.NotFound, fleet_views.NotFound) as exc:
             return Response.error(404, str(exc), "not_found")
@@ -116,36 +128,43 @@ class Api:
             )
         decoded = unquote(unquote(req.path))
         if ".." in decoded.split("/") or "\\" in decoded or "\x00" in decoded or not req.path.startswith("/"):
-            return Response.error(400, "path traversal refused", "path_traversal", close=True)
+            return Response.error(400, "path traversal refused", "path_traversal")
         if TOKEN_PARAMS & {k.lower() for k in req.query}:
             return Response.error(
                 400,
                 "never put the token in the URL (it ends up in logs): send Authorization: Bearer",
                 "token_in_query",
             )
-        if not self.limiter.allow(req.client):
-            return Response.error(429, "rate limit exceeded", "rate_limited", headers=(("Retry-After", "1"),))
-        if req.path == "/healthz" or req.path in ADMIN_PATHS:
-            return None
+        if req.path == "/healthz" or req.path in ADMIN_PATHS:  # the admin token is checked there
+            return self._limit("anon", req)
         ok = self.tokens.verify(req.headers.get("authorization"))
-        if ok is None:
-            return Response.error(
-                401,
-                "authentication required: Authorization: Bearer <token>",
-                "unauthenticated",
-                headers=CHALLENGE,
-            )
-        if not ok:
+        if ok is not True:
+            refused = self._limit("anon", req)
+            if refused is not None:
+                return refused
+            if ok is None:
+                return Response.error(
+                    401,
+                    "authentication required: Authorization: Bearer <token>",
+                    "unauthenticated",
+                    headers=CHALLENGE,
+                )
             return Response.error(401, "wrong token", "wrong_token", headers=CHALLENGE)
-        return None
+        return self._limit("token", req)
+
+    def _limit(self, kind: str, req: Request) -> Response | None:
+        if self.limiter.allow(f"{kind}:{req.client}"):
+            return None
+        return Response.error(429, "rate limit exceeded", "rate_limited", headers=(("Retry-After", "1"),))
 
     def healthz(self) -> Response:
+        """Liveness for anyone: the state only. Why (paths, store errors) is behind the token,
+        in /api/v1/node."""
         snap = self.daemon.snapshot
         if self.daemon.stalled():
-            body = {"status": "failed", "problems": ["the sampling loop has stalled"]}
-            return Response(503, json.dumps(body).encode(), JSON)
-        body = {"status": snap.health.value if snap.seq else "starting", "problems": list(snap.problems)}
-        return Response(200, json.dumps(body).encode(), JSON)
+            return Response(503, b'{"status":"failed"}', JSON)
+        status = snap.health.value if snap.seq else "starting"
+        return Response(200, json.dumps({"status": status}).encode(), JSON)
 
     def _per_tick(self, path: str) -> bytes:
         """The body of a query-less snapshot route, computed once per tick."""

@@ -16,21 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.agentd.judge import FindingKey
+from trainguard.agent.judge import FindingKey
+from trainguard.telemetry.resume import Cursor
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Cursor:
-    """A position in a log file: its identity (device, inode), a byte offset, and a digest of the
-    bytes just before it (so a file truncated and rewritten past the offset is not mistaken for
-    the one we read)."""
-
-    dev: int
-    ino: int
-    offset: int
-    tail: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,1 +1,0 @@
-"""Read-only views of trainguard's state for other systems (``prometheus``: the /metrics text)."""
