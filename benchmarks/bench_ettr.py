@@ -128,10 +128,6 @@ class Run:
     restart_s: tuple[float, ...]
     ledger_ettr: float | None
 
-    @property
-    def ettr(self) -> float:
-        return self.distinct_steps * self.step_s / self.wall_s
-
 
 def run_with_faults(
     kind: str, seconds: float, every: int, sleep: float, faults: list[tuple[float, int]]
