@@ -282,6 +282,8 @@ def main() -> int:
         out.update(mean_ci([r[0] for r in ours]).as_json("metrics_rps", 1))
         out.update(mean_ci([r[0] for r in theirs]).as_json("exporter_rps", 1))
         out.update(ratio_ci([r[0] for r in ours], [r[0] for r in theirs]).as_json("rps_ratio", 4))
+        out["metrics_rps_samples"] = [round(r[0], 1) for r in ours]
+        out["exporter_rps_samples"] = [round(r[0], 1) for r in theirs]
         out.update(mean_ci([r[2] for r in ours]).as_json("metrics_p99_ms", 2))
         out.update(mean_ci([r[2] for r in theirs]).as_json("exporter_p99_ms", 2))
         # Idle at 1 Hz with no clients: the agent (which also judges and records) and the exporter.
