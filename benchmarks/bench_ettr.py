@@ -13,9 +13,12 @@ fault and each fault costs one restart. The job checkpoints every round(tau / st
 tau the Young/Daly interval for the checkpoint stall C measured in a fault-free calibration run:
 tau = sqrt(2 * C * MTBF).
 
-ETTR = useful work / wall time, useful work = distinct steps completed x one reference step time
-(the fault-free calibration run's median, the same for both launchers), so start-up, every
-recovery, recomputation and checkpoint stalls count against it. ratio_vs_torchrun is the
+ETTR = useful work / wall time over the --minutes that follow the job's first step (the faults
+are offsets from it), useful work = distinct steps completed x one reference step time (the
+fault-free calibration run's median, the same for both launchers), so every recovery,
+recomputation and checkpoint stall counts against it. Start-up (launch to the first step, once per
+job) is reported apart (startup_s): on a loaded machine it takes 10-60 s and would swamp a short
+run. ratio_vs_torchrun is the
 geometric mean of the per-round ratios with its 95% interval (benchmarks/paired.py). Restart
 cost R = kill to the first step of the new workers, measured the same way for both. The model
 (Young/Daly, first order), given for context with each launcher's own R:
@@ -25,7 +28,8 @@ cost R = kill to the first step of the new workers, measured the same way for bo
 Keys (--json): ratio_vs_torchrun (target >= 1.05 at a fault every 20 s; exit 1 when missed) with
 _ci95 and _repeats; ettr and torchrun_ettr (mean over rounds, _ci95) and their _samples;
 young_daly_ettr, young_daly_torchrun_ettr, young_daly_ratio; C, both R and their samples, tau,
-faults and kills per round, ledger_ettr (trainguard's own goodput ledger, per round).
+faults and kills per round, startup_s and torchrun_startup_s (launch to the first step, outside the
+measured run), ledger_ettr (trainguard's own goodput ledger, per round).
 """
 
 from __future__ import annotations
@@ -127,15 +131,28 @@ class Run:
     kills: tuple[float, ...]
     restart_s: tuple[float, ...]
     ledger_ettr: float | None
+    startup_s: float  # launch to the first step (outside the measured run)
 
 
 def run_with_faults(
-    kind: str, seconds: float, every: int, sleep: float, faults: list[tuple[float, int]]
+    kind: str,
+    seconds: float,
+    every: int,
+    sleep: float,
+    faults: list[tuple[float, int]],
+    startup_cap: float = 300.0,
 ) -> Run:
+    """Launch, wait for the first step, then run ``seconds`` of training with the faults at their
+    offsets from that step. Start-up (once per job, the same job under both launchers) is
+    measured apart: on a loaded 2-core machine it takes 10-60 s and would swamp a short run."""
     work = Path(tempfile.mkdtemp(prefix=f"bench-ettr-{kind}-"))
     try:
-        started = time.time()
+        launched = time.time()
         proc = launch(kind, work, every, sleep)
+        while not progress(work) and time.time() < launched + startup_cap:
+            time.sleep(0.05)
+        first = progress(work)
+        started = first[0][0] if first else time.time()
         kills: list[float] = []
         pending = list(faults)
         while time.time() < started + seconds:
@@ -149,7 +166,7 @@ def run_with_faults(
             time.sleep(0.02)
         ended = time.time()
         stop(proc)
-        steps = [p for p in progress(work) if p[0] <= ended]
+        steps = [p for p in progress(work) if started <= p[0] <= ended]
         ledger = None
         with contextlib.suppress(OSError, ValueError):
             result = json.loads((work / "result.json").read_text())
@@ -170,6 +187,7 @@ def run_with_faults(
         kills=tuple(kills),
         restart_s=tuple(restarts),
         ledger_ettr=ledger,
+        startup_s=started - launched,
     )
 
 
@@ -208,6 +226,11 @@ def calibrate(sleep: float, timeout: float = 240.0) -> tuple[float, float]:
 
 def young_daly(c: float, tau: float, r: float, mtbf: float) -> float:
     return 1 - c / tau - (tau / 2 + r) / mtbf
+
+
+def _num(x: float) -> float | None:
+    """JSON has no NaN: a figure that could not be measured is null."""
+    return None if math.isnan(x) else round(x, 4)
 
 
 TARGETS = {"ratio_vs_torchrun": (">=", 1.05)}
@@ -271,8 +294,10 @@ def main() -> int:
         kills=[len(r.kills) for r in ours],
         torchrun_kills=[len(r.kills) for r in theirs],
         reference_step_s=round(step_s, 4),
-        step_s=[round(r.step_s, 4) for r in ours],
-        torchrun_step_s=[round(r.step_s, 4) for r in theirs],
+        step_s=[_num(r.step_s) for r in ours],
+        torchrun_step_s=[_num(r.step_s) for r in theirs],
+        startup_s=[round(r.startup_s, 2) for r in ours],
+        torchrun_startup_s=[round(r.startup_s, 2) for r in theirs],
         distinct_steps=[r.distinct_steps for r in ours],
         torchrun_distinct_steps=[r.distinct_steps for r in theirs],
         ledger_ettr=[r.ledger_ettr for r in ours],
