@@ -1,25 +1,34 @@
-"""Recovery time after a worker death (MTTR), trainguard run vs plain torchrun, same script, same fault.
+"""Recovery time after a worker death (MTTR) and after a hang, trainguard run vs plain torchrun,
+same script, same fault, interleaved rounds.
 
-    python benchmarks/bench_recovery.py [--quick] [--repeats 3] [--json]
+    python benchmarks/bench_recovery.py [--quick] [--repeats 3] [--hang-repeats 3] [--json]
 
 A 2-rank DDP job over gloo (a small model; it checkpoints model and optimizer every 5 steps and
 logs every completed step with its time and pid). After the job has trained for --warmup-s, rank
 1 gets SIGKILL. MTTR = from the kill to the first step completed by the restarted workers.
 Launchers: `trainguard run --standalone --nproc-per-node 2 --warm-standby`, the same with
 `--no-warm-standby` (the cold path: new interpreters import torch after the failure) and
-`torchrun --standalone --nproc-per-node 2 --max-restarts 1`. The job is benchmarks/ddp_worker.py
-(trainguard's Checkpointer every 5 steps), the same one bench_ettr.py runs.
+`torchrun --standalone --nproc-per-node 2 --max-restarts 1`, in --repeats rounds, the order
+reversed every other round. The job is benchmarks/ddp_worker.py (trainguard's Checkpointer every 5
+steps), the same one bench_ettr.py runs.
 
-Hang case: rank 1 gets SIGSTOP instead. trainguard's heartbeat watchdog (here the job's own step
-heartbeats through trainguard.rundir, floor --hang-floor s) against torchrun with default
-settings, which only notices when gloo's collective timeout (30 min by default) ends the
-surviving rank; that wait is capped at --hang-cap-s and reported as ">= cap". And against
-torchrun with the process-group timeout a careful user sets (60 s): the survivor's all-reduce
-times out, it exits, and torchrun notices.
+Hang case: rank 1 gets SIGSTOP instead. Both launchers are followed to the same end point, the
+first step of the restarted workers (hang recovery), and to the moment each noticed (trainguard:
+its hang incident from the step heartbeats, at each --hang-floors value of
+--hang-timeout-floor; torchrun: the surviving rank's exit when the process-group timeout a
+careful user sets, --pg-timeout-s 60, ends its all-reduce; with gloo's default of 30 minutes
+torchrun would wait that long). --hang-repeats rounds, the order reversed every other round. A
+hang incident trainguard records before the fault is a false alarm: the headline detection time
+is the one at the lowest floor with no false alarm over all its runs, next to the default's.
 
-Keys (--json): mttr_s, cold_mttr_s, torchrun_mttr_s, ratio (mttr_s / torchrun_mttr_s),
-cold_ratio (cold_mttr_s / torchrun_mttr_s), hang_detect_s, torchrun_hang_detect_s,
-torchrun_hang_capped, torchrun_pg60_hang_detect_s, hang_ratio_vs_pg60, plus the samples.
+Keys (--json), each with _ci95 and _repeats (mean and 95% t-interval over rounds; ratios are
+geometric means of the per-round ratios, benchmarks/paired.py): mttr_s (target <= 10 s),
+cold_mttr_s, torchrun_mttr_s, ratio (mttr / torchrun's, target <= 0.5), cold_ratio, the samples
+and *_mttr_capped (recoveries that did not come within 120 s, counted as 120 s: a lower bound);
+hang_floor_sweep (per floor: false alarms, detect and recover samples), hang_min_clean_floor_s,
+hang_detect_s (at that floor), hang_detect_default_s, hang_recover_s (at the
+default floor; what `trainguard simulate --from-bench` takes), torchrun_hang_detect_s,
+torchrun_hang_recover_s, hang_recover_ratio (target <= 0.5). Exit 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -30,16 +39,16 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from targets import Target, finish
-
-TARGETS = (Target("ratio", "<=", 0.5), Target("mttr_s", "<=", 10))
+from paired import mean_ci, missed, ratio_ci, targets_json
+from trainguard.supervisor.config import SupervisorConfig
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
@@ -68,7 +77,7 @@ def launch(
     if kind.startswith("trainguard"):
         standby = "--warm-standby" if kind == "trainguard" else "--no-warm-standby"
         cmd = [sys.executable, "-m", "trainguard.cli", "run", "--standalone", "--nproc-per-node", "2",
-               standby, "--no-tee", "--max-restarts", "3", "--db", str(work / "tg.db"),
+               standby, "--no-tee", "--max-restarts", "10", "--db", str(work / "tg.db"),
                "--runs-dir", str(work / "runs"), "--job-id", "bench", "--hang-timeout-floor", str(hang_floor),
                "--", sys.executable, *wargs]  # fmt: skip
     else:
@@ -107,7 +116,13 @@ def kill_workers(work: Path) -> None:
             os.kill(int((work / f"pid{r}").read_text()), signal.SIGKILL)
 
 
+MTTR_CAP_S = 120.0
+CAPPED: dict[str, int] = {}  # per launcher: recoveries that did not come within MTTR_CAP_S
+
+
 def measure_mttr(kind: str, warmup_s: float, sleep: float) -> float:
+    """Kill to the first step of the new workers; a recovery that does not come within
+    MTTR_CAP_S counts as the cap (a lower bound) and is counted in CAPPED."""
     work = Path(tempfile.mkdtemp(prefix=f"bench-recovery-{kind}-"))
     proc = launch(kind, work, sleep=sleep, hang_floor=30)
     try:
@@ -116,17 +131,27 @@ def measure_mttr(kind: str, warmup_s: float, sleep: float) -> float:
         victim = int((work / "pid1").read_text())
         t_kill = time.time()
         os.kill(victim, signal.SIGKILL)
-        deadline = t_kill + 120
+        deadline = t_kill + MTTR_CAP_S
         while time.time() < deadline:
             after = [p for p in progress(work) if p[0] > t_kill and p[2] != old0]
             if after:
                 return after[0][0] - t_kill
             time.sleep(0.02)
-        raise RuntimeError(f"{kind} did not recover within 120 s; see {work}")
+        CAPPED[kind] = CAPPED.get(kind, 0) + 1
+        print(f"{kind} did not recover within {MTTR_CAP_S:g} s: counted as {MTTR_CAP_S:g} s", file=sys.stderr)
+        return MTTR_CAP_S
     finally:
         stop(proc)
         kill_workers(work)
         shutil.rmtree(work, ignore_errors=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Hang:
+    detect_s: float  # SIGSTOP -> the launcher noticed (trainguard: its hang incident; torchrun: the survivor's exit)
+    recover_s: float  # SIGSTOP -> the first step of the new workers (the same end point for both)
+    false_alarms: int  # hang incidents trainguard recorded before the fault (torchrun: 0)
+    capped: bool  # no recovery within the cap; recover_s is the cap
 
 
 def measure_hang(
@@ -136,9 +161,9 @@ def measure_hang(
     hang_floor: float,
     cap_s: float,
     pg_timeout_s: float | None = None,
-) -> tuple[float, bool]:
-    """Seconds from SIGSTOP of rank 1 to the launcher noticing (trainguard: its hang incident;
-    torchrun: the surviving rank's exit), capped."""
+) -> Hang:
+    """SIGSTOP rank 1 of a job that has trained for ``warmup_s``; follow it until the restarted
+    workers complete a step (or ``cap_s``)."""
     work = Path(tempfile.mkdtemp(prefix=f"bench-hang-{kind}-"))
     proc = launch(kind, work, sleep=sleep, hang_floor=hang_floor, pg_timeout_s=pg_timeout_s)
     try:
@@ -146,16 +171,24 @@ def measure_hang(
         survivor = int((work / "pid0").read_text())
         t_stop = time.time()
         os.kill(int((work / "pid1").read_text()), signal.SIGSTOP)
+        detect = None
         while time.time() < t_stop + cap_s:
-            if kind == "trainguard":
-                found = _incident_time(work, after=t_stop)
-                if found is not None:
-                    FALSE_HANGS.append(_hangs_before(work, t_stop))
-                    return found - t_stop, False
-            elif not Path(f"/proc/{survivor}").exists() or _zombie(survivor):
-                return time.time() - t_stop, False
+            if detect is None:
+                if kind.startswith("trainguard"):
+                    found = _incident_time(work, after=t_stop)
+                    detect = None if found is None else found - t_stop
+                elif not Path(f"/proc/{survivor}").exists() or _zombie(survivor):
+                    detect = time.time() - t_stop
+            after = [p for p in progress(work) if p[0] > t_stop and p[2] != survivor]
+            if after:
+                return Hang(
+                    detect if detect is not None else after[0][0] - t_stop,
+                    after[0][0] - t_stop,
+                    _hangs_before(work, t_stop),
+                    False,
+                )
             time.sleep(0.05)
-        return cap_s, True
+        return Hang(detect if detect is not None else cap_s, cap_s, _hangs_before(work, t_stop), True)
     finally:
         stop(proc)
         kill_workers(work)
@@ -176,9 +209,6 @@ def _incident_time(work: Path, after: float) -> float | None:
     return None
 
 
-FALSE_HANGS: list[int] = []  # hang incidents trainguard recorded before the fault, per run
-
-
 def _hangs_before(work: Path, when: float) -> int:
     try:
         lines = (work / "runs" / "bench" / "incidents.jsonl").read_text().splitlines()
@@ -194,70 +224,159 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+DEFAULT_FLOOR_S = SupervisorConfig(cmd=[]).hang_timeout_floor
+MTTR_TARGETS = {"mttr_s": ("<=", 10.0), "ratio": ("<=", 0.5)}
+TARGETS = {
+    "mttr_s": ("<=", 10.0),
+    "ratio": ("<=", 0.5),
+    "hang_recover_ratio": ("<=", 0.5),
+}
+
+
+def hang_sweep(
+    floors: list[float], repeats: int, warmup_s: float, sleep: float, cap_s: float, pg_timeout_s: float
+) -> tuple[dict[float, list[Hang]], list[Hang]]:
+    """``repeats`` rounds; in each, trainguard at every floor and torchrun with the process-group
+    timeout, the order reversed every other round."""
+    ours: dict[float, list[Hang]] = {f: [] for f in floors}
+    theirs: list[Hang] = []
+    for i in range(repeats):
+        jobs: list[float | None] = [*floors, None]
+        for floor in jobs if i % 2 == 0 else jobs[::-1]:
+            if floor is None:
+                theirs.append(
+                    measure_hang("torchrun", warmup_s, sleep, 0, cap_s + pg_timeout_s, pg_timeout_s)
+                )
+            else:
+                ours[floor].append(measure_hang("trainguard", warmup_s, sleep, floor, cap_s))
+    return ours, theirs
+
+
+def hang_figures(ours: dict[float, list[Hang]], theirs: list[Hang], pg_timeout_s: float) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "hang_floor_sweep": [
+            {
+                "floor_s": f,
+                "false_alarms_before_fault": sum(h.false_alarms for h in hs),
+                "detect_samples": [round(h.detect_s, 3) for h in hs],
+                "recover_samples": [round(h.recover_s, 3) for h in hs],
+                "capped": sum(h.capped for h in hs),
+            }
+            for f, hs in sorted(ours.items())
+        ],
+        "torchrun_pg_timeout_s": pg_timeout_s,
+        "torchrun_hang_detect_samples": [round(h.detect_s, 3) for h in theirs],
+        "torchrun_hang_recover_samples": [round(h.recover_s, 3) for h in theirs],
+        "torchrun_hang_capped": sum(h.capped for h in theirs),
+    }
+    out.update(mean_ci([h.detect_s for h in theirs]).as_json("torchrun_hang_detect_s", 3))
+    out.update(mean_ci([h.recover_s for h in theirs]).as_json("torchrun_hang_recover_s", 3))
+    clean = [f for f, hs in sorted(ours.items()) if not any(h.false_alarms for h in hs)]
+    out["hang_min_clean_floor_s"] = clean[0] if clean else None
+    # The headline: detection at the lowest floor that raised no false alarm over its runs.
+    if clean:
+        out.update(mean_ci([h.detect_s for h in ours[clean[0]]]).as_json("hang_detect_s", 3))
+        out.update(mean_ci([h.recover_s for h in ours[clean[0]]]).as_json("hang_recover_min_clean_s", 3))
+    else:
+        out["hang_detect_s"] = None  # every floor tried raised a false alarm: no honest figure
+    if DEFAULT_FLOOR_S in ours:
+        default = ours[DEFAULT_FLOOR_S]
+        out["hang_default_floor_s"] = DEFAULT_FLOOR_S
+        out["hang_default_false_alarms"] = sum(h.false_alarms for h in default)
+        out.update(mean_ci([h.detect_s for h in default]).as_json("hang_detect_default_s", 3))
+        # What bin/simulate --from-bench takes: the default, against torchrun with its timeout.
+        out.update(mean_ci([h.recover_s for h in default]).as_json("hang_recover_s", 3))
+        if all(h.recover_s > 0 for h in (*default, *theirs)):
+            out.update(
+                ratio_ci([h.recover_s for h in default], [h.recover_s for h in theirs]).as_json(
+                    "hang_recover_ratio"
+                )
+            )
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="1 repeat, shorter warm-up, hang cap 30 s")
+    p.add_argument("--quick", action="store_true", help="2 repeats, 5 s warm-up")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup-s", type=float, default=15.0, help="train this long before the fault")
     p.add_argument("--step-sleep", type=float, default=0.05)
-    p.add_argument("--hang-floor", type=float, default=3.0, help="trainguard --hang-timeout-floor")
-    p.add_argument("--hang-cap-s", type=float, default=120.0)
+    p.add_argument(
+        "--hang-floors",
+        default=f"3,10,{DEFAULT_FLOOR_S:g}",
+        help=f"trainguard --hang-timeout-floor values to try (default 3,10,{DEFAULT_FLOOR_S:g}: the default)",
+    )
+    p.add_argument("--hang-repeats", type=int, default=3)
+    p.add_argument("--pg-timeout-s", type=float, default=60.0, help="torchrun's process-group timeout")
+    p.add_argument("--hang-cap-s", type=float, default=120.0, help="give up on a recovery after this")
     p.add_argument("--no-hang", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    repeats = 1 if args.quick else args.repeats
-    cap = 30.0 if args.quick else args.hang_cap_s
+    repeats = 2 if args.quick else args.repeats
+    hang_repeats = 2 if args.quick else args.hang_repeats
+    warmup = 5.0 if args.quick else args.warmup_s
     tg, cold, tr = [], [], []
-    for _ in range(repeats):  # interleaved, so all three see the same machine load
-        tg.append(measure_mttr("trainguard", args.warmup_s, args.step_sleep))
-        cold.append(measure_mttr("trainguard-cold", args.warmup_s, args.step_sleep))
-        tr.append(measure_mttr("torchrun", args.warmup_s, args.step_sleep))
-    mttr, cold_mttr, base = statistics.median(tg), statistics.median(cold), statistics.median(tr)
-    out: dict[str, object] = {
-        "mttr_s": round(mttr, 3),
-        "cold_mttr_s": round(cold_mttr, 3),
-        "torchrun_mttr_s": round(base, 3),
-        "ratio": round(mttr / base, 3),
-        "cold_ratio": round(cold_mttr / base, 3),
-        "mttr_samples": [round(x, 3) for x in tg],
-        "cold_mttr_samples": [round(x, 3) for x in cold],
-        "torchrun_mttr_samples": [round(x, 3) for x in tr],
-    }
+    for i in range(repeats):  # interleaved, the order reversed every other round
+        kinds = ["trainguard", "trainguard-cold", "torchrun"]
+        got = {k: measure_mttr(k, warmup, args.step_sleep) for k in (kinds if i % 2 == 0 else kinds[::-1])}
+        tg.append(got["trainguard"])
+        cold.append(got["trainguard-cold"])
+        tr.append(got["torchrun"])
+    out: dict[str, Any] = {"targets": targets_json(TARGETS if not args.no_hang else MTTR_TARGETS)}
+    out.update(mean_ci(tg).as_json("mttr_s", 3))
+    out.update(mean_ci(cold).as_json("cold_mttr_s", 3))
+    out.update(mean_ci(tr).as_json("torchrun_mttr_s", 3))
+    out.update(ratio_ci(tg, tr).as_json("ratio"))
+    out.update(ratio_ci(cold, tr).as_json("cold_ratio"))
+    out.update(
+        mttr_samples=[round(x, 3) for x in tg],
+        cold_mttr_samples=[round(x, 3) for x in cold],
+        torchrun_mttr_samples=[round(x, 3) for x in tr],
+        mttr_capped=CAPPED.get("trainguard", 0),
+        cold_mttr_capped=CAPPED.get("trainguard-cold", 0),
+        torchrun_mttr_capped=CAPPED.get("torchrun", 0),
+    )
     if not args.no_hang:
-        hang, _ = measure_hang("trainguard", args.warmup_s, args.step_sleep, args.hang_floor, cap)
-        thang, capped = measure_hang("torchrun", args.warmup_s, args.step_sleep, args.hang_floor, cap)
-        # A careful user sets the process group's timeout; 60 s, and a cap that lets it fire.
-        pg60, pg60_capped = measure_hang(
-            "torchrun", args.warmup_s, args.step_sleep, args.hang_floor, max(cap, 90.0), pg_timeout_s=60.0
+        floors = sorted({float(x) for x in args.hang_floors.split(",")})
+        ours, theirs = hang_sweep(
+            floors, hang_repeats, warmup, args.step_sleep, args.hang_cap_s, args.pg_timeout_s
         )
-        out.update(
-            hang_detect_s=round(hang, 3),
-            torchrun_hang_detect_s=round(thang, 3),
-            torchrun_hang_capped=capped,
-            torchrun_pg60_hang_detect_s=round(pg60, 3),
-            torchrun_pg60_hang_capped=pg60_capped,
-            hang_ratio_vs_pg60=round(hang / pg60, 3),
-            hang_false_alarms_before_fault=sum(FALSE_HANGS),
-            hang_timeout_floor_s=args.hang_floor,
-        )
+        out.update(hang_figures(ours, theirs, args.pg_timeout_s))
+    bad = missed(out, TARGETS if not args.no_hang else MTTR_TARGETS)
+    out["targets_missed"] = bad
     if args.json:
         print(json.dumps(out))
-    else:
-        print(f"MTTR after SIGKILL of rank 1 (median of {repeats}):")
-        print(f"  trainguard run (warm standby): {mttr:6.2f} s   samples {out['mttr_samples']}")
-        print(f"  trainguard run, cold restart:  {cold_mttr:6.2f} s   samples {out['cold_mttr_samples']}")
-        print(f"  torchrun --max-restarts 1:     {base:6.2f} s   samples {out['torchrun_mttr_samples']}")
-        print(
-            f"  ratio: {mttr / base:.2f} (target <= 0.5; mttr target <= 10 s); cold_ratio {cold_mttr / base:.2f}"
-        )
-        if not args.no_hang:
-            sign = ">=" if out["torchrun_hang_capped"] else ""
+        return 1 if bad else 0
+    print(f"MTTR after SIGKILL of rank 1 (mean of {repeats}, interleaved):")
+    print(f"  trainguard run (warm standby): {out['mttr_s']:6.2f} s   samples {out['mttr_samples']}")
+    print(
+        f"  trainguard run, cold restart:  {out['cold_mttr_s']:6.2f} s   samples {out['cold_mttr_samples']}"
+    )
+    print(
+        f"  torchrun --max-restarts 1:     {out['torchrun_mttr_s']:6.2f} s   samples {out['torchrun_mttr_samples']}"
+    )
+    print(
+        f"  ratio {out['ratio']} (95% CI {out['ratio_ci95']}; target <= 0.5), cold_ratio {out['cold_ratio']}"
+    )
+    if not args.no_hang:
+        print("Hang (SIGSTOP of rank 1): detected after / recovered (first new step) after, seconds")
+        for row in out["hang_floor_sweep"]:
             print(
-                f"Hang (SIGSTOP of rank 1) detected after: trainguard {out['hang_detect_s']} s "
-                f"(floor {args.hang_floor} s), torchrun {sign}{out['torchrun_hang_detect_s']} s, torchrun with "
-                f"a 60 s process-group timeout {'>=' if pg60_capped else ''}{out['torchrun_pg60_hang_detect_s']} s"
+                f"  trainguard, floor {row['floor_s']:g} s: {row['detect_samples']} / {row['recover_samples']}, "
+                f"{row['false_alarms_before_fault']} false alarms before the fault"
             )
-    return finish("bench_recovery", TARGETS, out, json_mode=args.json)
+        print(
+            f"  torchrun, {args.pg_timeout_s:g} s process-group timeout: {out['torchrun_hang_detect_samples']} / "
+            f"{out['torchrun_hang_recover_samples']}"
+        )
+        print(
+            f"  lowest floor without false alarms {out['hang_min_clean_floor_s']} s: detect {out['hang_detect_s']} s; "
+            f"default floor: detect {out.get('hang_detect_default_s')} s, recover ratio "
+            f"{out.get('hang_recover_ratio')} (95% CI {out.get('hang_recover_ratio_ci95')})"
+        )
+    for line in bad:
+        print(f"target missed: {line}")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 
 Default failure rates: Llama 3 405B's 54-day record (Table 5), per GPU. --from-bench FILE takes
 the recovery costs `benchmarks/bench_recovery.py --json` measured for trainguard and for plain
-torchrun and simulates the job under both. Exit codes: 0 shown, 2 bad usage.
+torchrun (the same figures for both: restart after a kill, recovery from a hang) and simulates
+the job under each. Exit codes: 0 shown, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -15,10 +16,6 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
-
-# torch.distributed's default collective timeout for NCCL process groups: what a hang costs
-# plain torchrun before anything notices.
-NCCL_DEFAULT_TIMEOUT_S = 600.0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action=argparse.BooleanOptionalAction,
         default=True,
         help="with --from-bench: a spare node replaces an excluded one at once (default); "
-        "--no-spare-nodes waits --repair-minutes for it",
+        "--no-spare-nodes waits --repair-minutes for it (the same for both launchers)",
     )
     p.add_argument("--repair-minutes", type=float, default=120.0, metavar="R", help="default 120")
     p.add_argument(
@@ -78,12 +75,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
+# What bench_recovery.py --json must carry for each launcher (the same figures, measured the
+# same way): the restart after a dead worker, and the recovery from a hung one, both from the fault
+# to the first step of the new workers.
+BENCH_KEYS = {
+    "trainguard": ("mttr_s", "hang_recover_s"),
+    "torchrun": ("torchrun_mttr_s", "torchrun_hang_recover_s"),
+}
+
+
 def bench_costs(path: str, restart_s: float, wait_s: float = 0.0) -> dict[str, dict[str, float]]:
-    """Recovery costs per launcher from a bench_recovery JSON: the job's own restart (reload,
-    warm-up) plus the launcher's measured time to the first step; hangs detected after the
-    measured delay (torchrun: at least the NCCL collective timeout). A fault that stays with its
-    node: trainguard excludes the node and waits ``wait_s`` for a replacement (0 with a spare);
-    torchrun relaunches onto the same node, fails once more, and then waits as long."""
+    """Recovery costs per launcher from a bench_recovery JSON, each from its own measured figures
+    and by the same formula: every failure costs the job's own restart (reload, warm-up) plus the
+    launcher's measured time from the kill to the first step; a hang costs, on top, what its
+    measured recovery took beyond that restart (detection). A fault that stays with its node costs
+    both the same ``wait_s`` for a replacement node (0 with a spare): the benchmark does not
+    measure node faults, so neither launcher gets a figure it did not earn."""
     from trainguard.errors import InputError
 
     try:
@@ -92,20 +99,22 @@ def bench_costs(path: str, restart_s: float, wait_s: float = 0.0) -> dict[str, d
         raise InputError(f"--from-bench {path}: cannot read it ({exc.strerror})") from None
     try:
         data = json.loads(text)
-        tg_restart = restart_s + float(data["mttr_s"])
-        tg = {
-            "restart_s": tg_restart,
-            "detect_hang_s": float(data["hang_detect_s"]),
-            "node_fault_extra_s": wait_s,
-        }
-        tr_restart = restart_s + float(data["torchrun_mttr_s"])
-        tr_hang = max(float(data["torchrun_hang_detect_s"]), NCCL_DEFAULT_TIMEOUT_S)
-        tr = {"restart_s": tr_restart, "detect_hang_s": tr_hang, "node_fault_extra_s": tr_restart + wait_s}
+        costs = {}
+        for name, (mttr_key, hang_key) in BENCH_KEYS.items():
+            mttr, hang = float(data[mttr_key]), float(data[hang_key])
+            if not (mttr >= 0 and hang >= 0):
+                raise ValueError(f"{mttr_key} and {hang_key} must be seconds >= 0")
+            costs[name] = {
+                "restart_s": restart_s + mttr,
+                "detect_hang_s": max(0.0, hang - mttr),
+                "node_fault_extra_s": wait_s,
+            }
     except (ValueError, KeyError, TypeError) as exc:
         raise InputError(
-            f"--from-bench {path}: not the JSON of `benchmarks/bench_recovery.py --json` ({exc!r})"
+            f"--from-bench {path}: not the JSON of `benchmarks/bench_recovery.py --json` with the hang "
+            f"case ({exc!r}); run it without --no-hang"
         ) from None
-    return {"trainguard": tg, "torchrun": tr}
+    return costs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
             results[name] = simulate(with_costs(cfg, **c))
             scenarios[name] = {**c, **results[name].summary()}
         out["from_bench"] = scenarios
+        out["from_bench_ettr_gain"] = paired_gain(results["trainguard"].ettr, results["torchrun"].ettr)
     if args.replica_groups:
         from trainguard.reliability.simulate import simulate_groups
 
@@ -157,6 +167,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def paired_gain(ours: Any, theirs: Any) -> dict[str, Any]:
+    """Per trial, trainguard's ETTR minus torchrun's (one seed: the same failures at the same
+    times), its mean and a normal 95% interval of the mean."""
+    d = ours - theirs
+    n = len(d)
+    se = float(d.std(ddof=1)) / n**0.5 if n > 1 else 0.0
+    m = float(d.mean())
+    return {"mean": round(m, 6), "ci95": [round(m - 1.96 * se, 6), round(m + 1.96 * se, 6)], "trials": n}
+
+
 def render(s: dict[str, Any], result: Any) -> str:
     from trainguard.incidents.report import format_table
     from trainguard.reliability.simulate import category_table
@@ -177,9 +197,15 @@ def render(s: dict[str, Any], result: Any) -> str:
     lines += format_table(rows)
     for name, sc in s.get("from_bench", {}).items():
         lines.append(
-            f"\n{name:10s}: restart {sc['restart_s']:.1f} s, hang detected after {sc['detect_hang_s']:.1f} s, "
-            f"a node fault costs {sc['node_fault_extra_s']:.0f} s more -> ETTR {sc['ettr_mean']:.4f} "
+            f"\n{name:10s}: restart {sc['restart_s']:.1f} s, a hang {sc['detect_hang_s']:.1f} s more, "
+            f"a node fault {sc['node_fault_extra_s']:.0f} s more -> ETTR {sc['ettr_mean']:.4f} "
             f"+/- {sc['ettr_sd']:.4f}"
+        )
+    if "from_bench_ettr_gain" in s:
+        g = s["from_bench_ettr_gain"]
+        lines.append(
+            f"trainguard - torchrun, same failures: {g['mean']:+.5f} (95% CI {g['ci95'][0]:+.5f} to "
+            f"{g['ci95'][1]:+.5f}, {g['trials']} trials)"
         )
     if (g := s.get("replica_groups")) is not None:
         lines.append(
