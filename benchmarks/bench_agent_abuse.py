@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from targets import Target, finish
+
 TOKEN = "bench-token-0123456789abcdef"
 SCRAPES = 50
 OPENSSL_EC = (
@@ -221,6 +223,10 @@ def main() -> int:
             results[arm].append(one_round(arm, src, args.idle, args.silent))
     report = {arm: summary(rows) for arm, rows in results.items()}
     report["setup"] = {"idle": args.idle, "silent": args.silent, "scrapes": SCRAPES, "rounds": args.rounds}
+    figures = {  # the worst round under attack
+        "attacked_answered_min": report["attacked"]["answered"]["min"],
+        "attacked_rss_mb_max": report["attacked"]["rss_mb"]["max"],
+    }
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -231,7 +237,9 @@ def main() -> int:
                 f"{s['answered']['max']})  peak RSS {s['rss_mb']['median']} MB (range {s['rss_mb']['min']}-"
                 f"{s['rss_mb']['max']})  sockets held at the end {s['held']['median']}"
             )
-    return 0
+    # Every legitimate scrape answered in every attacked round; memory under the DaemonSet's limit.
+    targets = (Target("attacked_answered_min", ">=", SCRAPES), Target("attacked_rss_mb_max", "<", 256))
+    return finish("bench_agent_abuse", targets, figures, json_mode=args.json)
 
 
 if __name__ == "__main__":
