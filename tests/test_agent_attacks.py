@@ -149,12 +149,17 @@ def test_a_bad_content_length_is_answered_and_closed_without_a_traceback(
     assert loud == []
 
 
+BAD_NUMBERS = ["limit=inf", "limit=nan", "limit=1e400", "since=nan", "limit=1e3"]
+
+
 @pytest.mark.parametrize(
-    "query", ["limit=inf", "limit=nan", "limit=1e400", "offset=inf", "since=nan", "limit=1e3"]
+    ("path", "query"),
+    [("/api/v1/incidents", q) for q in [*BAD_NUMBERS, "offset=inf"]]
+    + [("/api/v1/fleet/incidents", q) for q in BAD_NUMBERS],
 )
-def test_non_finite_numbers_in_a_query_are_a_clear_400(tmp_path: Path, query: str) -> None:
+def test_non_finite_numbers_in_a_query_are_a_clear_400(tmp_path: Path, path: str, query: str) -> None:
     with Running(sim_config(tmp_path)) as agent:
-        status, _, body = agent.get(f"/api/v1/incidents?{query}")
+        status, _, body = agent.get(f"{path}?{query}")
         assert status == 400 and query.split("=")[0] in json.loads(body)["error"]
 
 

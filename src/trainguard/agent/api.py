@@ -112,11 +112,11 @@ class Api:
                 return self._json(await asyncio.to_thread(fn, self.daemon, req.query))
             if path.startswith(fleet_views.PREFIX):  # the fleet page's API (agent/fleet_views.py)
                 return self._json(await asyncio.to_thread(fleet_views.route, self.daemon, path, req.query))
-        except (views.NotFound, fleet_views.NotFound) as exc:
+        except views.NotFound as exc:
             return Response.error(404, str(exc), "not_found")
-        except (views.BadQuery, fleet_views.BadQuery) as exc:
+        except views.BadQuery as exc:
             return Response.error(400, str(exc), "bad_request")
-        except (views.Unavailable, fleet_views.Unavailable) as exc:
+        except views.Unavailable as exc:
             return Response.error(503, str(exc))
         return Response.error(404, f"no such path: {path}", "not_found")
 

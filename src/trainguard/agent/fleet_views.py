@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from trainguard.agent.views import NotFound, Query, Unavailable, arg, arg_float, arg_int
 from trainguard.errors import StoreError
 from trainguard.incidents import fleet_read
 
@@ -20,34 +21,6 @@ if TYPE_CHECKING:
 
 PREFIX = "/api/v1/fleet/"
 MAX_LIMIT = 500
-Query = dict[str, list[str]]
-
-
-class NotFound(LookupError):
-    pass
-
-
-class BadQuery(ValueError):
-    pass
-
-
-class Unavailable(RuntimeError):
-    pass
-
-
-def _one(q: Query, key: str) -> str | None:
-    values = q.get(key)
-    return values[-1] if values else None
-
-
-def _number(q: Query, key: str, default: float | None) -> float | None:
-    text = _one(q, key)
-    if text is None:
-        return default
-    try:
-        return float(text)
-    except ValueError:
-        raise BadQuery(f"{key} must be a number, got {text!r}") from None
 
 
 def route(daemon: AgentDaemon, path: str, q: Query) -> Any:
@@ -58,20 +31,18 @@ def route(daemon: AgentDaemon, path: str, q: Query) -> Any:
     try:
         store = daemon.store()
         if name == "status":
-            return fleet_read.status(store, group=_one(q, "group"))
+            return fleet_read.status(store, group=arg(q, "group"))
         if name == "nodes":
             return fleet_read.nodes(
-                store, group=_one(q, "group"), rack=_one(q, "rack"), health=_one(q, "health")
+                store, group=arg(q, "group"), rack=arg(q, "rack"), health=arg(q, "health")
             )
         if name == "lemons":
-            return fleet_read.lemons(store, limit=max(1, min(MAX_LIMIT, int(_number(q, "limit", 10) or 0))))
+            return fleet_read.lemons(store, limit=arg_int(q, "limit", 10, 1, MAX_LIMIT))
         if name == "breakers":
-            return fleet_read.breakers(store, since=_number(q, "since", None))
-        limit = int(_number(q, "limit", 50) or 0)
-        if not 1 <= limit <= MAX_LIMIT:
-            raise BadQuery(f"limit must be 1..{MAX_LIMIT}")
+            return fleet_read.breakers(store, since=arg_float(q, "since", None))
+        limit = arg_int(q, "limit", 50, 1, MAX_LIMIT)
         return fleet_read.incidents(
-            store, host=_one(q, "host"), group=_one(q, "group"), since=_number(q, "since", None), limit=limit
+            store, host=arg(q, "host"), group=arg(q, "group"), since=arg_float(q, "since", None), limit=limit
         )
     except StoreError as exc:
         raise Unavailable(str(exc)) from None

@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from trainguard.detect.verdict import finding_to_dict
 from trainguard.errors import InputError
 from trainguard.records import Action, Category, Finding, Gpu, GpuVerdict, Health, NodeVerdict
 
@@ -112,29 +113,16 @@ def verdict_to_json(v: NodeVerdict) -> dict[str, Any]:
     return {
         "health": v.health.value,
         "action": v.action.value,
-        "findings": [_finding_json(f) for f in v.findings],
+        "findings": [finding_to_dict(f, evidence=True) for f in v.findings],
         "gpus": [
             {
                 "gpu": asdict(g.gpu),
                 "health": g.health.value,
                 "action": g.action.value,
-                "findings": [_finding_json(f) for f in g.findings],
+                "findings": [finding_to_dict(f, evidence=True) for f in g.findings],
             }
             for g in v.gpus
         ],
-    }
-
-
-def _finding_json(f: Finding) -> dict[str, Any]:
-    return {
-        "rule": f.rule,
-        "health": f.health.value,
-        "action": f.action.value,
-        "reason": f.reason,
-        "gpu": f.gpu,
-        "time": f.time,
-        "category": f.category.value if f.category is not None else None,
-        "evidence": list(f.evidence),
     }
 
 

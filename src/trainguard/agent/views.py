@@ -131,8 +131,8 @@ def finding(f: Finding) -> dict[str, Any]:
 def findings(d: AgentDaemon, q: Query) -> list[dict[str, Any]]:
     v = d.snapshot.verdict
     items = all_findings(v) if v else []
-    gpu_filter = _one(q, "gpu")
-    health = _one(q, "health")
+    gpu_filter = arg(q, "gpu")
+    health = arg(q, "health")
     return [
         finding(f)
         for f in items
@@ -141,7 +141,7 @@ def findings(d: AgentDaemon, q: Query) -> list[dict[str, Any]]:
 
 
 def history(d: AgentDaemon, q: Query) -> dict[str, Any]:
-    since = _float(q, "since", 0.0)
+    since = arg_float(q, "since", 0.0)
     return {
         "fields": ["time", *CHART_FIELDS],
         "gpus": {str(i): pts for i, pts in d.history.since(since).items()},
@@ -151,12 +151,12 @@ def history(d: AgentDaemon, q: Query) -> dict[str, Any]:
 
 def incidents(d: AgentDaemon, q: Query) -> dict[str, Any]:
     """Filters: job, node, gpu, root_cause, category, since, until; paging: limit, offset (newest first)."""
-    limit = _int(q, "limit", 50, 1, MAX_PAGE)
-    offset = _int(q, "offset", 0, 0, 10**9)
-    since, until = _float(q, "since", None), _float(q, "until", None)
-    want = {k: _one(q, k) for k in ("node", "gpu", "root_cause", "category")}
+    limit = arg_int(q, "limit", 50, 1, MAX_PAGE)
+    offset = arg_int(q, "offset", 0, 0, 10**9)
+    since, until = arg_float(q, "since", None), arg_float(q, "until", None)
+    want = {k: arg(q, k) for k in ("node", "gpu", "root_cause", "category")}
     try:
-        items = d.store().incidents(job=_one(q, "job"), since=since)
+        items = d.store().incidents(job=arg(q, "job"), since=since)
     except StoreError as exc:
         raise Unavailable(str(exc)) from None
     rows = []
@@ -184,7 +184,7 @@ def jobs(d: AgentDaemon, q: Query) -> list[dict[str, Any]]:
         store = d.store()
         now = d.snapshot.time
         out = []
-        limit = _int(q, "limit", 50, 1, MAX_PAGE)
+        limit = arg_int(q, "limit", 50, 1, MAX_PAGE)
         for j in store.list_jobs()[-limit:]:  # the most recently started
             g = store.goodput(j.job, now=now)
             out.append({**dataclasses.asdict(j), "goodput": g.to_dict()})
@@ -193,13 +193,13 @@ def jobs(d: AgentDaemon, q: Query) -> list[dict[str, Any]]:
         raise Unavailable(str(exc)) from None
 
 
-def _one(q: Query, name: str) -> str | None:
+def arg(q: Query, name: str) -> str | None:
     values = q.get(name)
     return values[-1] if values else None
 
 
-def _float(q: Query, name: str, default: Any) -> Any:
-    text = _one(q, name)
+def arg_float(q: Query, name: str, default: Any) -> Any:
+    text = arg(q, name)
     if text is None or text == "":
         return default
     try:
@@ -211,9 +211,9 @@ def _float(q: Query, name: str, default: Any) -> Any:
     return value
 
 
-def _int(q: Query, name: str, default: int, low: int, high: int) -> int:
+def arg_int(q: Query, name: str, default: int, low: int, high: int) -> int:
     """A whole number in low..high (digits only: no 1e3, inf or nan)."""
-    text = _one(q, name)
+    text = arg(q, name)
     if text is None or text == "":
         return default
     if not (text.isascii() and text.isdigit()) or len(text) > 12 or not low <= int(text) <= high:

@@ -62,8 +62,9 @@ def node_reasons(v: NodeVerdict) -> list[str]:
     return [f"GPU {f.gpu}: {f.reason}" if f.gpu is not None else f.reason for f in found]
 
 
-def finding_to_dict(f: Finding) -> dict[str, Any]:
-    return {
+def finding_to_dict(f: Finding, evidence: bool = False) -> dict[str, Any]:
+    """A finding as plain JSON; ``evidence`` adds its evidence lines (the API, webhooks)."""
+    out: dict[str, Any] = {
         "rule": f.rule,
         "health": f.health.value,
         "action": f.action.value,
@@ -72,6 +73,9 @@ def finding_to_dict(f: Finding) -> dict[str, Any]:
         "time": f.time,
         "category": f.category.value if f.category is not None else None,
     }
+    if evidence:
+        out["evidence"] = list(f.evidence)
+    return out
 
 
 def verdict_to_dict(v: NodeVerdict) -> dict[str, Any]:

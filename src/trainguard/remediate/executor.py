@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trainguard.detect.verdict import finding_to_dict
 from trainguard.incidents import Incident
 from trainguard.incidents.correlate import root_cause_for
 from trainguard.records import Finding
@@ -204,7 +205,7 @@ class Remediator:
             self.node,
             f.gpu,
             reason=f"trainguard: {f.rule}{where} inc {rec.id}",
-            payload={"incident": rec.to_dict(), "finding": _finding_dict(f)},
+            payload={"incident": rec.to_dict(), "finding": finding_to_dict(f, evidence=True)},
         )
         try:
             return with_retry(provider, remedy.value, target, backoff_s=self.backoff_s, sleep=self.sleep)
@@ -243,16 +244,3 @@ class Remediator:
         if rec.id is None:
             return replace(rec, resolution=resolution, evidence=evidence, resolved=outcome.ok)
         return self.store.update(rec.id, resolution=resolution, evidence=evidence, resolved=outcome.ok)
-
-
-def _finding_dict(f: Finding) -> dict[str, object]:
-    return {
-        "rule": f.rule,
-        "health": f.health.value,
-        "action": f.action.value,
-        "reason": f.reason,
-        "gpu": f.gpu,
-        "time": f.time,
-        "category": f.category.value if f.category else None,
-        "evidence": list(f.evidence),
-    }
