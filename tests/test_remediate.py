@@ -308,7 +308,7 @@ def test_a_rack_with_half_its_nodes_bad_is_recorded_once(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     "module",
-    ["policy", "breaker", "escalation", "executor", "intrusion", "providers.sim"],
+    ["policy", "breaker", "escalation", "executor", "fleetlog", "intrusion", "providers.sim"],
 )
 def test_docstring_examples_run(module: str) -> None:
     import doctest

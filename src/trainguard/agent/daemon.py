@@ -106,14 +106,15 @@ class AgentDaemon:
         self._saved = saved
         self._pending: deque[Incident] = deque()
         self._store: Any = store
-        self._fleet: Any = None  # FleetWriter: this node's verdict changes into the store
+        self._fleet: Any = None  # FleetWriter: verdict changes, remediation actions, breaker events
+        self._fleet_lock = threading.RLock()  # the tick and the remediation worker both open them
         from trainguard.remediate.hook import AgentRemediation
 
         # Remediation acts on what was recorded (its records name the incidents): after record.
         self.remediation = AgentRemediation(
             node=self.hostname, state_dir=self.state_dir, store=self._open_store, backend=self.node.backend,
             policy_path=config.policy, enforce=config.enforce, fleet=self.sim,
-            on_reset=self.agent.gpu_was_reset, clock=self.clock.time,
+            on_reset=self.agent.gpu_was_reset, clock=self.clock.time, fleet_writer=self.fleet_writer,
         )  # fmt: skip
         self.tally = Tally()
         self.history = History(config.history_s, config.interval_s)
@@ -146,6 +147,10 @@ class AgentDaemon:
         )
 
     def _open_store(self) -> Any:
+        with self._fleet_lock:
+            return self._open_store_locked()
+
+    def _open_store_locked(self) -> Any:
         if self._store is None:
             from trainguard.incidents.backend import is_url
             from trainguard.incidents.identity import NodeIdentity
@@ -163,18 +168,23 @@ class AgentDaemon:
     def _record_fleet(self, verdict: Any, now: float, problems: list[str]) -> None:
         """The node's verdict changes into the (fleet) store; a failure is retried next tick."""
         try:
-            if self._fleet is None:
-                from trainguard.incidents.fleet import FleetWriter
-
-                store = self._open_store()
-                self._fleet = FleetWriter(store, store.identity)
-            self._fleet.observe(verdict, now)
+            self.fleet_writer().observe(verdict, now)
             if self._store.spool_depth:
                 problems.append(f"fleet store away: {self._store.spool_depth} write(s) spooled")
         except StoreError as exc:
             with self.tally.lock:
                 self.tally.errors["fleet_store"] += 1
             problems.append(f"fleet store: {exc}")
+
+    def fleet_writer(self) -> Any:
+        """This node's `FleetWriter` on the store (opened on first use; raises StoreError)."""
+        with self._fleet_lock:
+            if self._fleet is None:
+                from trainguard.incidents.fleet import FleetWriter
+
+                store = self._open_store()
+                self._fleet = FleetWriter(store, store.identity)
+            return self._fleet
 
     @property
     def spool_depth(self) -> int:

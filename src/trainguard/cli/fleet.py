@@ -5,12 +5,15 @@
     trainguard fleet lemons    [--since WHEN] [--limit N] [--json]
     trainguard fleet mtbf      [--since WHEN] [--json]
     trainguard fleet incidents [--host H] [--group G] [--since WHEN] [--limit N] [--json]
-    trainguard fleet breaker   [--since WHEN] [--limit N] [--json]
+    trainguard fleet breaker   [--since WHEN] [--limit N] [--json]   # held now, events, over the fleet
+    trainguard fleet breaker status [--policy P] [--state-dir D] [--json]   # this breaker's live state
+    trainguard fleet breaker reset  [--job J] [--db PATH|URL] [--json]      # a person closes it
 
 The store every agent and supervisor of the fleet writes: ``--db``, else ``$TRAINGUARD_DB``
 (``postgresql://user@host/db``; the password from ``$TRAINGUARD_DB`` or a passfile), else
 ``./trainguard.db`` (one node's SQLite store answers the same questions). Exit codes: 0 shown,
-2 no store / unreadable store / bad usage.
+2 no store / unreadable store / bad usage; ``breaker status`` exits 1 while a breaker is open.
+A verb's options go after the verb (``fleet breaker reset --json``).
 """
 
 from __future__ import annotations
@@ -38,10 +41,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "lemons": "the GPUs and nodes with the most hardware incidents, with their latest",
         "mtbf": "mean time between failures by root cause and by node group",
         "incidents": "the latest incidents with the node that recorded them",
-        "breaker": "what the remediation breakers hold now, and their recent events",
+        "breaker": "what the remediation breakers hold now, and their recent events (status, reset)",
     }
     for verb in VERBS:
-        q = sub.add_parser(verb, help=helps[verb], description=helps[verb])
+        if verb == "breaker":
+            from trainguard.cli.remediate import add_breaker_parser
+
+            desc = helps[verb] + " (no VERB); `status`: its live state; `reset`: a person closes it"
+            q = add_breaker_parser(sub, required=False, help=helps[verb], description=desc)
+        else:
+            q = sub.add_parser(verb, help=helps[verb], description=helps[verb])
         add_db_argument(q)
         q.add_argument("--json", action="store_true", help="print JSON")
         if verb in ("status", "nodes", "incidents"):
@@ -219,4 +228,10 @@ def render(verb: str, r: Any) -> str:
                 e["reason"],
             ]
         )
-    return "\n".join(["held now:", table(rows), "", "recent events:", table(events)])
+    acts = [["time (UTC)", "action", "host", "gpu", "detail"]]
+    for a in r.get("held_actions", []):
+        gpu = str(a["gpu"]) if a["gpu"] is not None else "-"
+        acts.append([fmt_time(a["time"]), a["action"], a["host"], gpu, (a["detail"] or "")[:80]])
+    return "\n".join(
+        ["held now:", table(rows), "", "recent events:", table(events), "", "actions held:", table(acts)]
+    )

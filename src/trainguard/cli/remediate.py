@@ -1,13 +1,15 @@
 """`trainguard remediate`: the person's side of remediation (breakers, resume, policy, set-healthy).
 
-    trainguard remediate breaker status [--json]          # open? why? how many held?
-    trainguard remediate breaker reset [--job J] [--json] # only a person closes a breaker
+    trainguard fleet breaker status [--json]              # open? why? how many held?
+    trainguard fleet breaker reset [--job J] [--json]     # only a person closes a breaker
     trainguard remediate resume --node N [--json]         # runs `trainguard diagnose`; resumes on pass
     trainguard remediate policy check POLICY.toml [--json]
     trainguard agent set-healthy [--gpu N] [--json]       # take this node out of hardware inspection
 
-Every verb logs what it did as an incident record (who, what) in the store. The breaker verbs are
-also meant for `trainguard fleet breaker ...`: ``add_breaker_parser(subparsers)`` registers them.
+Every verb logs what it did as an incident record (who, what) in the store; a breaker reset is
+also a ``reset`` event (who, when) in ``breaker_events``, which ``trainguard fleet breaker`` shows.
+The breaker verbs live under ``trainguard fleet breaker`` (``add_breaker_parser``);
+``trainguard remediate breaker status|reset`` is the same code under its older name.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="remediate_verb", metavar="VERB", required=True)
-    add_breaker_parser(sub)
+    add_breaker_parser(sub, help="the same as `trainguard fleet breaker status|reset`")
     r = sub.add_parser("resume", help="resume a drained node after `trainguard diagnose` passes")
     r.add_argument("--node", required=True, help="the Slurm node name")
     r.add_argument(
@@ -52,10 +54,12 @@ def register(subparsers: Any) -> None:
     add_set_healthy(sub)
 
 
-def add_breaker_parser(subparsers: Any) -> None:
-    """``breaker status|reset`` under any command (``remediate`` here, ``fleet`` later)."""
-    b = subparsers.add_parser("breaker", help="the remediation breakers: status, or reset (a person)")
-    bs = b.add_subparsers(dest="breaker_verb", metavar="VERB", required=True)
+def add_breaker_parser(subparsers: Any, *, required: bool = True, **kw: Any) -> argparse.ArgumentParser:
+    """``breaker status|reset`` under a command (``fleet``; ``remediate`` as an alias). With
+    ``required=False`` the bare ``breaker`` runs what the caller sets as its ``func``."""
+    kw.setdefault("help", "the remediation breakers: status, or reset (a person)")
+    b: argparse.ArgumentParser = subparsers.add_parser("breaker", **kw)
+    bs = b.add_subparsers(dest="breaker_verb", metavar="VERB", required=required)
     st = bs.add_parser("status", help="whether the fleet and job breakers are open, and why")
     _common(st)
     st.set_defaults(func=breaker_status)
@@ -63,6 +67,7 @@ def add_breaker_parser(subparsers: Any) -> None:
     rs.add_argument("--job", help="reset only this job's breaker")
     _common(rs)
     rs.set_defaults(func=breaker_reset)
+    return b
 
 
 def add_set_healthy(subparsers: Any) -> None:
@@ -78,7 +83,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--state-dir", metavar="PATH", help="the agent's state dir (default as `trainguard agent`)"
     )
     p.add_argument("--policy", metavar="PATH", help="the policy file (for its breaker_file and limits)")
-    p.add_argument("--db", metavar="PATH", help="incident store (default $TRAINGUARD_DB or ./trainguard.db)")
+    p.add_argument(
+        "--db",
+        metavar="PATH|URL",
+        help="incident store: a SQLite path or postgresql://user@host/db (default: $TRAINGUARD_DB, else "
+        "./trainguard.db; a password goes in $TRAINGUARD_DB or a passfile, never here)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -107,19 +117,30 @@ def who() -> str:
 
 
 def _log(
-    args: argparse.Namespace, action: str, summary: str, node: str | None = None, gpu: int | None = None
+    args: argparse.Namespace,
+    action: str,
+    summary: str,
+    node: str | None = None,
+    gpu: int | None = None,
+    also: Any = None,
 ) -> int | None:
-    """An incident record of what a person did; None when the store cannot be written (said)."""
+    """An incident record of what a person did; None when the store cannot be written (said).
+    ``also(store)``: more to write in the same store (a breaker reset's fleet events)."""
     from trainguard.errors import StoreError
     from trainguard.incidents import Incident
-    from trainguard.incidents.store import IncidentStore, default_db_path
+    from trainguard.incidents.backend import check_cli_target
+    from trainguard.incidents.store import IncidentStore, default_db
 
+    check_cli_target(args.db)
     inc = Incident(job=f"node:{node or socket.gethostname()}", time=time.time(), action=action, summary=summary,
                    evidence=(f"by {who()}",), node=node, gpu=gpu, detected_by="person", resolved=True,
                    resolution="done")  # fmt: skip
     try:
-        with IncidentStore(args.db or default_db_path()) as store:
-            return store.add(inc).id
+        with IncidentStore(args.db or default_db()) as store:
+            rec_id = store.add(inc).id
+            if also is not None:
+                also(store)
+            return rec_id
     except StoreError as exc:
         print(f"trainguard: warning: not recorded in the incident store: {exc}", file=sys.stderr)
         return None
@@ -155,7 +176,9 @@ def breaker_status(args: argparse.Namespace) -> int:
 
 
 def breaker_reset(args: argparse.Namespace) -> int:
+    from trainguard.incidents.fleet import FleetWriter
     from trainguard.remediate.breaker import reset
+    from trainguard.remediate.fleetlog import reset_events
 
     f, _ = _breaker_file(args)
     with f.update() as box:
@@ -163,11 +186,16 @@ def breaker_reset(args: argparse.Namespace) -> int:
         box[0] = reset(before, job=args.job)
     what = f"job {args.job}'s breaker" if args.job else "the fleet breaker"
     was = dict(before.jobs_tripped).get(args.job) if args.job else before.tripped
-    inc = _log(args, "breaker_reset", f"{what} reset by {who()} (was: {was or 'closed'})")
+    now, by, events = time.time(), who(), []
+
+    def fleet_events(store: Any) -> None:
+        events.extend(reset_events(FleetWriter(store, store.identity), before, args.job, by, time=now))
+
+    inc = _log(args, "breaker_reset", f"{what} reset by {by} (was: {was or 'closed'})", also=fleet_events)
     _out(
         args,
-        {"reset": what, "was": was, "by": who(), "incident": inc},
-        f"{what} reset (was: {was or 'closed'})",
+        {"reset": what, "was": was, "by": by, "time": now, "incident": inc, "fleet_events": events},
+        f"{what} reset by {by} (was: {was or 'closed'})",
     )
     return 0
 

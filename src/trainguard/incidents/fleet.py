@@ -22,8 +22,8 @@ row, it remembers what it wrote last and writes a verdict row only when a GPU's 
 ``key`` (idempotency), ``time``, ``host``, ``rack``, ``node_group``, ``gpu`` (None: the node),
 ``gpu_uuid``, ``breaker`` (its name), ``state`` (closed | open | half_open | held | reset),
 ``reason``, ``source`` (who wrote it). ``remediation_actions``: ``time``, node columns, ``gpu``,
-``action``, ``target``, ``outcome`` (ok | failed | skipped | held), ``detail``,
-``incident_key``, ``source``.
+``action``, ``target``, ``outcome`` (dry_run | held | done | already | failed | ambiguous),
+``detail``, ``incident_key``, ``source``. What remediation writes: remediate/fleetlog.py.
 """
 
 from __future__ import annotations

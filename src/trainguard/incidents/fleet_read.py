@@ -202,12 +202,17 @@ def incidents(
     )
 
 
+# Fleet-scoped breakers (remediate/fleetlog.py): one breaker whatever host wrote its event, so a
+# reset written from a login node closes what the agents opened. Others are one per host and GPU.
+_SCOPE = "CASE WHEN breaker = 'fleet' OR breaker LIKE 'job:%' THEN '' ELSE host END"
+
+
 def breakers(store: IncidentStore, since: float | None = None, limit: int = 50) -> dict[str, Any]:
     """What the remediation breakers hold now (the latest state of each) and their recent events."""
     current = store.read(
         "SELECT time, host, rack, node_group, gpu, gpu_uuid, breaker, state, reason, source FROM ("
-        "SELECT *, ROW_NUMBER() OVER (PARTITION BY breaker, host, gpu ORDER BY time DESC, id DESC) AS rn "
-        "FROM breaker_events) latest WHERE rn = 1 ORDER BY time DESC"
+        f"SELECT *, ROW_NUMBER() OVER (PARTITION BY breaker, {_SCOPE}, gpu ORDER BY time DESC, id DESC) "
+        "AS rn FROM breaker_events) latest WHERE rn = 1 ORDER BY time DESC"
     )
     where, params = _filters(time=since)
     events = store.read(
@@ -216,7 +221,14 @@ def breakers(store: IncidentStore, since: float | None = None, limit: int = 50) 
         [*params, limit],
     )
     held = [c for c in current if c["state"] not in ("closed", "reset")]
-    return {"held": held, "current": current, "events": events}
+    where, params = _filters(time=since)
+    actions = store.read(
+        "SELECT time, host, rack, node_group, gpu, gpu_uuid, action, target, outcome, detail, source "
+        f"FROM remediation_actions WHERE outcome = 'held'{where.replace(' WHERE ', ' AND ', 1)} "
+        "ORDER BY time DESC, id DESC LIMIT ?",
+        [*params, limit],
+    )
+    return {"held": held, "current": current, "events": events, "held_actions": actions}
 
 
 def _attach_history(store: IncidentStore, units: list[dict[str, Any]], keys: tuple[str, ...], n: int) -> None:

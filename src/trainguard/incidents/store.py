@@ -165,7 +165,7 @@ class IncidentStore:
         """Try the database again only after a back-off: a server that does not answer (a connect
         timeout) must not stall every write of the loop that called."""
         if not self._backoff_s:
-            log.warning("%s; spooling to %s", exc, self._spool.path if self._spool else None)
+            log.warning("%s; spooling to %s", exc, self._spool.path if self._spool is not None else None)
         self._backoff_s = min(BACKOFF_MAX_S, max(1.0, 2 * self._backoff_s))
         self._retry_at = time.monotonic() + self._backoff_s
 

@@ -5,18 +5,24 @@
 
 The admin token is a second file (``admin_token_file``, default ``<state_dir>/admin.token``,
 created mode 0600 when missing); the read token that the dashboard and Prometheus hold can never
-act. A reset is an incident record naming who asked (the client address).
+act. A reset is an incident record naming who asked (the client address), and a ``reset`` event
+of each breaker it closed in the fleet store (``trainguard fleet breaker`` shows it).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from trainguard.agent.auth import TokenCheck, create_token_file
+from trainguard.errors import StoreError
 from trainguard.incidents import Incident
 from trainguard.remediate.breaker import reset
+from trainguard.remediate.fleetlog import reset_events
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ADMIN_PATHS", "admin_token_path", "breaker_reset"]
 
@@ -56,4 +62,9 @@ def breaker_reset(
         rec_id = rec.id
     except Exception:  # the reset stands; the record is best effort and said so
         rec_id = None
-    return 200, {"reset": what, "was": was, "incident": rec_id}
+    events: list[str] = []
+    try:
+        events = reset_events(daemon.fleet_writer(), before, job, f"admin token from {client}")
+    except StoreError as exc:  # likewise: the store could not be opened
+        log.warning("breaker reset not written to the fleet store: %s", exc)
+    return 200, {"reset": what, "was": was, "incident": rec_id, "fleet_events": events}

@@ -19,7 +19,8 @@ action and every later one (of the fleet, or of that job) is held until a person
     a False
 
 State is a small JSON file written atomically under an exclusive lock, so the agents of a
-shared filesystem (or a later fleet-store table with the same ``load``/``save``) see one breaker.
+shared filesystem see one breaker; its trips, held actions and resets are also events in the
+fleet store (remediate/fleetlog.py), which ``trainguard fleet breaker`` reads.
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
 """The one place remediation acts: decide (policy, escalation, breaker: pure), then call providers.
 
     findings -> choose -> inspection? -> breaker.admit -> provider (retry) -> incident record
+                                                                        -> fleet store (fleetlog.py)
 
 Every remedy other than ``none`` becomes an incident record whatever happens to it: ``dry_run``
 (the default: the policy did not enforce), ``held`` (a breaker), ``done``/``already``,
 ``failed`` or ``ambiguous``. The record is written before the provider is called, so its id can
-go into the Slurm reason, and updated with the result after::
+go into the Slurm reason, and updated with the result after. With ``fleet=`` (a `FleetWriter`)
+each action is also a ``remediation_actions`` row and each breaker trip or held action a
+``breaker_events`` row, with the node's identity, for ``trainguard fleet breaker``::
 
     >>> import tempfile
     >>> from trainguard.incidents.store import IncidentStore
@@ -31,6 +34,7 @@ from trainguard.incidents.correlate import root_cause_for
 from trainguard.records import Finding
 from trainguard.remediate import breaker as brk
 from trainguard.remediate import escalation as esc
+from trainguard.remediate import fleetlog
 from trainguard.remediate.policy import Decision, Policy, Remedy, choose, strongest
 from trainguard.remediate.providers import Outcome, Provider, Status, Target, with_retry
 
@@ -80,6 +84,7 @@ class Remediator:
         backoff_s: float = 1.0,
         on_reset: Callable[[int], None] | None = None,
         record_dry_run: bool = True,
+        fleet: Any = None,
     ) -> None:
         self.policy, self.node, self.store = policy, node, store
         self.providers = providers or {}
@@ -95,6 +100,7 @@ class Remediator:
         # False: dry-run decisions are returned (and counted by the caller) but not stored; the
         # agent's out-of-the-box default, so an unconfigured agent's store holds only detections.
         self.record_dry_run = record_dry_run
+        self.fleet = fleet  # a FleetWriter (or None): actions and breaker events into the fleet store
 
     # -- the act step ---------------------------------------------------------------------------
 
@@ -125,7 +131,7 @@ class Remediator:
                 d = replace(d, remedy=Remedy.HARDWARE_INSPECTION, why=f"escalated from {d.remedy.value}: "
                             f"remediated {self.policy.escalation.max_remediations}+ times in the window")  # fmt: skip
         if not d.enforce:
-            ok, why, _ = self._admit(d, save=False)
+            _, (ok, why, _) = self._admit(d, save=False)
             note = "" if ok or not d.remedy.takes_node_out else f" (the breaker would hold it: {why})"
             return [self._record(d, f"dry_run: would {d.remedy.value}{note}", now)]
         return self._enforce(d, xid, now)
@@ -134,9 +140,12 @@ class Remediator:
         f = d.finding
         racks: list[Incident] = []
         if d.remedy.takes_node_out:
-            ok, why, _ = self._admit(d, save=True)
+            before, (ok, why, after) = self._admit(d, save=True)
             racks = self._rack_incident(now)
             if not ok:
+                where = f" GPU {f.gpu}" if f.gpu is not None else ""
+                fleetlog.admission_events(self.fleet, before, after, ok, why, source=self.actor, time=now,
+                                          what=f"{d.remedy.value} {self.node}{where}")  # fmt: skip
                 held = self._record(d, f"held: {why}", now)
                 if "tripped" in why:  # the moment a breaker opens: tell a person (best effort)
                     self._call(Remedy.WEBHOOK, f, held)
@@ -153,15 +162,18 @@ class Remediator:
             self.on_reset(f.gpu)
         return records
 
-    def _admit(self, d: Decision, save: bool) -> tuple[bool, str, brk.BreakerState]:
+    def _admit(self, d: Decision, save: bool) -> tuple[brk.BreakerState, tuple[bool, str, brk.BreakerState]]:
+        """(the state before, (allowed, why, the state after))."""
         info = self.job()
         job, spares = (info.job, info.spares) if info else (None, None)
         limits, now = self.policy.breaker, self.clock()
         if not save:
-            return brk.admit(self.breaker.load(), limits, self.node, job, now, self.fleet_size, spares)
+            before = self.breaker.load()
+            return before, brk.admit(before, limits, self.node, job, now, self.fleet_size, spares)
         with self.breaker.update() as box:
+            before = box[0]
             ok, why, box[0] = brk.admit(box[0], limits, self.node, job, now, self.fleet_size, spares)
-            return ok, why, box[0]
+            return before, (ok, why, box[0])
 
     def _rack_incident(self, now: float) -> list[Incident]:
         """One incident for a rack with half its nodes bad (a switch, a PDU, cooling), recorded by the
@@ -234,13 +246,29 @@ class Remediator:
         )
         if not self.record_dry_run and resolution.startswith("dry_run"):
             return inc
-        return self.store.add(inc)
+        stored: Incident = self.store.add(inc)
+        if resolution != "in_progress":  # dry run or held: final now; a taken action when finished
+            self._fleet_action(stored, resolution)
+        return stored
+
+    def _fleet_action(self, rec: Incident, resolution: str) -> None:
+        key_of = getattr(self.store, "key_of", None)
+        fleetlog.record_action(
+            self.fleet, rec.action, resolution.split(":")[0], node=self.node, gpu=rec.gpu,
+            detail=resolution, incident_key=key_of(rec) if key_of else None, source=self.actor, time=rec.time,
+        )  # fmt: skip
 
     def _finish(self, rec: Incident, outcome: Outcome, tries: int) -> Incident:
         slot = provider_for(Remedy(rec.action))
         name = getattr(self.providers.get(slot), "name", slot)
         evidence = (*rec.evidence, f"provider {name}: {outcome.status.value} after {tries} call(s)")
         resolution = f"{outcome.status.value}: {outcome.detail}" if outcome.detail else outcome.status.value
-        if rec.id is None:
-            return replace(rec, resolution=resolution, evidence=evidence, resolved=outcome.ok)
-        return self.store.update(rec.id, resolution=resolution, evidence=evidence, resolved=outcome.ok)
+        if rec.id is None:  # not stored (a dry run kept out), or spooled: the update follows it
+            done = replace(rec, resolution=resolution, evidence=evidence, resolved=outcome.ok)
+            by_key, key_of = getattr(self.store, "update_by_key", None), getattr(self.store, "key_of", None)
+            if by_key is not None and key_of is not None:
+                by_key(key_of(rec), resolution=resolution, evidence=evidence, resolved=outcome.ok)
+        else:
+            done = self.store.update(rec.id, resolution=resolution, evidence=evidence, resolved=outcome.ok)
+        self._fleet_action(done, resolution)
+        return done

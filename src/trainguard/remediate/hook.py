@@ -7,6 +7,8 @@ It adds intrusion findings (GPU processes of no job), hands the tick's new findi
 node: a simulated node gets the simulated scheduler and GPU reset; a real one Slurm or Kubernetes
 (the policy's ``provider``) and ``nvidia-smi``; a webhook when the policy names one. Nothing is
 done unless the policy (or ``--enforce``) enforces: by default every decision is a dry-run record.
+With ``fleet_writer`` (the daemon's `FleetWriter`, opened when first needed) every action and
+breaker event also goes to the fleet store (remediate/fleetlog.py).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class AgentRemediation:
         fleet: Any = None,
         on_reset: Callable[[int], None] | None = None,
         clock: Callable[[], float] | None = None,
+        fleet_writer: Callable[[], Any] | None = None,
     ) -> None:
         self.policy: Policy = load_policy(policy_path) if policy_path else Policy()
         self.node, self.backend, self._store = node, backend, store
@@ -66,6 +69,7 @@ class AgentRemediation:
             gpu_model=gpus[0].name if gpus else None,
             on_reset=self._resets.append,  # applied on the tick's thread, in step()
             record_dry_run=bool(policy_path) or enforce,
+            fleet=_LazyFleet(fleet_writer) if fleet_writer is not None else None,
             **kw,
         )
         self._flagged: set[int] = set()  # pids already reported as unexpected
@@ -244,3 +248,22 @@ class _LazyStore:
 
     def update(self, incident_id: int, **changes: Any) -> Incident:
         return self._opener().update(incident_id, **changes)
+
+    def update_by_key(self, key: str, **changes: Any) -> None:
+        self._opener().update_by_key(key, **changes)
+
+    def key_of(self, incident: Incident) -> str:
+        return str(self._opener().key_of(incident))
+
+
+class _LazyFleet:
+    """The daemon's `FleetWriter`, opened when remediation first writes to it."""
+
+    def __init__(self, opener: Callable[[], Any]) -> None:
+        self._opener = opener
+
+    def action(self, action: str, **kw: Any) -> None:
+        self._opener().action(action, **kw)
+
+    def breaker(self, breaker: str, state: str, **kw: Any) -> None:
+        self._opener().breaker(breaker, state, **kw)
