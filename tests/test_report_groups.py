@@ -70,7 +70,17 @@ def record_replica_job(tmp_path: Path) -> tuple[Path, dict]:
     for step, start in ((80, 40.0), (81, 40.5)):
         append_discarded(sup.group_dir(g0), 0, step, T0 + start, T0 + start + 0.5)
     # The replica loop sees both groups step, group 1's step fall (restarted), then catch up.
-    for t, s0, s1 in ((10, 20, 20), (39, 78, 78), (45, 90, 0), (50, 100, 60), (55, 110, 110), (99, 198, 198)):
+    for g in sup.groups:  # as `_start` leaves them
+        g.started_at = T0
+    for t, s0, s1 in (
+        (5, 0, 0),
+        (10, 20, 20),
+        (39, 78, 78),
+        (45, 90, 0),
+        (50, 100, 60),
+        (55, 110, 110),
+        (99, 198, 198),
+    ):
         clock.now = T0 + t
         sup._stepped(g0, s0, clock.now)
         sup._stepped(g1, s1, clock.now)

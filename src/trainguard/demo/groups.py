@@ -4,8 +4,8 @@
     trainguard demo --replica-groups 2 --json report.json --workdir /tmp/groups-demo
 
 N replica groups of examples/train_ft.py (torchft over gloo, one rank each) train under
-``trainguard run --replica-groups N`` on a simulated node with one spare GPU; at a third of the run
-the last group's GPU fails (Xid 79: the same kernel-log line a real one writes). Its loop records
+``trainguard run --replica-groups N`` on a simulated node with one spare GPU; at step 30 the last
+group's GPU fails (Xid 79: the same kernel-log line a real one writes). Its loop records
 the incident, the GPU is excluded, the group is started again on the spare and heals from a live
 peer, while the other groups keep committing steps. The self-test (`check_groups`, pure: it can
 fail both ways, tests/test_demo_groups.py) passes only when the incident names the injected rank
@@ -27,8 +27,9 @@ from typing import Any
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-STEPS = 120  # --quick: 90
+STEPS = 400  # --quick: 250 (a restarted group takes ~15 s to start on a loaded 2-core machine)
 STEP_DELAY_S = 0.05
+FAULT_STEP = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +93,11 @@ def check_groups(
                 f"starts {g.get('starts')}, attempts {attempts}, incidents {noise or 'none'}",
             )
         )
+        # Out from the fault until the failed group's workers are seen again (restarted: a step
+        # below the one it had reached; heartbeats of its dying workers do not count).
         out_from = inj.get("time", 0.0)
-        back = [t for t, s in bad.get("steps", []) if t > out_from]
+        reached = max((s for t, s in bad.get("steps", []) if t <= out_from), default=0)
+        back = [t for t, s in bad.get("steps", []) if t > out_from and s < reached]
         during = sorted({s for t, s in g.get("steps", []) if back and out_from < t < back[0]})
         checks.append(
             Check(
@@ -133,6 +137,7 @@ def main(args: argparse.Namespace) -> int:
     from trainguard.incidents import IncidentStore
     from trainguard.incidents.report import job_report, render_report
     from trainguard.supervisor.config import SupervisorConfig
+    from trainguard.supervisor.lighthouse import program
     from trainguard.supervisor.replicas import ReplicaConfig, ReplicaSupervisor
 
     n = args.replica_groups
@@ -147,11 +152,11 @@ def main(args: argparse.Namespace) -> int:
     if n < 2:
         print(f"trainguard demo: --replica-groups {n}: give 2 or more", file=sys.stderr)
         return EXIT_USAGE
-    steps = args.steps or (90 if args.quick else STEPS)
+    steps = args.steps or (250 if args.quick else STEPS)
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="trainguard-demo-groups-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     plan = workdir / "plan.toml"
-    plan.write_text(plan_toml(n, steps // 3))
+    plan.write_text(plan_toml(n, FAULT_STEP))
     delay = STEP_DELAY_S / (getattr(args, "speed", None) or 1.0)
     cmd: tuple[str, ...] = (sys.executable, str(script), "--steps", str(steps), "--step-delay", f"{delay:g}")
     cmd += ("--all-groups-at-end", "--out", str(workdir / "weights.g{group}.pt"))
@@ -178,10 +183,15 @@ def main(args: argparse.Namespace) -> int:
             "group_healed": "group {group} healed at step {step} in {heal_s}s",
             "state": "job {state}: {running} of {groups} groups stepping",
             "finished": "finished: {reason}",
-        }.get(ev.what)
+        }.get(ev.kind)
         if what is not None:
             print(f"  {ev.time - t0:6.1f}s  {what.format(**ev.data)}", flush=True)
 
+    try:
+        program()  # torchft missing: the install hint now, before anything starts
+    except ImportError as exc:
+        print(f"trainguard demo --replica-groups: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     result = ReplicaSupervisor(config, ReplicaConfig(groups=n), on_event=say).run()
     with IncidentStore(config.db or workdir / "trainguard.db") as store:
         try:

@@ -2,9 +2,9 @@
 groups' ledgers (read side only; `report.job_report` calls it).
 
 Each replica group keeps its own ledger in the store under ``<job>.g<i>`` (its own loop records
-it, as for any job), and the replica loop adds two things to it: the group's heals (``init``
-intervals, detail ``heal ...``: from its workers' restart to reaching the live groups' step) and
-the steps it discarded (``lost`` intervals, detail ``discarded step S``: a step whose quorum or
+it, as for any job), and the replica loop adds to it: the group's start (``init``, detail ``group
+start``: its launch to the first step seen), its heals (``init``, detail ``heal ...``: from its
+workers' restart to reaching the live groups' step) and the steps it discarded (``lost`` intervals, detail ``discarded step S``: a step whose quorum or
 all-reduce failed, so its work was thrown away). From those, over the job's wall time:
 
 - ``capacity`` (capacity-weighted ETTR): group-seconds charged to productive steps / (N x wall),
@@ -39,6 +39,8 @@ from trainguard.incidents.store import IncidentStore
 
 HEAL = "heal"  # detail prefix of a group's heal interval (kind init)
 DISCARDED = "discarded step"  # detail prefix of a discarded step (kind lost)
+START = "group start"  # detail of a group's start (kind init): its launch to its first step
+LOOP_DETAILS = (HEAL, DISCARDED, START)  # what the replica loop adds to a group's ledger
 
 
 def group_jobs(store: IncidentStore, job: str) -> dict[int, str]:
@@ -60,9 +62,10 @@ def groups_summary(ledgers: dict[int, list[Interval]], start: float, end: float)
         spans.append(charged_spans(ivs, IntervalKind.PRODUCTIVE, start, end))
         heals = [iv for iv in ivs if iv.kind is IntervalKind.INIT and iv.detail.startswith(HEAL)]
         dropped = [iv for iv in ivs if iv.kind is IntervalKind.LOST and iv.detail.startswith(DISCARDED)]
-        if dropped:  # a discarded step is lost work, not an interruption of the group
-            kept = goodput([iv for iv in ivs if iv not in dropped], start, end)
-            s = replace(s, interruptions=kept.interruptions, attempts=kept.attempts)
+        # Interruptions and attempts are the group loop's own: a discarded step is lost work,
+        # not an interruption, and the replica loop's intervals carry no attempt of the group's.
+        own = goodput([iv for iv in ivs if not iv.detail.startswith(LOOP_DETAILS)], start, end)
+        s = replace(s, interruptions=own.interruptions, attempts=own.attempts)
         summaries.append(s)
         per.append(
             {

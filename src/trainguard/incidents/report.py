@@ -71,7 +71,11 @@ def job_report(store: IncidentStore, job: str, now: float | None = None) -> dict
         "progress": [
             {"time": p.time, "step": p.step, "loss": p.loss, "attempt": p.attempt} for p in progress
         ],
-        "last_step": max((p.step for p in progress), default=None),
+        "last_step": max(
+            [p.step for p in progress]
+            + [s for g in (groups or {}).get("groups", []) for _, s in g["progress"]],
+            default=None,
+        ),
         "groups": groups,
     }
 

@@ -39,7 +39,7 @@ from typing import Any
 from trainguard.chaos import load_plan
 from trainguard.chaos.plan import for_group, plan_toml
 from trainguard.incidents import Incident, Interval, IntervalKind, RootCause
-from trainguard.incidents.groups_report import DISCARDED, HEAL, groups_section
+from trainguard.incidents.groups_report import DISCARDED, HEAL, START, groups_section
 from trainguard.rundir import heartbeat_path, read_discarded, read_last_heartbeat
 from trainguard.supervisor.bookkeeping import RunEvent
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
@@ -168,6 +168,10 @@ class ReplicaSupervisor:
         if g.state is RunState.INIT or (
             g.state is RunState.RECOVERING and (peer is None or step >= peer - 1)
         ):
+            if g.state is RunState.INIT:  # its start: launch to the first step seen
+                self.ledger.append(
+                    Interval(self._group_job(g), IntervalKind.INIT, g.started_at, now, detail=START)
+                )
             if g.state is RunState.RECOVERING:
                 since = g.healing_since or g.started_at
                 heal = now - since
@@ -178,7 +182,6 @@ class ReplicaSupervisor:
                         IntervalKind.INIT,
                         since,
                         now,
-                        attempt=g.starts,
                         detail=f"{HEAL} from a live peer (to step {step})",
                     )
                 )
@@ -310,7 +313,7 @@ class ReplicaSupervisor:
         best: int | None = None
         for r in range(self.config.nproc_per_node):
             beat = read_last_heartbeat(heartbeat_path(self.group_dir(g), r))
-            if beat is not None and beat.phase == "train":
+            if beat is not None and beat.phase != "init":  # an exit beat holds its last step too
                 best = max(best or 0, beat.step)
         return best
 
