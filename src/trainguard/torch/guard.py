@@ -62,8 +62,10 @@ record = errorfile.record
 class Guard:
     """Heartbeats, error files, numerics policy, preemption and a hang watchdog for one rank.
 
-    Without ``TRAINGUARD_RUN_DIR`` (and no ``run_dir=``) nothing is written to disk: numerics,
-    preemption and the watchdog still work, errors and dumps go to stderr.
+    Its settings are one `GuardConfig` (``guard.config``), given as a value, as keywords, or
+    both (a keyword overrides the value's field). Without ``TRAINGUARD_RUN_DIR`` (and no
+    ``run_dir=``) nothing is written to disk: numerics, preemption and the watchdog still work,
+    errors and dumps go to stderr.
     """
 
     def __init__(
@@ -78,8 +80,7 @@ class Guard:
         env_dir = rundir.run_dir_from_env()
         self.run_dir: Path | None = Path(c.run_dir) if c.run_dir is not None else env_dir
         world = distributed_world()
-        rank = c.rank
-        self.rank = rank if rank is not None else world[0] if world else int(os.environ.get("RANK", "0"))
+        self.rank = c.rank if c.rank is not None else world[0] if world else int(os.environ.get("RANK", "0"))
         self.world_size = world[1] if world else 1
         if world is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             log.warning("Guard created before init_process_group: ranks will not agree on decisions")
