@@ -41,11 +41,10 @@ from trainguard import rundir
 from trainguard.detect.numerics import NumericsMonitor, Policy, with_sources
 from trainguard.records import Action, Category, Finding, Health
 from trainguard.rundir import WorkerExit
-from trainguard.torch import errorfile
+from trainguard.torch import errorfile, guard_config
 from trainguard.torch.agreement import Window, host_value
 from trainguard.torch.chaos import Chaos
 from trainguard.torch.checks import LossWindow, StepAction
-from trainguard.torch.guard_config import GuardConfig, merged
 from trainguard.torch.numerics import distributed_world, nonfinite_grads, poison
 from trainguard.torch.preemption import PreemptionHandler
 from trainguard.torch.watchdog import HangWatchdog
@@ -57,6 +56,7 @@ _FLOAT_MAX = sys.float_info.max
 __all__ = ["Guard", "GuardConfig", "StepAction", "WorkerExit", "record"]
 
 record = errorfile.record
+GuardConfig = guard_config.GuardConfig
 
 
 class Guard:
@@ -75,7 +75,7 @@ class Guard:
         config: GuardConfig | None = None,  # the settings (default: GuardConfig())
         **settings: Any,  # any GuardConfig field, in place of the config's (on_nan="skip", ...)
     ) -> None:
-        self.config = c = merged(config, **settings)
+        self.config = c = guard_config.merged(config, **settings)
         self.checkpointer, self.state = checkpointer, state
         env_dir = rundir.run_dir_from_env()
         self.run_dir: Path | None = Path(c.run_dir) if c.run_dir is not None else env_dir
