@@ -84,8 +84,6 @@ def record_replica_job(tmp_path: Path) -> tuple[Path, dict]:
         clock.now = T0 + t
         sup._stepped(g0, s0, clock.now)
         sup._stepped(g1, s1, clock.now)
-        recorders[0].progress(clock.now, s0, None, 0)
-        recorders[1].progress(clock.now, s1, None, 0)
     for r in recorders.values():
         r.finish(T0, T0 + 100, "succeeded")
         r.close()
@@ -121,6 +119,9 @@ def test_a_replica_jobs_report_is_its_groups_capacity_weighted(tmp_path):
     assert result["goodput"]["ettr"] == report["goodput"]["ettr"]
     assert [g["discarded_steps"] for g in result["groups"]] == [2, 0]
     assert g1["incidents"][0]["gpu"] == 1
+    # Each group's line for the plot: the steps the loop saw (thinned to one a second at most).
+    assert [g["progress"] for g in groups["groups"]] == [g["steps"] for g in result["groups"]]
+    assert report["last_step"] == 198
 
 
 def test_the_report_text_has_a_line_per_group_with_heals_and_discarded_steps(tmp_path):
@@ -166,9 +167,12 @@ def test_report_json_and_the_plot_show_each_group(tmp_path, capsys):
     assert [m.label for m in data.marks] == ["g1 rank 0 GPU 1: faulty_gpu"]
 
 
-def test_the_module_example_holds():
+def test_the_module_examples_hold():
     import doctest
 
-    import trainguard.incidents.groups_report as mod
+    import trainguard.incidents.groups_report as report_mod
+    import trainguard.supervisor.groups as groups_mod
 
-    assert doctest.testmod(mod).failed == 0
+    for mod in (report_mod, groups_mod):
+        result = doctest.testmod(mod)
+        assert result.attempted > 0 and result.failed == 0

@@ -43,7 +43,7 @@ from trainguard.incidents.groups_report import DISCARDED, HEAL, START, groups_se
 from trainguard.rundir import heartbeat_path, read_discarded, read_last_heartbeat
 from trainguard.supervisor.bookkeeping import RunEvent
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
-from trainguard.supervisor.groups import Act, ActKind, Group, GroupsView, capacity, judge
+from trainguard.supervisor.groups import Act, ActKind, Group, GroupsView, capacity, judge, thinned
 from trainguard.supervisor.lighthouse import Lighthouse, LighthouseConfig
 from trainguard.supervisor.record import JobRecorder, node_name
 from trainguard.supervisor.state import RunState, job_state
@@ -395,6 +395,8 @@ class ReplicaSupervisor:
         ended = self.clock()
         discarded = {g.index: self._discarded(g) for g in self.groups}
         self.recorder.add_intervals([*self.ledger, *(iv for ivs in discarded.values() for iv in ivs)])
+        for g in self.groups:  # each group's line in `trainguard report --plot`, as this loop saw it
+            self.recorder.add_progress(self._group_job(g), thinned(g.steps))
         summary = self.recorder.finish(self.started, ended, "succeeded" if code is ExitCode.OK else "failed")
         goodput = summary.to_dict()
         if self.recorder.store is not None:  # the job's figures are its groups' (capacity-weighted)
