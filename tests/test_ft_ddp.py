@@ -20,6 +20,7 @@ if importlib.util.find_spec("torchft") is None:  # CI installs every extra: miss
         pytest.fail("torchft is missing: pip install 'trainguard[ft]' (make install does)", pytrace=False)
     pytest.skip("torchft is not installed: pip install 'trainguard[ft]'", allow_module_level=True)
 
+from trainguard.rundir import read_discarded
 from trainguard.supervisor.lighthouse import Lighthouse, LighthouseConfig, _die_with_parent
 from trainguard.supervisor.ports import private_port
 
@@ -47,6 +48,7 @@ def start(tmp_path: Path, lh: Lighthouse, group: int, *args: str) -> subprocess.
         "RANK": "0",
         "WORLD_SIZE": "1",
         "LOCAL_RANK": "0",
+        "TRAINGUARD_RUN_DIR": str(tmp_path / f"run{group}"),  # where trainguard.torch.ft records discards
     }
     argv = [sys.executable, str(WORKER), "--out", str(tmp_path / f"g{group}.json"), *args]
     return subprocess.Popen(
@@ -85,6 +87,9 @@ def test_a_peer_lost_mid_all_reduce_discards_the_step_and_the_healthy_group_trai
     assert result["peers"] == 2 and result["committed"] < 1000  # it trained beside the peer, then alone
     assert result["discarded"] >= 1  # the step whose all-reduce failed was not applied
     assert "step" in output and "is discarded" in output
+    # ... and the Manager wrote each discarded step into the run directory, for the job's ledger.
+    recorded = read_discarded(tmp_path / "run0", 0)
+    assert len(recorded) == result["discarded"] and all(end >= start for _, start, end in recorded)
 
 
 def test_torchfts_own_hook_takes_the_healthy_group_down_when_a_peer_dies_mid_all_reduce(tmp_path, lighthouse):

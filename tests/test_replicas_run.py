@@ -20,6 +20,8 @@ if importlib.util.find_spec("torchft") is None:  # CI installs every extra: miss
     pytest.skip("torchft is not installed: pip install 'trainguard[ft]'", allow_module_level=True)
 torch = pytest.importorskip("torch")
 
+from trainguard.incidents import IncidentStore  # noqa: E402
+from trainguard.incidents.report import job_report  # noqa: E402
 from trainguard.supervisor.config import SupervisorConfig  # noqa: E402
 from trainguard.supervisor.replicas import ReplicaConfig, ReplicaSupervisor  # noqa: E402
 
@@ -98,6 +100,17 @@ def test_one_group_is_killed_hung_and_loses_a_gpu_while_the_other_never_stops(tm
         assert back, "the failing group never stepped again"
         assert [s for t, s in healthy["steps"] if incident["time"] < t < back[0]], (incident, during[:3])
     assert same_weights(tmp_path)
+    # The report of the real run's store: the whole job's figures from the groups' ledgers.
+    with IncidentStore(tmp_path / "tg.db") as store:
+        report = job_report(store, result["job_id"])
+    groups = report["groups"]
+    assert [g["group"] for g in groups["groups"]] == [0, 1]
+    g0, g1 = groups["groups"]
+    assert g0["interruptions"] == 0 and g0["attempts"] == 1 and g1["interruptions"] >= 2
+    assert g1["heals_s"] == failing["heals_s"] and len(g1["heals_s"]) >= 1 and g0["heals_s"] == []
+    assert 0 < groups["capacity"] < 1 and groups["k_of_n_s"].get("1_of_2", 0) > 0
+    assert report["goodput"]["ettr"] == pytest.approx(groups["capacity"], abs=1e-3)
+    assert g0["ettr"] > g1["ettr"]
 
 
 def test_the_lighthouse_is_restarted_and_the_groups_carry_on(tmp_path):

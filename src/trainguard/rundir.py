@@ -113,6 +113,40 @@ def append_finding(run_dir: Path, rank: int, finding: Finding, step: int | None 
         os.close(fd)
 
 
+def discarded_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "discarded" / f"rank{rank}.jsonl"
+
+
+def append_discarded(run_dir: Path, rank: int, step: int, start: float, end: float) -> None:
+    """Record that rank R's try at ``step`` (from ``start`` to ``end``) was discarded: its
+    replica group did not commit it (a failed quorum or all-reduce, a Guard that rejected it)."""
+    path = discarded_path(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"rank": rank, "step": step, "start": start, "end": end, "pid": os.getpid()}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def read_discarded(run_dir: Path, rank: int = 0) -> list[tuple[int, float, float]]:
+    """Rank R's discarded steps as (step, start, end), oldest first; bad lines are skipped."""
+    try:
+        data = discarded_path(run_dir, rank).read_bytes()
+    except OSError:
+        return []
+    out: list[tuple[int, float, float]] = []
+    for line in data.split(b"\n"):
+        r = _parse(line)
+        try:
+            if r is not None:
+                out.append((int(r["step"]), float(r["start"]), float(r["end"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return sorted(out, key=lambda t: t[1])
+
+
 def read_findings(run_dir: Path) -> list[tuple[int, int | None, Finding]]:
     """Every (rank, step, Finding) the ranks recorded, oldest first; bad lines are skipped."""
     out: list[tuple[float, int, int | None, Finding]] = []

@@ -52,7 +52,12 @@ def run(args: argparse.Namespace) -> int:
         except InputError as exc:
             print(f"trainguard report: {exc}", file=sys.stderr)
             return 1
-    if args.plot:
+    if args.plot and report.get("groups"):  # a replica job: one line per group
+        from trainguard.incidents.groups_plot import plot_groups
+        from trainguard.incidents.groups_report import groups_result
+
+        plot_groups(groups_result(report), args.plot)
+    elif args.plot:
         from trainguard.incidents.plot import plot_timeline
 
         plot_timeline(report, args.plot)

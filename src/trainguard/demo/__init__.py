@@ -6,6 +6,7 @@ reference's and the ETTR is the one the incidents' losses predict). See docs/dem
 
     trainguard demo                      # ~2-3 minutes on 2 CPU cores, with a fault-free reference
     trainguard demo --quick --no-reference --json report.json
+    trainguard demo --replica-groups 2   # torchft groups: one loses a GPU, the other never stops
 
 The CLI module registers the flags with `add_arguments` and calls `run`. Torch is imported by the
 supervisor only when the demo runs.
@@ -44,6 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--plain", action="store_true", help="plain line output even on a terminal")
     parser.add_argument(
+        "--replica-groups",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: N torchft replica groups, a GPU fails in one and the others never stop "
+        "(needs trainguard[torch,ft]; see trainguard.demo.groups)",
+    )
+    parser.add_argument(
         "--script",
         type=Path,
         metavar="PATH",
@@ -62,6 +71,10 @@ def find_example(explicit: Path | None = None) -> Path | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; 0 when the self-test passed (`trainguard.demo.report.verdict`)."""
+    if getattr(args, "replica_groups", 0):
+        from trainguard.demo.groups import main as groups_main
+
+        return groups_main(args)
     from trainguard.demo.main import main
 
     return main(args)

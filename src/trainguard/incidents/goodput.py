@@ -146,9 +146,33 @@ def goodput(intervals: Iterable[Interval], wall_start: float, wall_end: float) -
     )
 
 
+def charged_spans(
+    intervals: Iterable[Interval], kind: IntervalKind, lo: float, hi: float
+) -> list[tuple[float, float]]:
+    """The spans of [lo, hi] charged to ``kind`` (as `goodput` charges them), merged, in order:
+    a group's productive spans, with its restarts and lost work laid over them taken out."""
+    spans: list[tuple[float, float]] = []
+    for start, end, top in _segments([iv for iv in intervals if iv.end > iv.start], lo, hi):
+        if top is not kind:
+            continue
+        if spans and spans[-1][1] >= start:
+            spans[-1] = (spans[-1][0], end)
+        else:
+            spans.append((start, end))
+    return spans
+
+
 def _charge(ivs: list[Interval], lo: float, hi: float) -> dict[IntervalKind, float]:
-    """Sweep the boundaries; charge each elementary segment to its top-precedence kind."""
+    """Charge each elementary segment to its top-precedence kind."""
     charged = dict.fromkeys(IntervalKind, 0.0)
+    for start, end, top in _segments(ivs, lo, hi):
+        charged[top] += end - start
+    return charged
+
+
+def _segments(ivs: list[Interval], lo: float, hi: float) -> list[tuple[float, float, IntervalKind]]:
+    """Sweep the boundaries: each elementary segment some interval covers, with its top kind."""
+    out: list[tuple[float, float, IntervalKind]] = []
     edges: list[tuple[float, int, IntervalKind]] = []
     for iv in ivs:
         start, end = max(iv.start, lo), min(iv.end, hi)
@@ -161,7 +185,7 @@ def _charge(ivs: list[Interval], lo: float, hi: float) -> dict[IntervalKind, flo
         if prev is not None and t > prev:
             top = next((k for k in PRECEDENCE if active[k] > 0), None)
             if top is not None:
-                charged[top] += t - prev
+                out.append((prev, t, top))
         active[kind] += delta
         prev = t
-    return charged
+    return out

@@ -1,6 +1,7 @@
 """A job's report: goodput, where the time went, and its incidents, as JSON and as text.
 
-Read side only (`trainguard report JOB` uses it; the demo prints the same text)::
+Read side only (`trainguard report JOB` uses it; the demo prints the same text). A
+``--replica-groups`` job is reported from its groups' ledgers (`groups_report`)::
 
     report = job_report(store, "llm-7b")      # a JSON-ready dict
     print(render_report(report))              # the table
@@ -11,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.errors import InputError
+from trainguard.incidents.goodput import GoodputSummary
+from trainguard.incidents.groups_report import groups_section, render_groups
 from trainguard.incidents.incident import Incident
 from trainguard.incidents.store import IncidentStore
 
@@ -46,6 +49,11 @@ def job_report(store: IncidentStore, job: str, now: float | None = None) -> dict
     # machine's clock: simulated jobs run on virtual time).
     summary = store.goodput(job, now=now)
     started = info.started if info and info.started is not None else _first_time(incidents, intervals)
+    # A replica job's figures are its groups' (each kept its own ledger): capacity-weighted.
+    end = started + summary.wall_s if started is not None else None
+    groups = groups_section(store, job, started, end) if started is not None and end is not None else None
+    if groups is not None and groups["goodput"] is not None:
+        summary = GoodputSummary(**groups["goodput"])
     return {
         "job": job,
         "name": info.name if info else None,
@@ -63,7 +71,12 @@ def job_report(store: IncidentStore, job: str, now: float | None = None) -> dict
         "progress": [
             {"time": p.time, "step": p.step, "loss": p.loss, "attempt": p.attempt} for p in progress
         ],
-        "last_step": max((p.step for p in progress), default=None),
+        "last_step": max(
+            [p.step for p in progress]
+            + [s for g in (groups or {}).get("groups", []) for _, s in g["progress"]],
+            default=None,
+        ),
+        "groups": groups,
     }
 
 
@@ -84,6 +97,8 @@ def render_report(report: dict[str, Any]) -> str:
         ("interruptions", g["interruptions"]),
         ("ETTR", NO_ETTR if g["ettr"] is None else f"{g['ettr']:.1%}  (productive time / wall time)"),
     ]
+    if report.get("groups"):
+        facts[-1] = (facts[-1][0], facts[-1][1] + ", capacity-weighted over the replica groups")
     lines += [f"  {k:<14} {v}" for k, v in facts]
     lines += ["", "where the time went"]
     for key, label in BREAKDOWN:
@@ -92,6 +107,8 @@ def render_report(report: dict[str, Any]) -> str:
             continue
         share = seconds / wall if wall > 0 else 0.0
         lines.append(f"  {label:<28} {_dur(seconds):>10}  {share:6.1%}  {_bar(share)}".rstrip())
+    if report.get("groups"):
+        lines += render_groups(report["groups"])
     incidents = report["incidents"]
     lines += ["", f"incidents ({len(incidents)})"]
     if not incidents:

@@ -157,3 +157,19 @@ def _stepping_spans(steps: list[tuple[float, int]], gap_s: float = 2.0) -> list[
         else:
             spans.append((t, t))
     return spans
+
+
+def thinned(steps: list[tuple[float, int]], every_s: float = 1.0) -> list[tuple[float, int]]:
+    """A group's observed (time, step) points for the store's progress (the report's plot): one
+    per ``every_s`` at most, every restart (a step below the last kept), and the last point.
+
+    >>> thinned([(0.0, 0), (0.4, 4), (1.0, 10), (1.2, 12), (1.3, 0), (1.5, 2)])
+    [(0.0, 0), (1.0, 10), (1.3, 0), (1.5, 2)]
+    """
+    kept: list[tuple[float, int]] = []
+    for t, s in steps:
+        if not kept or s < kept[-1][1] or t - kept[-1][0] >= every_s:
+            kept.append((t, s))
+    if steps and kept[-1] != steps[-1]:
+        kept.append(steps[-1])
+    return kept

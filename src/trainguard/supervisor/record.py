@@ -112,6 +112,17 @@ class JobRecorder:
         if end > start:
             self.intervals.append(Interval(self.job, kind, start, end, attempt=attempt, detail=detail))
 
+    def add_intervals(self, intervals: list[Interval]) -> None:
+        """Write intervals to the store now, whichever job's ledger they belong to (the replica
+        loop adds heals and discarded steps to its groups' ledgers)."""
+        if intervals:
+            self._safe(lambda s: s.add_intervals(intervals))
+
+    def add_progress(self, job: str, points: list[tuple[float, int]]) -> None:
+        """Write (time, step) points to the store now, into ``job``'s progress (a replica group's)."""
+        for t, step in points:
+            self._safe(lambda s, t=t, step=step: s.add_progress(job, t, step))
+
     def progress(self, time: float, step: int, loss: float | None, attempt: int) -> None:
         self._safe(lambda s: s.add_progress(self.job, time, step, loss, attempt))
 

@@ -38,11 +38,12 @@ from typing import Any
 
 from trainguard.chaos import load_plan
 from trainguard.chaos.plan import for_group, plan_toml
-from trainguard.incidents import Incident, RootCause
-from trainguard.rundir import heartbeat_path, read_last_heartbeat
+from trainguard.incidents import Incident, Interval, IntervalKind, RootCause
+from trainguard.incidents.groups_report import DISCARDED, HEAL, START, groups_section
+from trainguard.rundir import heartbeat_path, read_discarded, read_last_heartbeat
 from trainguard.supervisor.bookkeeping import RunEvent
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
-from trainguard.supervisor.groups import Act, ActKind, Group, GroupsView, capacity, judge
+from trainguard.supervisor.groups import Act, ActKind, Group, GroupsView, capacity, judge, thinned
 from trainguard.supervisor.lighthouse import Lighthouse, LighthouseConfig
 from trainguard.supervisor.record import JobRecorder, node_name
 from trainguard.supervisor.state import RunState, job_state
@@ -102,6 +103,7 @@ class ReplicaSupervisor:
         self.job_restarts_left = replicas.job_restarts
         self.started = 0.0
         self.events: list[dict[str, Any]] = []  # state changes, for the timeline and the report
+        self.ledger: list[Interval] = []  # heals and discarded steps, for each group's own ledger
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -166,9 +168,23 @@ class ReplicaSupervisor:
         if g.state is RunState.INIT or (
             g.state is RunState.RECOVERING and (peer is None or step >= peer - 1)
         ):
+            if g.state is RunState.INIT:  # its start: launch to the first step seen
+                self.ledger.append(
+                    Interval(self._group_job(g), IntervalKind.INIT, g.started_at, now, detail=START)
+                )
             if g.state is RunState.RECOVERING:
-                heal = now - (g.healing_since or g.started_at)
+                since = g.healing_since or g.started_at
+                heal = now - since
                 g.heals.append(round(heal, 3))
+                self.ledger.append(
+                    Interval(
+                        self._group_job(g),
+                        IntervalKind.INIT,
+                        since,
+                        now,
+                        detail=f"{HEAL} from a live peer (to step {step})",
+                    )
+                )
                 self._emit("group_healed", group=g.index, step=step, heal_s=round(heal, 3))
             g.state = RunState.RUNNING
 
@@ -297,7 +313,7 @@ class ReplicaSupervisor:
         best: int | None = None
         for r in range(self.config.nproc_per_node):
             beat = read_last_heartbeat(heartbeat_path(self.group_dir(g), r))
-            if beat is not None and beat.phase == "train":
+            if beat is not None and beat.phase != "init":  # an exit beat holds its last step too
                 best = max(best or 0, beat.step)
         return best
 
@@ -365,9 +381,30 @@ class ReplicaSupervisor:
             self._emit("state", state=state.value, running=running, groups=len(self.groups))
             self.state = state
 
+    def _group_job(self, g: Group) -> str:
+        return f"{self.job_id}.{g.name}"
+
+    def _discarded(self, g: Group) -> list[Interval]:
+        """The steps the group's rank 0 wrote it discarded (`trainguard.torch.ft`), as lost work."""
+        return [
+            Interval(self._group_job(g), IntervalKind.LOST, start, end, detail=f"{DISCARDED} {step}")
+            for step, start, end in read_discarded(self.group_dir(g), 0)
+        ]
+
     def _finish(self, code: ExitCode, reason: str) -> dict[str, Any]:
         ended = self.clock()
+        discarded = {g.index: self._discarded(g) for g in self.groups}
+        self.recorder.add_intervals([*self.ledger, *(iv for ivs in discarded.values() for iv in ivs)])
+        for g in self.groups:  # each group's line in `trainguard report --plot`, as this loop saw it
+            self.recorder.add_progress(self._group_job(g), thinned(g.steps))
         summary = self.recorder.finish(self.started, ended, "succeeded" if code is ExitCode.OK else "failed")
+        goodput = summary.to_dict()
+        if self.recorder.store is not None:  # the job's figures are its groups' (capacity-weighted)
+            try:
+                section = groups_section(self.recorder.store, self.job_id, self.started, ended)
+                goodput = section["goodput"] if section and section["goodput"] else goodput
+            except Exception as exc:  # bookkeeping never fails the job
+                log.warning("could not read the groups' ledgers: %s", exc)
         self.recorder.close()
         result = {
             "exit_code": int(code),
@@ -387,6 +424,7 @@ class ReplicaSupervisor:
                     "final_step": g.last_step,
                     "steps": g.steps,
                     "heals_s": g.heals,
+                    "discarded_steps": len(discarded[g.index]),
                     "runs": g.outcomes,
                 }
                 for g in self.groups
@@ -394,7 +432,7 @@ class ReplicaSupervisor:
             "states": self.events,
             "capacity": capacity(self.groups, self.started, ended),
             "incidents": [i.to_dict() for i in self.recorder.incidents],
-            "goodput": summary.to_dict(),
+            "goodput": goodput,
         }
         self._emit("finished", exit_code=int(code), reason=reason)
         return result

@@ -3,9 +3,10 @@
 A step's loss is recorded in the current window (``Guard.step`` appends to `LossWindow.losses`:
 no kernel, no sync). A window is launched (``trainguard.torch.agreement``: one packed tensor,
 asynchronous all-reduces, a non-blocking copy to the host) when it holds ``every`` steps, and
-collected ``lag`` steps later, when the GPU has normally finished it; `ready` and `flush` hand
-the agreed windows to the Guard, which judges their rows. ``flush`` checks everything at once
-before a checkpoint, so a checkpoint never holds an unchecked update. One process with host
+collected ``lag`` steps later, when the GPU has normally finished it. The Guard drives it one
+way, step by step: `collect` the window in flight, judge it, `launch` the next one once full
+(read at once with lag 0: judge it), then `settle` the window on the verdicts. A flush (before a
+checkpoint: a checkpoint never holds an unchecked update) is `collect` then `launch(now=True)`. One process with host
 values and ``every=1`` ("direct") reads each loss inline instead. See docs/guard.md, "When the
 loss is read".
 """
@@ -13,7 +14,6 @@ loss is read".
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from enum import Enum
 from typing import Any
 
@@ -88,29 +88,36 @@ class LossWindow:
         """``step`` reached ``guard.step`` at ``at`` (perf_counter), later than its step time says."""
         self._arrivals[step] = at
 
-    def ready(self, step: int, times: Any, t_last: float, preempt: bool) -> Iterator[Window]:
-        """The windows due at ``step``: the one in flight, then a new one once full. The new one
-        is launched only if the caller asks for it (after a verdict that is not "proceed", it
-        stops iterating and `drop`s)."""
-        if self._inflight is not None:
-            job, self._inflight = self._inflight, None
-            agreed = self.agreement.collect(job)
+    def collect(self, fit: bool = True) -> Window | None:
+        """The window in flight, agreed; None when none is. ``fit``: size the automatic windows
+        to its step time (not at a flush, which is not where every rank samples it)."""
+        if self._inflight is None:
+            return None
+        job, self._inflight = self._inflight, None
+        agreed = self.agreement.collect(job)
+        if fit:
             self._fit(agreed)
-            yield agreed
-        if len(self.losses) >= self.every:
-            job = self._launch(step, times, t_last, preempt)
-            if self.lag == 0:
-                yield self.agreement.collect(job)
-            else:
-                self._inflight = job
+        return agreed
 
-    def flush(self, step: int, times: Any, t_last: float, preempt: bool) -> Iterator[Window]:
-        """Every recorded step, now (collective: every rank flushes at the same boundaries)."""
-        if self._inflight is not None:
-            job, self._inflight = self._inflight, None
-            yield self.agreement.collect(job)
-        if self.losses:
-            yield self.agreement.collect(self._launch(step, times, t_last, preempt))
+    def launch(self, step: int, times: Any, t_last: float, preempt: bool, now: bool = False) -> Window | None:
+        """Launch the window that ends with ``step`` once it holds ``every`` steps (``now``: any
+        recorded steps, read at once: a flush). Returns its agreed numbers when it is read at
+        once (lag 0), else None: it is in flight, `collect`ed ``lag`` steps later."""
+        if not (self.losses if now else len(self.losses) >= self.every):
+            return None
+        job = self._launch(step, times, t_last, preempt)
+        if now or self.lag == 0:
+            return self.agreement.collect(job)
+        self._inflight = job
+        return None
+
+    def settle(self, rejected: bool) -> bool:
+        """After the Guard's verdict on a window: a rejected one (rollback, skip) drops what
+        is recorded (it replays anyway); either way the check mode is chosen again. Returns
+        whether the Guard now reads losses inline (see `set_mode`)."""
+        if rejected:
+            self.drop()
+        return self.set_mode(None)
 
     def drop(self) -> None:
         """Forget the recorded steps: after a rollback or a skip they replay anyway."""

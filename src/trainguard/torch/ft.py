@@ -27,6 +27,7 @@ discarded as torchft intends (docs/no-restart.md has the upstream reproduction).
 # No `from __future__ import annotations`: DDP checks the hook's annotations as objects.
 import logging
 import os
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -39,6 +40,8 @@ try:
     from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 except ImportError:  # pragma: no cover - exercised without the extra
     raise ImportError("trainguard.torch.ft needs torchft: pip install 'trainguard[ft]'") from None
+
+from trainguard.rundir import append_discarded, run_dir_from_env
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ def manager(
         opts["quorum_timeout"] = timedelta(seconds=quorum_timeout_s)
     if quorum_retries is not None:
         opts["quorum_retries"] = quorum_retries
-    return Manager(
+    return _Manager(
         pg=pg,
         load_state_dict=state.load_state_dict,
         state_dict=state.state_dict,
@@ -90,6 +93,33 @@ def manager(
         **opts,
         **kwargs,
     )
+
+
+class _Manager(Manager):
+    """torchft's Manager that writes each step its group discards into the run directory
+    (``rundir.append_discarded``, group rank 0), for the job's ledger: ``trainguard run
+    --replica-groups`` charges the step's time to lost work and counts it in the report."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tg_run_dir = run_dir_from_env()
+        self._tg_rank = int(os.environ.get("RANK", "0"))
+        self._tg_since = time.time()  # the current step's try began here (its quorum)
+
+    def start_quorum(self, *args: Any, **kwargs: Any) -> None:
+        self._tg_since = time.time()
+        super().start_quorum(*args, **kwargs)
+
+    def should_commit(self, *args: Any, **kwargs: Any) -> bool:
+        step = self.current_step()
+        ok = bool(super().should_commit(*args, **kwargs))
+        now = time.time()
+        if not ok and self._tg_run_dir is not None and self._tg_rank == 0:
+            try:
+                append_discarded(self._tg_run_dir, self._tg_rank, step, self._tg_since, now)
+            except OSError:
+                log.debug("could not record discarded step %d", step, exc_info=True)
+        return ok
 
 
 def should_save(mgr: Manager) -> bool:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
 import sys
 import time
 from collections import deque
@@ -39,10 +38,10 @@ import torch
 import torch.distributed as dist
 
 from trainguard import rundir
-from trainguard.detect.numerics import NumericsMonitor, Policy, SpikeConfig, with_sources
+from trainguard.detect.numerics import NumericsMonitor, Policy, with_sources
 from trainguard.records import Action, Category, Finding, Health
 from trainguard.rundir import WorkerExit
-from trainguard.torch import errorfile
+from trainguard.torch import errorfile, guard_config
 from trainguard.torch.agreement import Window, host_value
 from trainguard.torch.chaos import Chaos
 from trainguard.torch.checks import LossWindow, StepAction
@@ -54,58 +53,46 @@ log = logging.getLogger(__name__)
 
 _FLOAT_MAX = sys.float_info.max
 
-__all__ = ["Guard", "StepAction", "WorkerExit", "record"]
+__all__ = ["Guard", "GuardConfig", "StepAction", "WorkerExit", "record"]
 
 record = errorfile.record
+GuardConfig = guard_config.GuardConfig
 
 
 class Guard:
     """Heartbeats, error files, numerics policy, preemption and a hang watchdog for one rank.
 
-    Without ``TRAINGUARD_RUN_DIR`` (and no ``run_dir=``) nothing is written to disk: numerics,
-    preemption and the watchdog still work, errors and dumps go to stderr.
+    Its settings are one `GuardConfig` (``guard.config``), given as a value, as keywords, or
+    both (a keyword overrides the value's field). Without ``TRAINGUARD_RUN_DIR`` (and no
+    ``run_dir=``) nothing is written to disk: numerics, preemption and the watchdog still work,
+    errors and dumps go to stderr.
     """
 
     def __init__(
         self,
         checkpointer: Any = None,  # trainguard.torch.Checkpointer (or anything with save/resume/wait)
         state: Any = None,  # trainguard.torch.TrainState: what rollbacks and saves restore/write
-        *,
-        on_nan: Policy | str = Policy.ROLLBACK,  # skip | rollback | stop | warn
-        on_spike: Policy | str = Policy.ROLLBACK,
-        spike: SpikeConfig | None = None,  # window / threshold of the robust z-score
-        checkpoint_every: int = 0,  # guard.range saves every N steps (0: only on preemption/end)
-        save_at_end: bool = True,  # guard.range saves after the last step
-        run_dir: Path | str | None = None,  # default: $TRAINGUARD_RUN_DIR, else no files
-        rank: int | None = None,  # default: torch.distributed, else $RANK, else 0
-        attempt: int | None = None,  # default: $TRAINGUARD_ATTEMPT, else 0
-        preempt_signals: Iterable[int] = (signal.SIGTERM,),
-        hang_floor_s: float = 120.0,  # watchdog: never sooner than this...
-        hang_factor: float = 10.0,  # ... nor sooner than this many times the slowest step
-        first_step_s: float = 600.0,  # watchdog allowance until the first step completes
-        checkpoint_s: float = 600.0,  # extra watchdog allowance while a checkpoint is taken
-        watchdog: bool = True,
-        heartbeat_interval_s: float = 0.25,  # at most ~4 heartbeat writes per second
-        chaos: bool = True,  # apply $TRAINGUARD_RUN_DIR/chaos.json
-        check_every: int | None = None,  # read/agree on the losses every N steps (None: see docs)
-        check_lag: int | None = None,  # ... N steps later (0: at once; 1: no device stall)
+        config: GuardConfig | None = None,  # the settings (default: GuardConfig())
+        **settings: Any,  # any GuardConfig field, in place of the config's (on_nan="skip", ...)
     ) -> None:
+        self.config = c = guard_config.merged(config, **settings)
         self.checkpointer, self.state = checkpointer, state
-        self.checkpoint_every, self.save_at_end = checkpoint_every, save_at_end
         env_dir = rundir.run_dir_from_env()
-        self.run_dir: Path | None = Path(run_dir) if run_dir is not None else env_dir
+        self.run_dir: Path | None = Path(c.run_dir) if c.run_dir is not None else env_dir
         world = distributed_world()
-        self.rank = rank if rank is not None else world[0] if world else int(os.environ.get("RANK", "0"))
+        self.rank = c.rank if c.rank is not None else world[0] if world else int(os.environ.get("RANK", "0"))
         self.world_size = world[1] if world else 1
         if world is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             log.warning("Guard created before init_process_group: ranks will not agree on decisions")
-        self.attempt = attempt if attempt is not None else int(os.environ.get(rundir.ATTEMPT_ENV, "0"))
+        self.attempt = c.attempt if c.attempt is not None else int(os.environ.get(rundir.ATTEMPT_ENV, "0"))
         gpu = (
             torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
         )
-        self.monitor = NumericsMonitor(on_nan, on_spike, spike, gpu=gpu)
+        self.monitor = NumericsMonitor(c.on_nan, c.on_spike, c.spike, gpu=gpu)
         backend = dist.get_backend() if world else None
-        self._window = LossWindow(self.monitor, self.world_size, backend, self.rank, check_every, check_lag)
+        self._window = LossWindow(
+            self.monitor, self.world_size, backend, self.rank, c.check_every, c.check_lag
+        )
         self._record = self._window.losses.append  # the common path's only window operation
         self._take = self._window.take  # what is kept of a loss: see LossWindow.set_mode
         self._next_event = -1  # steps from here take the slow path (first step, chaos, windows)
@@ -114,16 +101,11 @@ class Guard:
         self._lane_bound, self._lane_n = -math.inf, 0  # see NumericsMonitor.lane
         self._lane_accept = self.monitor.history.append
         self.last_checked: int | None = None  # the last step whose loss was read and agreed
-        self.heartbeat_interval_s = heartbeat_interval_s
         self.findings: list[Finding] = []
         self.step_times: deque[float] = deque(maxlen=256)  # seconds per step, newest last
         self.last_loss: float | None = None  # the loss of the last step (mean over ranks)
         self.resume_step: int | None = None  # after a rollback: the step to continue from
         self.restored = False  # True for the first step after a rollback (rebuild data iterators)
-        self._signals = tuple(preempt_signals)
-        self._watchdog_on, self._chaos_on = watchdog, chaos
-        self._wd_args = (hang_floor_s, hang_factor, first_step_s)
-        self.checkpoint_s = checkpoint_s
         self._hb: rundir.HeartbeatWriter | None = None
         self._preempt: PreemptionHandler | None = None
         self._watchdog: HangWatchdog | None = None
@@ -147,19 +129,19 @@ class Guard:
         if self.run_dir is not None:
             self._hb = rundir.HeartbeatWriter(self.run_dir, self.rank, self.attempt)
             self._beat_due = 0.0
-        self._preempt = PreemptionHandler(self._signals, on_request=self._on_signal)
-        if self._chaos_on and self.run_dir is not None:
+        c = self.config
+        self._preempt = PreemptionHandler(c.preempt_signals, on_request=self._on_signal)
+        if c.chaos and self.run_dir is not None:
             self._chaos = Chaos(self.run_dir, self.rank)
             self._chaos_next = self._chaos.next_step
-        if self._watchdog_on:
-            floor, factor, first = self._wd_args
+        if c.watchdog:
             dumps = rundir.dumps_dir(self.run_dir) if self.run_dir is not None else None
             self._watchdog = HangWatchdog(
                 dumps,
                 self.rank,
-                floor_s=floor,
-                factor=factor,
-                first_step_s=first,
+                floor_s=c.hang_floor_s,
+                factor=c.hang_factor,
+                first_step_s=c.first_step_s,
                 on_hang=self._on_hang,
                 progress=self._progress,
             ).start()
@@ -207,7 +189,7 @@ class Guard:
             step = self.end_step(step)
             if step >= stop and self._pending():  # the last steps are checked before the end
                 step = self._flush(stop - 1) or step
-        if self.save_at_end and self.checkpointer is not None and self._last_saved != stop:
+        if self.config.save_at_end and self.checkpointer is not None and self._last_saved != stop:
             self.save(stop, wait=True)
 
     def step(self, step: int, loss: Any) -> StepAction:
@@ -277,14 +259,17 @@ class Guard:
                 value = host_value(loss)
                 self.last_loss = value
                 return self._read_now(step, value, grads)
+            # One way: record -> collect the window in flight -> judge -> launch the next once
+            # full (read at once: judge) -> the window settles on the verdict (in _judge).
             window.record(step, loss, grads)
-            checked = False
-            for agreed in window.ready(step, self.step_times, self._t_last, self._preempt_requested()):
-                checked = True
-                action = self._evaluate(agreed, step)
-                if action is not StepAction.PROCEED:
-                    return action
-            if not checked and now >= self._beat_due:
+            preempt = self._preempt_requested()
+            agreed = window.collect()
+            if agreed is not None and (action := self._judge(agreed, step)) is not StepAction.PROCEED:
+                return action
+            fresh = window.launch(step, self.step_times, self._t_last, preempt)
+            if fresh is not None:
+                return self._judge(fresh, step)
+            if agreed is None and now >= self._beat_due:
                 self._beat(step, self.last_loss, self.step_times[-1], "train", force=True)
             return StepAction.PROCEED
         finally:
@@ -302,14 +287,24 @@ class Guard:
         self._hb_beat(step, value, dt, None)  # the supervisor sees a NaN at once
         sources = (self.rank,) if value is not None and not math.isfinite(value) else ()
         action = self._decide(step, value, dt, bad, step, sources=sources)
-        self._direct = self._window.set_mode(None)  # a judged replay returns to the configured mode
+        self._direct = self._window.settle(False)  # a judged replay returns to the configured mode
         self._plan(step)
+        return action
+
+    def _judge(self, window: Window, current: int, applied: bool = False) -> StepAction:
+        """The verdict on an agreed window (`_evaluate`), then the loss window settles on it."""
+        action = self._evaluate(window, current, applied)
+        rejected = action is not StepAction.PROCEED
+        if rejected:
+            self._next_event = -1  # the next step resets ``restored`` and the mode
+        self._direct = self._window.settle(rejected)  # a rejected window's steps replay anyway
         return action
 
     def _evaluate(self, window: Window, current: int, applied: bool = False) -> StepAction:
         """Act on the agreed numbers of ``window``; ``current`` is the step in progress (its
         update not applied yet, unless ``applied``: a flush at a boundary). Applied updates can
-        be rolled back (or stopped on), not skipped."""
+        be rolled back (or stopped on), not skipped. The first verdict that is not "proceed"
+        ends it."""
         if window.preempt:
             self._preempt_agreed, self._boundary_at = True, 0
         for i, step in enumerate(window.steps):
@@ -325,16 +320,12 @@ class Guard:
             self._hb_beat(step, beat, window.step_times[i], wait)
             action = self._decide(step, value, window.step_times[i], bad, current, applied, sources)
             if action is not StepAction.PROCEED:
-                self._window.drop()  # the steps after a rollback or skip replay anyway
-                self._next_event = -1  # the next step resets ``restored`` and the mode
-                self._direct = self._window.set_mode(None)
                 return action
-        self._direct = self._window.set_mode(None)
         # One heartbeat per window at most, for its last step, with its slowest step and longest
         # wait; a window with a step slower than the heartbeat interval is always reported (a
         # straggler is news, and slow steps leave few heartbeats anyway).
         slowest = max(window.step_times)
-        if time.perf_counter() >= self._beat_due or slowest >= self.heartbeat_interval_s:
+        if time.perf_counter() >= self._beat_due or slowest >= self.config.heartbeat_interval_s:
             last = len(window.steps) - 1
             wait = max(window.waits) if window.waits is not None else None
             self._hb_beat(window.steps[last], window.losses[last], slowest, wait)
@@ -344,11 +335,16 @@ class Guard:
         """Check every recorded step now (before a checkpoint or the end): a checkpoint must
         never hold an update that was not checked. Returns the step to continue from after a
         rollback, else None. Collective: every rank flushes at the same boundaries."""
-        if not self._window.pending:
+        window = self._window
+        if not window.pending:
             return None
-        for agreed in self._window.flush(step, self.step_times, self._t_last, self._preempt_requested()):
-            if self._evaluate(agreed, step, applied=True) is StepAction.ROLLBACK:
-                return self._after_rollback(step)
+        preempt = self._preempt_requested()
+        agreed = window.collect(fit=False)
+        if agreed is not None and self._judge(agreed, step, applied=True) is StepAction.ROLLBACK:
+            return self._after_rollback(step)
+        agreed = window.launch(step, self.step_times, self._t_last, preempt, now=True)
+        if agreed is not None and self._judge(agreed, step, applied=True) is StepAction.ROLLBACK:
+            return self._after_rollback(step)
         self._plan(step)
         return None
 
@@ -479,7 +475,7 @@ class Guard:
         if self._rolled_back:
             return self._after_rollback(step)
         done = step + 1
-        every = self.checkpoint_every
+        every = self.config.checkpoint_every
         due = every and done % every == 0 and self.checkpointer is not None
         if not (due or self._preempt_agreed):
             return done
@@ -497,8 +493,8 @@ class Guard:
         (a preemption signal or a rollback resets it to 0)."""
         if self._preempt_agreed or self._rolled_back:
             self._boundary_at = 0
-        elif self.checkpoint_every and self.checkpointer is not None:
-            self._boundary_at = (nxt // self.checkpoint_every + 1) * self.checkpoint_every
+        elif (every := self.config.checkpoint_every) and self.checkpointer is not None:
+            self._boundary_at = (nxt // every + 1) * every
         else:
             self._boundary_at = 1 << 62
 
@@ -530,7 +526,7 @@ class Guard:
         # Heartbeat steps are step indices, ``step`` here counts completed steps: hence - 1.
         self._beat(max(step - 1, 0), self.last_loss, None, "checkpoint", force=True)
         if self._watchdog is not None:
-            with self._watchdog.allowance(self.checkpoint_s):
+            with self._watchdog.allowance(self.config.checkpoint_s):
                 self._save(step, wait)
         else:
             self._save(step, wait)
@@ -561,7 +557,7 @@ class Guard:
             restore = self.checkpointer.resume
         self._beat(step, self.last_loss, None, "checkpoint", force=True)
         if self._watchdog is not None:
-            with self._watchdog.allowance(self.checkpoint_s):
+            with self._watchdog.allowance(self.config.checkpoint_s):
                 resumed = int(restore(self.state) or 0)
         else:
             resumed = int(restore(self.state) or 0)
@@ -618,11 +614,12 @@ class Guard:
         if self._hb is None:
             return
         now = time.perf_counter()
-        if force or phase != self._phase or now - self._last_beat >= self.heartbeat_interval_s:
+        interval = self.config.heartbeat_interval_s
+        if force or phase != self._phase or now - self._last_beat >= interval:
             self._hb.beat(step, loss, dt, phase, wait=wait)
             self._last_beat, self._phase = now, phase
             # After another phase the next step beats at once (the supervisor sees training resume).
-            self._beat_due = now + self.heartbeat_interval_s if phase == "train" else 0.0
+            self._beat_due = now + interval if phase == "train" else 0.0
 
     def _hb_beat(self, step: int, loss: float | None, dt: float | None, wait: float | None) -> None:
         self._beat(step, loss, dt, "train", force=True, wait=wait)
