@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainguard.detect.training_log import NEEDLE_CONTEXT, TRAINING_ANCHORS
+from trainguard.detect.training_log import NEEDLE_CONTEXT, TRAINING_ANCHORS, UNKNOWN_ANCHORS
 from trainguard.errors import InputError
 
 __all__ = ["ANCHORS", "Hits", "Lines", "first_pass", "hits_hyperscan", "hits_stdlib", "scan_engine"]
@@ -48,7 +48,9 @@ def _minimal(needles: list[bytes]) -> tuple[bytes, ...]:
 
 
 # parse_kernel_line answers only lines with "NVRM" (Xid, fallen off the bus, GPU map) or "SXid"
-ANCHORS: tuple[bytes, ...] = _minimal([b"NVRM", b"SXid", *(a.encode() for a in TRAINING_ANCHORS)])
+ANCHORS: tuple[bytes, ...] = _minimal(
+    [b"NVRM", b"SXid", *(a.encode() for a in TRAINING_ANCHORS + UNKNOWN_ANCHORS)]
+)
 
 
 @functools.cache
