@@ -30,7 +30,7 @@ def gloo(tmp_path, monkeypatch):
 def test_guard_on_a_gloo_job_answers_dump_requests_and_stops_with_it(
     tmp_path: Path, gloo, monkeypatch
 ) -> None:
-    prefix = str(tmp_path / "fr_rank_")
+    prefix = str(tmp_path / "dumps" / "fr_rank_")  # the dumps folder does not exist yet
     monkeypatch.setenv("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", prefix)
     threads = {t.name for t in threading.enumerate()}
     with Guard(watchdog=False, chaos=False):
@@ -38,7 +38,7 @@ def test_guard_on_a_gloo_job_answers_dump_requests_and_stops_with_it(
         dist.all_reduce(x)
         got = request_flight_dumps(prefix, [0], wait_s=30.0)
         assert got == {0: Path(f"{prefix}0")}
-        dumps = load_dumps(tmp_path)
+        dumps = load_dumps(tmp_path / "dumps")
         assert [d.rank for d in dumps] == [0]
         assert judge(dumps).ranks == ()  # one healthy rank: no culprit
     assert not Path(f"{prefix}0.pipe").exists()

@@ -99,6 +99,7 @@ def serve_dump_requests(prefix: str, rank: int | None = None, fmt: str = "pickle
 
     rank = dist.get_rank() if rank is None else rank
     pipe = Path(f"{prefix}{rank}.pipe")
+    pipe.parent.mkdir(parents=True, exist_ok=True)  # the run's dumps folder, before any hang
     pipe.unlink(missing_ok=True)
     os.mkfifo(pipe)
     stopping = threading.Event()
