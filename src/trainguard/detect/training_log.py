@@ -188,7 +188,7 @@ NEEDLE_CONTEXT: dict[str, str] = dict.fromkeys(("Error", "Exception"), r"\S(?:Er
 # traceback; its "Traceback (most recent call last):" header is no finding of its own) at
 # the start (after torch's rank tag), glog's/abseil's FATAL, a C/C++ "fatal error". Kernel lines
 # such as "ACPI Error: ..." have no Python exception shape (and are not training lines).
-UNKNOWN_ANCHORS = ("Error: ", "Exception: ", "FATAL", "fatal error")
+UNKNOWN_ANCHORS = ("Error", "Exception", "FATAL", "fatal error")  # the first two: NEEDLE_CONTEXT
 _ERROR_SHAPE = re.compile(
     r"^\W*(?:\[rank\d+\]:\s*)?(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): \S"
     r"|\bFATAL\b|\bfatal error\b"
