@@ -185,13 +185,22 @@ TRAINING_ANCHORS: tuple[str, ...] = tuple(dict.fromkeys(n for needles, *_ in _TA
 NEEDLE_CONTEXT: dict[str, str] = dict.fromkeys(("Error", "Exception"), r"\S(?:Error|Exception)(?::\s|\s*$)")
 
 # A line no rule knows that still has an error's shape: a Python exception line (what closes a
-# traceback; its "Traceback (most recent call last):" header is no finding of its own) at
-# the start (after torch's rank tag), glog's/abseil's FATAL, a C/C++ "fatal error". Kernel lines
-# such as "ACPI Error: ..." have no Python exception shape (and are not training lines).
-UNKNOWN_ANCHORS = ("Error", "Exception", "FATAL", "fatal error")  # the first two: NEEDLE_CONTEXT
+# traceback; its "Traceback (most recent call last):" header is no finding of its own) at the
+# start (after torch's rank tag), FATAL, a C/C++ "fatal error", a glog/abseil CHECK failure
+# (JAX/XLA, TensorFlow), Slurm's "srun: error:" / "slurmstepd: error:". Kernel lines such as
+# "ACPI Error: ..." have no Python exception shape (and are not training lines).
+UNKNOWN_ANCHORS = (  # "Error" and "Exception" are searched in context (NEEDLE_CONTEXT)
+    "Error",
+    "Exception",
+    "FATAL",
+    "fatal error",
+    "Check failed",
+    "srun: error",
+    "slurmstepd: error",
+)
 _ERROR_SHAPE = re.compile(
     r"^\W*(?:\[rank\d+\]:\s*)?(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): \S"
-    r"|\bFATAL\b|\bfatal error\b"
+    r"|\bFATAL\b|\bfatal error\b|\] Check failed: |^(?:srun|slurmstepd): error: "
 )
 
 # Lines that restate another line: judged by the failure they quote.
