@@ -73,3 +73,14 @@ def test_a_local_cause_stays_this_nodes():
     assert peer_node_trouble(trouble, ME, [0], {PEER: (1,)}, errors, []) is None
     trouble, errors = survivor_trouble()
     assert peer_node_trouble(trouble, ME, [0], {}, errors, []) is None  # one node: no peer to blame
+
+
+def test_with_two_peer_nodes_both_are_suspects_until_the_rendezvous_shows_which_left():
+    trouble, errors = survivor_trouble()
+    other = "vm_17519_0"
+    judged = peer_node_trouble(trouble, ME, [0], {PEER: (1,), other: (2,)}, errors, [])
+    assert judged is not None and judged.root_cause is RootCause.UNKNOWN
+    assert judged.extra["suspect_nodes"] == [PEER, other] and judged.ranks == (1, 2)
+    changes = peer_left([PEER, other], judged.ranks, {other: (1,)})
+    assert changes is not None and changes["node"] == PEER and changes["rank"] is None  # ranks re-numbered
+    assert peer_left([PEER, other], judged.ranks, {}) is None  # both gone: the rendezvous does not say which

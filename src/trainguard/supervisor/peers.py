@@ -37,8 +37,8 @@ _PEER_LOSS = re.compile(
     r"timed out|[Tt]imeout|Watchdog caught|DistNetworkError|Detected dead node",
 )
 _DEAD = re.compile(r"Detected dead node '(?P<node>[^']+)'")
-# Causes a peer node's death cannot explain: the failure is this node's own.
-_LOCAL_CAUSES = {
+# The causes a peer node's death shows as on the survivors: only these are judged again.
+_PEER_CAUSES = {
     RootCause.NETWORK_SWITCH_CABLE,
     RootCause.NCCL_WATCHDOG_TIMEOUT,
     RootCause.NIC,
@@ -67,7 +67,7 @@ def peer_node_trouble(
     show; None when it is this node's own (a local cause, or a rank that failed otherwise).
 
     ``node``: this node's rendezvous name; ``peers``: the other nodes -> their global ranks."""
-    if not peers or trouble.root_cause not in _LOCAL_CAUSES or trouble.category in HARDWARE_CATEGORIES:
+    if not peers or trouble.root_cause not in _PEER_CAUSES or trouble.category in HARDWARE_CATEGORIES:
         return None
     mine = set(local_ranks)
     texts = [(e.rank, e.time, f"{e.exc_type}: {e.message}") for e in errors if e.rank in mine]
@@ -81,10 +81,9 @@ def peer_node_trouble(
         if e.severity in (Severity.ERROR, Severity.FATAL) or "dead node" in e.text
     ]
     host_of_rank = {r: here for r in mine} | {r: p for p, rs in peers.items() for r in rs}
-    # a peer's own address names it, unless it is this node's too (two nodes on one host)
-    addr = {p.rsplit("_", 2)[0] for p in peers}
-    own = here.rsplit("_", 2)[0]
-    addresses = {a: p for p in peers if (a := p.rsplit("_", 2)[0]) != own and len(addr) == len(peers)}
+    # a peer's address names it, unless another node has it too (two nodes on one host)
+    hosts = [p.rsplit("_", 2)[0] for p in [here, *peers]]
+    addresses = {h: p for h, p in zip(hosts[1:], peers, strict=True) if hosts.count(h) == 1}
     for ln in lines:  # torch elastic names the participant it removed
         if (m := _DEAD.search(ln.text)) and m["node"] in peers:
             why = f"elastic removed dead node {m['node']!r}: {ln.text.strip()[:200]}"
