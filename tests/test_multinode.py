@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -108,3 +110,40 @@ def test_when_a_node_leaves_the_survivor_continues_alone(tmp_path):
     assert ra["final_step"] == 39
     assert 2 in ra["world_sizes"] and ra["world_sizes"][-1] == 1  # continued on the survivor
     assert ra["recoveries"], ra
+
+
+def _descendants(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                out += [int(d.name), *_descendants(int(d.name))]
+    return out
+
+
+def test_a_node_killed_whole_is_a_node_failure_naming_it_not_the_network(tmp_path):
+    port = free_port()
+    a = start_node(tmp_path, "a", port, steps=60)
+    b = start_node(tmp_path, "b", port, steps=60)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (checkpoints(tmp_path) and heartbeats(tmp_path, "b")):
+            time.sleep(0.2)
+        assert checkpoints(tmp_path) and heartbeats(tmp_path, "b"), (tmp_path / "a.log").read_text()[-3000:]
+        for pid in [b.pid, *_descendants(b.pid)]:  # node b loses power: supervisor and workers at once
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert a.wait(timeout=240) == 0, (tmp_path / "a.log").read_text()[-3000:]
+    finally:
+        for p in (a, b):
+            p.kill()
+    incidents = IncidentStore(tmp_path / "tg.db").incidents(job="mn")
+    assert incidents, (tmp_path / "a.log").read_text()[-3000:]
+    first = incidents[0]
+    assert first.root_cause.value == "host" and first.category == "node_failure", first
+    assert first.node is not None and first.node.endswith(f"_{b.pid}_0") and first.rank == 1, first
+    assert any("left the rendezvous" in str(e) for e in first.evidence)

@@ -30,9 +30,7 @@ def test_a_torn_hyperscan_cache_is_compiled_again_and_rewritten(tmp_path, monkey
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("TRAINGUARD_NO_CACHE", raising=False)
-    path = prefilter._db_cache_path(
-        list(prefilter._bulk_expressions()), getattr(hyperscan, "__version__", "?")
-    )
+    path = prefilter._db_cache_path(getattr(hyperscan, "__version__", "?"))
     assert path is not None and str(path).startswith(str(tmp_path))
     path.parent.mkdir(parents=True)
     path.write_bytes(b"torn")
@@ -41,3 +39,18 @@ def test_a_torn_hyperscan_cache_is_compiled_again_and_rewritten(tmp_path, monkey
     found: list[int] = []
     db.scan(b"x NCCL WARN y", match_event_handler=lambda *a: found.append(1))
     assert found
+
+
+@pytest.mark.parametrize(
+    ("text", "garbage"),
+    [
+        (b"step 1 loss 2.0\n" * 100, False),
+        (b"step 1 loss 2.0\n" * 50 + b"\x00\x00\x00\n" + b"step 2\n", True),
+        (b"[rank0]: RuntimeError: Connection closed by peer. GLHF! \xf0\x9f\x8f\x96\n", True),
+    ],
+)
+def test_hyperscan_finds_garbage_bytes_in_the_same_scan_as_stdlib_does(text: bytes, garbage: bool) -> None:
+    assert prefilter.hits_hyperscan(text, len(text))[1] is garbage
+    assert prefilter.hits_stdlib(text, len(text))[1] is garbage
+    # only the scanned part counts for hyperscan (the stdlib test looks at the whole buffer)
+    assert prefilter.hits_hyperscan(text + b"\x00", len(text))[1] is garbage

@@ -147,3 +147,18 @@ def test_hang_collection_signals_only_the_workers_still_running(tmp_path, monkey
     finally:
         hung.kill()
         hung.wait()
+
+
+def test_a_hung_gloo_job_gets_its_flight_recorder_judgement_stored_with_the_incident(tmp_path):
+    plan = '[[fault]]\nkind = "hang"\nrank = 1\nstep = 8\n'
+    code, result, store = trainguard_run(
+        tmp_path, "--hang-timeout-floor", "2", worker_args=("--steps", "16"), plan=plan, timeout=180
+    )
+    assert code == 0, result
+    [incident] = store.incidents(job=result["job_id"])
+    assert incident.category == "hang" and incident.rank == 1, incident
+    # both ranks answered the dump request through the Guard (gloo has no dump of its own)
+    [judgement] = [Path(e) for e in incident.evidence if str(e).endswith(".json") and "/flight-" in str(e)]
+    verdict = json.loads(judgement.read_text())
+    assert verdict["dumps"] == 2, verdict
+    assert sorted(p.name for p in judgement.parent.glob("fr_rank_*")) == ["fr_rank_0", "fr_rank_1"]

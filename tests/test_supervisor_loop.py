@@ -85,6 +85,9 @@ class FakeWorkers:
     def nodes_waiting(self) -> int:
         return 0
 
+    def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
+        return None, {}  # one node
+
     def interrupted(self) -> None:
         pass
 

@@ -195,6 +195,7 @@ class Category(str, Enum):
     THERMAL_POWER = "thermal_power"
     INFO = "info"  # a line worth keeping (e.g. a GPU map) that says nothing is wrong
     NUMERICS = "numerics"  # NaN/Inf or a spike in the loss or gradients (trainguard.detect.numerics)
+    UNKNOWN = "unknown"  # an error-shaped training line no rule knows (Traceback, FooError:, FATAL)
 
 
 # Categories whose evidence alone points at the GPU, not the program.

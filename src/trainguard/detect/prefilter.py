@@ -29,10 +29,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainguard.detect.training_log import NEEDLE_CONTEXT, TRAINING_ANCHORS
+from trainguard.detect.training_log import NEEDLE_CONTEXT, TRAINING_ANCHORS, UNKNOWN_ANCHORS
 from trainguard.errors import InputError
 
-__all__ = ["ANCHORS", "Hits", "Lines", "first_pass", "hits_hyperscan", "hits_stdlib", "scan_engine"]
+__all__ = ["Hits", "Lines", "anchors", "first_pass", "hits_hyperscan", "hits_stdlib", "scan_engine"]
 
 Hits = tuple[list[int], bool]  # offsets inside candidate lines (sorted), and "may hold garbage bytes"
 # (index, start, stop) of each candidate line, the number of newlines, and "may hold garbage bytes"
@@ -48,7 +48,19 @@ def _minimal(needles: list[bytes]) -> tuple[bytes, ...]:
 
 
 # parse_kernel_line answers only lines with "NVRM" (Xid, fallen off the bus, GPU map) or "SXid"
-ANCHORS: tuple[bytes, ...] = _minimal([b"NVRM", b"SXid", *(a.encode() for a in TRAINING_ANCHORS)])
+_NEEDLES: tuple[str, ...] = ("NVRM", "SXid", *TRAINING_ANCHORS, *UNKNOWN_ANCHORS)
+# Bump when the code that turns the needles into the database changes (the cache key holds it).
+_DB_FORMAT = 2
+# Garbage bytes (NUL, non-ASCII): the database reports the first one (``_maybe_binary``'s test).
+_BINARY = rb"[\x00\x80-\xff]"
+_BINARY_ID = 1 << 20
+
+
+@functools.cache
+def anchors() -> tuple[bytes, ...]:
+    """The needles the first pass searches for (computed on first need: a cached Hyperscan
+    database does not need them)."""
+    return _minimal([n.encode() for n in _NEEDLES])
 
 
 @functools.cache
@@ -57,46 +69,51 @@ def _bulk_expressions() -> tuple[bytes, ...]:
     line: ``\\s`` would also match the newline)."""
     narrow = {k: v.replace(r"\s", r"[ \t\r\f\v]").replace(r"\S", r"[^\s]") for k, v in NEEDLE_CONTEXT.items()}
     return tuple(
-        dict.fromkeys(narrow[a.decode()].encode() if a.decode() in narrow else re.escape(a) for a in ANCHORS)
+        dict.fromkeys(
+            narrow[a.decode()].encode() if a.decode() in narrow else re.escape(a) for a in anchors()
+        )
     )
 
 
 @functools.cache
 def _hyperscan_db() -> Any | None:
+    """The first pass's database: the anchors (ids ``0..n-1``) and ``_BINARY`` (``_BINARY_ID``,
+    reported once per scan)."""
     try:
         import hyperscan  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return None
-    expressions = list(_bulk_expressions())
-    cache = _db_cache_path(expressions, getattr(hyperscan, "__version__", "?"))
+    cache = _db_cache_path(getattr(hyperscan, "__version__", "?"))
     if cache is not None:
         try:
             return hyperscan.loadb(cache.read_bytes(), hyperscan.HS_MODE_BLOCK)
         except (OSError, hyperscan.error):
             pass  # absent, torn or from another Hyperscan build: compile it again
-    flags = [hyperscan.HS_FLAG_MULTILINE] * len(expressions)
+    expressions = [*_bulk_expressions(), _BINARY]
+    ids = [*range(len(expressions) - 1), _BINARY_ID]
+    flags = [hyperscan.HS_FLAG_MULTILINE] * (len(expressions) - 1) + [hyperscan.HS_FLAG_SINGLEMATCH]
     db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-    db.compile(
-        expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
-    )
+    db.compile(expressions=expressions, ids=ids, elements=len(expressions), flags=flags)
     if cache is not None:
         _store(cache, hyperscan.dumpb(db))
     return db
 
 
-def _db_cache_path(expressions: list[bytes], version: str) -> Path | None:
+def _db_cache_path(version: str) -> Path | None:
     """Where the compiled database is kept between runs (compiling it is most of `logs scan`'s
-    start-up): ``$XDG_CACHE_HOME/trainguard/`` (``~/.cache``), keyed by the expressions, the
-    Hyperscan version and the CPU; ``TRAINGUARD_NO_CACHE=1`` turns it off."""
-    import hashlib
+    start-up): ``$XDG_CACHE_HOME/trainguard/`` (``~/.cache``), keyed by what it is built from
+    (the needles, their context regexes, ``_DB_FORMAT``), the Hyperscan version and the CPU
+    (two 32-bit checksums: zlib's, as hashlib's import costs more than the key is worth);
+    ``TRAINGUARD_NO_CACHE=1`` turns it off."""
+    import zlib
 
     if os.environ.get("TRAINGUARD_NO_CACHE"):
         return None
-    key = hashlib.sha256(
-        b"\0".join([*expressions, version.encode(), os.uname().machine.encode()])
-    ).hexdigest()
+    parts = [*_NEEDLES, *(f"{k}={v}" for k, v in sorted(NEEDLE_CONTEXT.items())), str(_DB_FORMAT), version]
+    raw = "\0".join([*parts, os.uname().machine]).encode()
+    key = f"{zlib.crc32(raw):08x}{zlib.adler32(raw):08x}"
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "trainguard" / f"hyperscan-{key[:24]}.db"
+    return Path(root) / "trainguard" / f"hyperscan-{key}.db"
 
 
 def _store(path: Path, data: bytes) -> None:
@@ -125,20 +142,25 @@ _per_thread = threading.local()
 
 
 def hits_hyperscan(buf: bytes | bytearray, end: int) -> Hits:
-    """Offsets inside candidate lines of ``buf[:end]``, and whether it may hold garbage bytes."""
+    """Offsets inside candidate lines of ``buf[:end]``, and whether it may hold garbage bytes
+    (found by the same scan: no second pass over the buffer)."""
     db: Any = _hyperscan_db()
     if (scratch := getattr(_per_thread, "scratch", None)) is None:
         import hyperscan  # type: ignore[import-not-found,unused-ignore]
 
         scratch = _per_thread.scratch = hyperscan.Scratch(db)  # one scan at a time per scratch
     found: list[int] = []
+    binary = [False]
 
-    def on_match(_pattern: int, _start: int, stop: int, _flags: int, _ctx: object) -> None:
-        found.append(stop - 1 if stop else 0)
+    def on_match(pattern: int, _start: int, stop: int, _flags: int, _ctx: object) -> None:
+        if pattern == _BINARY_ID:
+            binary[0] = True
+        else:
+            found.append(stop - 1 if stop else 0)
 
     db.scan(memoryview(buf)[:end], match_event_handler=on_match, scratch=scratch)
     found.sort()
-    return found, _maybe_binary(buf, end)
+    return found, binary[0]
 
 
 def _maybe_binary(buf: bytes | bytearray, end: int) -> bool:
@@ -151,8 +173,8 @@ def _stdlib_search() -> tuple[re.Pattern[bytes], tuple[bytes, ...]]:
     # re's alternation is quick when every branch starts with an upper-case letter (few text
     # positions can start a match) and slow otherwise, so the other anchors get one
     # bytes.find pass each instead.
-    upper = tuple(a for a in ANCHORS if a[:1].isupper())
-    return re.compile(b"|".join(map(re.escape, upper))), tuple(a for a in ANCHORS if a not in upper)
+    upper = tuple(a for a in anchors() if a[:1].isupper())
+    return re.compile(b"|".join(map(re.escape, upper))), tuple(a for a in anchors() if a not in upper)
 
 
 def hits_stdlib(buf: bytes | bytearray, end: int) -> Hits:

@@ -32,7 +32,7 @@ from typing import IO
 
 from trainguard.detect.kernel_log import parse_kernel_line
 from trainguard.detect.merge import BurstTracker, EventMerger, merge_events
-from trainguard.detect.prefilter import ANCHORS, Lines, first_pass, scan_engine
+from trainguard.detect.prefilter import Lines, first_pass, scan_engine
 from trainguard.detect.training_log import classify_training_line
 from trainguard.errors import InputError
 from trainguard.records import Event
@@ -40,7 +40,6 @@ from trainguard.records import Event
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ANCHORS",
     "BurstTracker",
     "EventMerger",
     "ScanStats",

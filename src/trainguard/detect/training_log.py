@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "NEEDLE_CONTEXT",
     "TRAINING_ANCHORS",
+    "UNKNOWN_ANCHORS",
     "ElasticRootCause",
     "classify_training_line",
     "line_rank",
@@ -183,6 +184,25 @@ TRAINING_ANCHORS: tuple[str, ...] = tuple(dict.fromkeys(n for needles, *_ in _TA
 # candidate (Hyperscan runs it; "ACPI Error: ..." has the needle but is no Python traceback).
 NEEDLE_CONTEXT: dict[str, str] = dict.fromkeys(("Error", "Exception"), r"\S(?:Error|Exception)(?::\s|\s*$)")
 
+# A line no rule knows that still has an error's shape: a Python exception line (what closes a
+# traceback; its "Traceback (most recent call last):" header is no finding of its own) at the
+# start (after torch's rank tag), FATAL, a C/C++ "fatal error", a glog/abseil CHECK failure
+# (JAX/XLA, TensorFlow), Slurm's "srun: error:" / "slurmstepd: error:". Kernel lines such as
+# "ACPI Error: ..." have no Python exception shape (and are not training lines).
+UNKNOWN_ANCHORS = (  # "Error" and "Exception" are searched in context (NEEDLE_CONTEXT)
+    "Error",
+    "Exception",
+    "FATAL",
+    "fatal error",
+    "Check failed",
+    "srun: error",
+    "slurmstepd: error",
+)
+_ERROR_SHAPE = re.compile(
+    r"^\W*(?:\[rank\d+\]:\s*)?(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): \S"
+    r"|\bFATAL\b|\bfatal error\b|\] Check failed: |^(?:srun|slurmstepd): error: "
+)
+
 # Lines that restate another line: judged by the failure they quote.
 _ABORTED = re.compile(
     r"NCCL communicator was aborted(?: on rank \d+)?\.?\s*(?:Original reason for failure was:\s*)?"
@@ -262,6 +282,8 @@ def _classify(text: str, depth: int = 0) -> _Verdict | None:
     for needles, pattern, category, severity, action in _RULES:
         if any(map(text.__contains__, needles)) and pattern.search(text):
             return category, severity, action, False
+    if any(map(text.__contains__, UNKNOWN_ANCHORS)) and _ERROR_SHAPE.search(text):
+        return C.UNKNOWN, S.ERROR, A.NONE, False  # reported with its text, never dropped
     return None
 
 

@@ -59,6 +59,7 @@ _CATEGORY_CAUSE: dict[Category, RootCause] = {
     Category.THERMAL_POWER: RootCause.GPU_THERMAL,
     # A NaN or spike is an SDC suspect until a rollback tells (numerics.data_problem/transient).
     Category.NUMERICS: RootCause.SILENT_DATA_CORRUPTION,
+    Category.UNKNOWN: RootCause.UNKNOWN,  # an error no rule knows: its text is the evidence
 }
 # Rules whose conclusion is more specific than their category.
 _RULE_CAUSE: dict[str, RootCause] = {

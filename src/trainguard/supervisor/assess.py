@@ -21,6 +21,7 @@ from trainguard.recover.policy import Trouble, TroubleKind
 from trainguard.supervisor.attempt import Attempt, History
 from trainguard.supervisor.exits import Exited, exit_trouble, gpu_trouble
 from trainguard.supervisor.logs import default_classifier
+from trainguard.supervisor.peers import peer_node_trouble
 from trainguard.supervisor.watch import straggler
 
 if TYPE_CHECKING:
@@ -31,8 +32,9 @@ EXIT_GRACE_S = 10.0  # a rank that said goodbye may take this long to exit once 
 
 
 def assess(obs: Observation, attempt: Attempt, history: History) -> Trouble | None:
-    """The one trouble this look shows, most severe first: a worker exited, a GPU went bad, the
-    ranks hang, the numbers went bad, a rank straggles, a node waits to join. None: all is well."""
+    """The one trouble this look shows, most severe first: a worker exited (on a multi-node job,
+    maybe because a peer node failed: `peers`), a GPU went bad, the ranks hang, the numbers went
+    bad, a rank straggles, a node waits to join. None: all is well."""
     failed = [
         Exited(attempt.rank_of[lr], lr, c, attempt.exits_seen.get(lr, obs.time))
         for lr, c in obs.codes.items()
@@ -57,7 +59,8 @@ def assess(obs: Observation, attempt: Attempt, history: History) -> Trouble | No
             default_classifier(),
             oom_killed=obs.oom_kills > 0,
         )
-        return trouble
+        lost = peer_node_trouble(trouble, attempt.node, attempt.ranks, attempt.peers, errors, attempt.events)
+        return lost if lost is not None else trouble
     if obs.verdict is not None:
         for gv in obs.verdict.gpus:
             g = gv.gpu.index

@@ -33,6 +33,8 @@ class Attempt:
     gpu_map: GpuMap  # local rank -> physical GPU, after exclusions
     resume_step: int | None  # the step the workers resume from (None: no checkpoint directory)
     world_size: int
+    node: str | None = None  # this node's rendezvous name (<host>_<pid>_<n>); None: one node
+    peers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # the other nodes -> global ranks
     oom_kills_at_start: int | None = None  # the memory cgroup's OOM-kill count (None: unreadable)
     exits_seen: dict[int, float] = field(default_factory=dict)  # local rank -> when first seen exited
     teardown_aborts: set[int] = field(default_factory=set)  # local ranks that finished, then aborted
@@ -68,6 +70,8 @@ class Pending:
     incident: Incident
     failed_at: float
     step_before: int | None  # the furthest step before the failure (for the work redone)
+    suspect_nodes: tuple[str, ...] = ()  # peer nodes the next rendezvous may show gone (`peers`)
+    suspect_ranks: tuple[int, ...] = ()  # their global ranks
 
 
 @dataclass(slots=True)

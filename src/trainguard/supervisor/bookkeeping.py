@@ -21,6 +21,7 @@ from trainguard.supervisor.assess import numerics_verdicts
 from trainguard.supervisor.attempt import Attempt, History, Pending
 from trainguard.supervisor.config import ExitCode
 from trainguard.supervisor.observe import Observation
+from trainguard.supervisor.peers import peer_left
 from trainguard.supervisor.record import JobRecorder
 from trainguard.supervisor.torn import torn_cause
 from trainguard.supervisor.watch import ProgressWatch
@@ -106,7 +107,7 @@ class Bookkeeper:
                     *[r for r in [trouble.extra.get("report")] if r],
                 ),
                 gpu=trouble.gpu,
-                node=self.node,
+                node=trouble.extra.get("node") or self.node,  # a failed peer node: that one
                 rank=trouble.rank,
                 attempt=attempt,
                 detected_by=trouble.detected_by,
@@ -193,6 +194,10 @@ class Bookkeeper:
         step_time = self.watch.baseline_step_time or 0.0
         resume = attempt.resume_step
         for p in self.history.pending:
+            decided = peer_left(p.suspect_nodes, p.suspect_ranks, attempt.peers) if attempt.node else None
+            if p.suspect_nodes and decided is not None:
+                why = f"node {decided['node']} left the rendezvous: attempt {attempt.number} re-formed without it"
+                p.incident = self.recorder.update(p.incident, evidence=(*p.incident.evidence, why), **decided)
             if first_step_time is None:
                 self._resolve_unmeasured(attempt, p)
                 continue

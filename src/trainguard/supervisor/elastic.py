@@ -21,6 +21,7 @@ it builds is a `GuardedAgent`, a ``LocalElasticAgent`` with these hooks:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from torch.distributed.elastic.agent.server import local_elastic_agent
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
@@ -178,6 +179,32 @@ class GuardedAgent(LocalElasticAgent):
 
     def interrupted(self) -> None:
         raise_swallowed_signal()
+
+    def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
+        """This node's rendezvous name and the other nodes' (``<host>_<pid>_<n>``, as torch's
+        "Detected dead node" names them) -> their global ranks: the round's participants (node
+        rank each) and the local world sizes torch's rank assignment shared in the store.
+        (None, {}) for a rendezvous that does not say."""
+        group = self._worker_group
+        try:
+            handler: Any = group.spec.rdzv_handler  # torch's dynamic handler keeps the round private
+            participants = handler._state_holder.state.participants  # c10d / etcd-v2 rendezvous
+            me = str(handler._this_node)
+            if len(participants) < 2:
+                return me, {}
+            keys = [f"torchelastic/role_info/{i}" for i in range(len(participants))]
+            sizes = [json.loads(b)["local_world_size"] for b in cast(Any, group.store).multi_get(keys)]
+        except Exception as exc:  # a static rendezvous, or a store gone while the job ends
+            log.debug("the rendezvous does not name the other nodes: %s", exc)
+            return None, {}
+        base = [sum(sizes[:i]) for i in range(len(sizes))]
+        out = {
+            str(n): tuple(range(base[r], base[r] + sizes[r]))
+            for n, r in participants.items()
+            if r < len(sizes)
+        }
+        out.pop(me, None)
+        return me, out
 
     def nodes_waiting(self) -> int:
         try:

@@ -85,6 +85,9 @@ class Launcher(Protocol):
 
     def nodes_waiting(self) -> int: ...
 
+    def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
+        """This node's rendezvous name and the other nodes' -> their global ranks."""
+
     def interrupted(self) -> None:
         """Raise the stop signal the supervisor received, if a handler swallowed it."""
 
@@ -377,7 +380,9 @@ class Supervisor:
             self.sleep(decision.backoff_s)
         if decision.counts_as_retry:
             history.restarts_used += 1
-        history.pending.append(Pending(incident, trouble.started, obs.progress.max_step))
+        suspect_nodes = tuple(trouble.extra.get("suspect_nodes", ()))
+        pending = Pending(incident, trouble.started, obs.progress.max_step, suspect_nodes, trouble.ranks)
+        history.pending.append(pending)
         restart_at = self.clock()
         self.attempt_number += 1
         if not self._preflight(attempt):
@@ -419,6 +424,7 @@ class Supervisor:
 
     def _begin_attempt(self, workers: Launcher) -> Attempt:
         point = resume_point(self.checkpoint_dir)
+        node, peers = workers.peers()
         attempt = Attempt(
             number=self.attempt_number,
             started=self.clock(),
@@ -426,6 +432,8 @@ class Supervisor:
             gpu_map=self.gpu_map,
             resume_step=point.step,
             world_size=workers.world_size(),
+            node=node,
+            peers=peers,
             oom_kills_at_start=oom_kills(),
         )
         self.attempt = attempt

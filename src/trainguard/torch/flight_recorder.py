@@ -31,7 +31,7 @@ from typing import Any
 
 from trainguard.incidents.flight import FlightDump, dump_files
 
-__all__ = ["dump", "load_dumps", "serve_dump_requests", "torch_matcher"]
+__all__ = ["DumpServer", "dump", "load_dumps", "serve_dump_requests", "torch_matcher"]
 
 log = logging.getLogger(__name__)
 
@@ -75,21 +75,40 @@ def dump(prefix: str, rank: int | None = None, fmt: str = "pickle") -> Path:
     return path
 
 
-def serve_dump_requests(prefix: str, rank: int | None = None, fmt: str = "pickle") -> threading.Thread:
+class DumpServer:
+    """The thread `serve_dump_requests` starts; `stop` ends it and removes the pipe."""
+
+    def __init__(self, pipe: Path, thread: threading.Thread, stopping: threading.Event) -> None:
+        self.pipe, self.thread, self._stopping = pipe, thread, stopping
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        try:  # wake the reader blocked in open(); no reader left (ENXIO): nothing to wake
+            fd = os.open(self.pipe, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+        except OSError:
+            pass
+        self.thread.join(timeout)
+        self.pipe.unlink(missing_ok=True)
+
+
+def serve_dump_requests(prefix: str, rank: int | None = None, fmt: str = "pickle") -> DumpServer:
     """A daemon thread that dumps to ``<prefix><rank>`` each time a byte is written to the FIFO
-    ``<prefix><rank>.pipe`` (torch's ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` protocol)."""
+    ``<prefix><rank>.pipe`` (torch's ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` protocol) until stopped."""
     import torch.distributed as dist
 
     rank = dist.get_rank() if rank is None else rank
     pipe = Path(f"{prefix}{rank}.pipe")
+    pipe.parent.mkdir(parents=True, exist_ok=True)  # the run's dumps folder, before any hang
     pipe.unlink(missing_ok=True)
     os.mkfifo(pipe)
+    stopping = threading.Event()
 
     def serve() -> None:
-        while True:
+        while not stopping.is_set():
             try:
                 with open(pipe, "rb") as fh:  # blocks, without the GIL, until a writer comes
-                    if not fh.read(1):
+                    if not fh.read(1) or stopping.is_set():
                         continue
                 dump(prefix, rank, fmt)
             except Exception:  # a dump that fails must not kill the training process
@@ -98,7 +117,7 @@ def serve_dump_requests(prefix: str, rank: int | None = None, fmt: str = "pickle
 
     thread = threading.Thread(target=serve, name="trainguard-fr-dump", daemon=True)
     thread.start()
-    return thread
+    return DumpServer(pipe, thread, stopping)
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -45,6 +45,7 @@ from trainguard.torch import errorfile, guard_config
 from trainguard.torch.agreement import Window, host_value
 from trainguard.torch.chaos import Chaos
 from trainguard.torch.checks import LossWindow, StepAction
+from trainguard.torch.flight_recorder import DumpServer, serve_dump_requests
 from trainguard.torch.numerics import distributed_world, nonfinite_grads, poison
 from trainguard.torch.preemption import PreemptionHandler
 from trainguard.torch.watchdog import HangWatchdog
@@ -109,6 +110,8 @@ class Guard:
         self._hb: rundir.HeartbeatWriter | None = None
         self._preempt: PreemptionHandler | None = None
         self._watchdog: HangWatchdog | None = None
+        self._backend = backend
+        self._dumps: DumpServer | None = None  # answers the supervisor's flight-recorder requests (gloo)
         self._chaos: Chaos | None = None
         self._chaos_next: int | None = None
         self._grad_flag: torch.Tensor | None = None
@@ -145,9 +148,22 @@ class Guard:
                 on_hang=self._on_hang,
                 progress=self._progress,
             ).start()
+        self._dumps = self._serve_dumps()
         self._beat(0, None, None, "init", force=True)
         self._t_last = time.perf_counter()
         return self
+
+    def _serve_dumps(self) -> DumpServer | None:
+        """Answer the supervisor's flight-recorder dump requests on a hang: NCCL's monitor thread
+        answers its debug-info pipe by itself; gloo has none, so a daemon thread here does."""
+        prefix = os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+        if not prefix or self._backend is None or "nccl" in str(self._backend):
+            return None
+        try:
+            return serve_dump_requests(prefix, self.rank)
+        except OSError as exc:  # a read-only or vanished dumps folder: hangs lose only the dump
+            log.warning("flight-recorder dump requests not served (%s): %s", prefix, exc)
+            return None
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -175,7 +191,9 @@ class Guard:
             self._preempt.close()
         if self._hb is not None:
             self._hb.close()
-        self._watchdog = self._preempt = self._hb = None
+        if self._dumps is not None:
+            self._dumps.stop()
+        self._watchdog = self._preempt = self._hb = self._dumps = None
 
     # -- the loop ------------------------------------------------------------------------------
     def range(self, start: int, stop: int) -> Iterator[int]:
