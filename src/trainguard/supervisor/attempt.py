@@ -34,6 +34,7 @@ class Attempt:
     resume_step: int | None  # the step the workers resume from (None: no checkpoint directory)
     world_size: int
     oom_kills_at_start: int | None = None  # the memory cgroup's OOM-kill count (None: unreadable)
+    standbys: dict[str, int] | None = None  # ranks started from ready/importing/fresh standbys (None: cold)
     exits_seen: dict[int, float] = field(default_factory=dict)  # local rank -> when first seen exited
     teardown_aborts: set[int] = field(default_factory=set)  # local ranks that finished, then aborted
     events: list[Event] = field(default_factory=list)  # classified worker log lines
