@@ -1,14 +1,15 @@
 """Warm standby workers: restarts without paying interpreter start and ``import torch`` again.
 
 Most of a torchrun restart is process start plus ``import torch`` (seconds on a busy host). The
-pool keeps pre-imported interpreters (`trainguard.supervisor.standby`): two per local rank by
-default, so that a second fault that comes before the pool has refilled (the refill imports torch
-again: seconds, longer on a busy host) still restarts warm. When the agent starts a group, each
-rank's job (argv, torch's environment, log files) is handed to a standby, which becomes the
-worker: ready ones first (they said so on stdout once their imports were done), then ones still
-importing, oldest first, and only when none is left a fresh one. The pool then refills itself a
-few seconds later, off the restart's critical path. What a start got is in `StandbyUse`. Process management stays torch's: the context below has the shape of
-torch's ``SubprocessContext`` (``pids``, ``close``, ``subprocess_handlers[i].proc``).
+pool keeps pre-imported interpreters (`trainguard.supervisor.standby`), as many as the supervisor
+asks (two per local rank by default: a second fault that comes before the pool has refilled, the
+refill importing torch again, still restarts warm). When the agent starts a group, each rank's job
+(argv, torch's environment, log files) is handed to a standby, which becomes the worker: ready
+ones first (they say so on stdout once their imports are done), then ones still importing, oldest
+first, and only when none is left a fresh one. The pool then refills itself a few seconds later,
+off the restart's critical path; what a start got is its `StandbyUse`. Process management stays
+torch's: the context below has the shape of torch's ``SubprocessContext`` (``pids``, ``close``,
+``subprocess_handlers[i].proc``).
 
 Only ``python [-u] script.py ...`` and ``python -m module ...`` commands run warm (the standby is
 a Python interpreter); anything else starts cold, exactly as torchrun would.
