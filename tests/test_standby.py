@@ -111,13 +111,13 @@ def test_a_standby_dies_when_its_parent_is_killed(tmp_path):
         from trainguard.supervisor.warm import WarmPool
         pool = WarmPool(preload=(), refill_delay_s=0.0)
         pool.fill(1)
-        rank = pool._take()
+        rank, _ = pool._take()
         rank.stdin.write((json.dumps({job!r}) + "\\n").encode()); rank.stdin.close()
         pool.fill(1)
         deadline = time.monotonic() + 120
         while not pool._idle and time.monotonic() < deadline:  # the refill has started
             time.sleep(0.05)
-        print(rank.pid, *[p.pid for p in pool._idle], flush=True)
+        print(rank.pid, *[s.proc.pid for s in pool._idle], flush=True)
         time.sleep(120)
         """
     )

@@ -87,6 +87,22 @@ def test_a_sigkilled_rank_is_restarted_from_the_checkpoint_and_recorded(tmp_path
     assert len(list(logs.glob("*/attempt1/rank*.stdout"))) == 2
 
 
+def test_a_second_fault_before_the_pool_refilled_still_restarts_on_ready_standbys(tmp_path):
+    # The second kill comes a few steps into the restarted attempt, before the standbys used by the
+    # first restart can have been replaced (the refill waits 2 s, then imports torch): only the
+    # spare set, imported since launch, can make this restart warm.
+    plan = '[[fault]]\nkind = "kill"\nrank = 1\nstep = 20\n\n[[fault]]\nkind = "kill"\nrank = 1\nstep = 26\n'
+    code, result, _ = trainguard_run(
+        tmp_path, "--warm-standby", worker_args=("--steps", "34"), plan=plan, timeout=300
+    )
+    assert code == 0, result
+    assert len(result["injected"]) == 2 and result["attempts"] == 3
+    first, second = result["recoveries"]
+    assert first["standbys"] == {"ready": 2, "importing": 0, "fresh": 0}
+    # The supervisor's own record of the restart: both ranks on standbys that had finished importing
+    assert second["standbys"] == {"ready": 2, "importing": 0, "fresh": 0}
+
+
 def test_the_same_application_error_three_times_stops_with_the_crash_loop_exit_code(tmp_path):
     code, result, store = trainguard_run(
         tmp_path,

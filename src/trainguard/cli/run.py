@@ -129,8 +129,16 @@ def register(subparsers: Any) -> None:
         "--warm-standby",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="keep one pre-imported spare interpreter per local rank, so a restart skips process "
-        "start and `import torch` (default on; --no-warm-standby to save the CPU)",
+        help="keep pre-imported spare interpreters, so a restart skips process start and "
+        "`import torch` (default on; --no-warm-standby to save the CPU)",
+    )
+    g.add_argument(
+        "--warm-standby-sets",
+        type=int,
+        default=2,
+        metavar="N",
+        help="spare interpreters per local rank (default 2: a second fault before the pool has "
+        "refilled still restarts warm; 1 saves memory)",
     )
     g.add_argument("--no-tee", action="store_true", help="do not copy worker output to the console")
     g.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the run result as JSON")
@@ -158,6 +166,12 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from trainguard.incidents.backend import check_cli_target
 
     check_cli_target(args.db)  # a database password on the command line is refused
+    if args.warm_standby_sets < 1:
+        from trainguard.errors import ConfigError
+
+        raise ConfigError(
+            f"--warm-standby-sets {args.warm_standby_sets}: give 1 or more (--no-warm-standby turns them off)"
+        )
     return SupervisorConfig(
         cmd=launch.cmd,
         nproc_per_node=launch.nproc_per_node,
@@ -188,6 +202,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         backoff_base_s=args.backoff_base,
         min_nproc=args.min_nproc,
         warm_standby=args.warm_standby,
+        warm_standby_sets=args.warm_standby_sets,
         tee=not args.no_tee,
         thresholds=thresholds(args),
         gpus=_gpus(args.gpus),

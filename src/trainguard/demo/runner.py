@@ -78,6 +78,7 @@ def supervisor_config(plan: DemoPlan, script: Path, workdir: Path, job: str, *, 
         backoff_max_s=2.0,
         min_nproc=1,  # three of the four GPUs are excluded on the way (F2, F7, F6)
         warm_standby=chaos and plan.warm_standby,  # the reference run never restarts: no pool
+        warm_standby_sets=1,  # 4 ranks on a 2-core laptop: one spare set, not the default two
         tee=False,
         env={"OMP_NUM_THREADS": "1"},
     )

@@ -36,6 +36,7 @@ class Attempt:
     node: str | None = None  # this node's rendezvous name (<host>_<pid>_<n>); None: one node
     peers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # the other nodes -> global ranks
     oom_kills_at_start: int | None = None  # the memory cgroup's OOM-kill count (None: unreadable)
+    standbys: dict[str, int] | None = None  # ranks started from ready/importing/fresh standbys (None: cold)
     exits_seen: dict[int, float] = field(default_factory=dict)  # local rank -> when first seen exited
     teardown_aborts: set[int] = field(default_factory=set)  # local ranks that finished, then aborted
     events: list[Event] = field(default_factory=list)  # classified worker log lines

@@ -221,6 +221,7 @@ class Bookkeeper:
                 "mttr_s": first_step_time - p.failed_at,
                 "resume_step": resume,
                 "steps_redone": redone,
+                "standbys": attempt.standbys,
             }
             self.history.recoveries.append(rec)
             self.emit("recovered", **rec)
@@ -239,6 +240,7 @@ class Bookkeeper:
             "restart_s": attempt.started - p.failed_at,
             "resume_step": None,
             "steps_redone": None,
+            "standbys": attempt.standbys,
         }
         self.history.recoveries.append(rec)
         self.emit("recovered", **rec)

@@ -64,6 +64,7 @@ class SupervisorConfig:
     min_nproc: int = 1  # fewest local workers to continue with after excluding GPUs
     gpus: tuple[int, ...] = ()  # the physical GPUs local ranks use (default 0..nproc-1)
     warm_standby: bool = False  # keep pre-imported spare interpreters for fast restarts
+    warm_standby_sets: int = 2  # standbys per local rank: restarts in quick succession stay warm
     # Modules standbys import ahead: torch, and torch._dynamo (DDP's constructor imports it: ~3 s).
     preload: tuple[str, ...] = (
         "torch",

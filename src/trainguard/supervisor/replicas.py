@@ -473,6 +473,7 @@ def group_argv(
     if not c.preflight:
         argv.append("--no-preflight")
     argv.append("--warm-standby" if c.warm_standby else "--no-warm-standby")
+    argv += ["--warm-standby-sets", str(c.warm_standby_sets)]
     if not c.tee:
         argv.append("--no-tee")
     return [*argv, *c.extra_torchrun_args, "--", *c.cmd]

@@ -2,7 +2,8 @@
 
     python -m trainguard.supervisor.standby torch torch.distributed
 
-Imports the named modules, then reads ONE JSON job from stdin (``argv``, ``env``, ``cwd``,
+Imports the named modules, says ``ready`` on stdout (the pool hands out ready standbys first),
+then reads ONE JSON job from stdin (``argv``, ``env``, ``cwd``,
 ``stdout``, ``stderr``), redirects its output into the rank's log files, takes the rank's
 environment and runs the training script as ``__main__`` — what ``python script.py`` would do,
 minus the seconds of interpreter start and ``import torch``. An empty stdin means "not needed":
@@ -36,6 +37,7 @@ from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "TRAINGUARD_STANDBY_PARENT"  # the pid of the supervisor that started it
+READY = b"ready\n"  # written to stdout once the preloads are imported
 
 
 def main(modules: list[str]) -> int:
@@ -43,6 +45,8 @@ def main(modules: list[str]) -> int:
     for name in modules:
         with contextlib.suppress(ImportError):  # a missing preload only costs the time it saves
             importlib.import_module(name)
+    with contextlib.suppress(OSError):  # the pool may have stopped listening: it only ranks standbys
+        os.write(1, READY)
     line = sys.stdin.readline()
     if not line.strip():
         return 0

@@ -194,7 +194,9 @@ class Supervisor:
             from trainguard.supervisor.warm import WarmPool
 
             self._pool = WarmPool(cfg.preload)
-            self._pool.fill(cfg.nproc_per_node)  # they import torch while the rendezvous runs
+            self._pool.fill(
+                cfg.nproc_per_node * cfg.warm_standby_sets
+            )  # they import while the rendezvous runs
         # Workers host a fresh TCPStore per attempt (torch's own opt-out of sharing the agent's):
         # a shared store keeps the dead attempt's gloo addresses, and a restarted rank that reads
         # a stale peer address before the peer rewrites it times out connecting.
@@ -425,6 +427,7 @@ class Supervisor:
     def _begin_attempt(self, workers: Launcher) -> Attempt:
         point = resume_point(self.checkpoint_dir)
         node, peers = workers.peers()
+        use = self._pool.take_use() if self._pool is not None else None
         attempt = Attempt(
             number=self.attempt_number,
             started=self.clock(),
@@ -435,6 +438,7 @@ class Supervisor:
             node=node,
             peers=peers,
             oom_kills_at_start=oom_kills(),
+            standbys=use.to_dict() if use is not None else None,
         )
         self.attempt = attempt
         self.history.state = RunState.RUNNING
@@ -449,6 +453,7 @@ class Supervisor:
             world_size=attempt.world_size,
             gpus=list(self.gpu_map.gpus),
             resume_step=attempt.resume_step,
+            standbys=attempt.standbys,
         )
         return attempt
 

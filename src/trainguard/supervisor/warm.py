@@ -1,11 +1,15 @@
 """Warm standby workers: restarts without paying interpreter start and ``import torch`` again.
 
 Most of a torchrun restart is process start plus ``import torch`` (seconds on a busy host). The
-pool keeps one pre-imported interpreter (`trainguard.supervisor.standby`) per local rank; when the
-agent starts a group, each rank's job (argv, torch's environment, log files) is handed to a
-standby, which becomes the worker. The pool then refills itself a few seconds later, off the
-restart's critical path. Process management stays torch's: the context below has the shape of
-torch's ``SubprocessContext`` (``pids``, ``close``, ``subprocess_handlers[i].proc``).
+pool keeps pre-imported interpreters (`trainguard.supervisor.standby`), as many as the supervisor
+asks (two per local rank by default: a second fault that comes before the pool has refilled, the
+refill importing torch again, still restarts warm). When the agent starts a group, each rank's job
+(argv, torch's environment, log files) is handed to a standby, which becomes the worker: ready
+ones first (they say so on stdout once their imports are done), then ones still importing, oldest
+first, and only when none is left a fresh one. The pool then refills itself a few seconds later,
+off the restart's critical path; what a start got is its `StandbyUse`. Process management stays
+torch's: the context below has the shape of torch's ``SubprocessContext`` (``pids``, ``close``,
+``subprocess_handlers[i].proc``).
 
 Only ``python [-u] script.py ...`` and ``python -m module ...`` commands run warm (the standby is
 a Python interpreter); anything else starts cold, exactly as torchrun would.
@@ -18,16 +22,60 @@ import json
 import logging
 import os
 import queue
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.supervisor.standby import PARENT_ENV, READY
+
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StandbyUse:
+    """How the ranks of one start were started: standbys that were ready (imports done), standbys
+    still importing, standbys started for this start (no better than cold)."""
+
+    ready: int = 0
+    importing: int = 0
+    fresh: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"ready": self.ready, "importing": self.importing, "fresh": self.fresh}
+
+
+class _Standby:
+    """An idle standby and whether it has said it is ready."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.ready = False
+
+    def poll_ready(self) -> bool:
+        """Read its ``ready`` line if it has written it (never blocks)."""
+        out = self.proc.stdout
+        if self.ready or out is None or out.closed:
+            return self.ready
+        try:
+            if select.select([out], [], [], 0)[0]:
+                self.ready = os.read(out.fileno(), 64).startswith(READY)
+        except (OSError, ValueError):
+            pass
+        return self.ready
+
+    def hand_out(self) -> subprocess.Popen[bytes]:
+        """The process, no longer listened to (a late ``ready`` meets a closed pipe: ignored)."""
+        if self.proc.stdout is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdout.close()
+        return self.proc
 
 
 class _Handle:
@@ -68,7 +116,8 @@ class WarmContext:
 
 
 class WarmPool:
-    """Idle standbys, one per local rank. Every standby is started by one long-lived thread of
+    """Idle standbys, kept at the count the last ``fill`` asked for (the supervisor asks for
+    ``--warm-standby-sets`` per local rank). Every standby is started by one long-lived thread of
     the pool: the kernel's parent-death signal a standby arms fires when the *thread* that
     forked it exits, so a short-lived refill timer would kill the standbys it made."""
 
@@ -77,7 +126,9 @@ class WarmPool:
     ):
         self.preload = preload
         self.refill_delay_s = refill_delay_s
-        self._idle: list[subprocess.Popen[bytes]] = []
+        self._idle: list[_Standby] = []  # oldest first
+        self._target = 0  # idle standbys to keep
+        self.last_use: StandbyUse | None = None  # what the newest start got (None: not started here)
         self._lock = threading.Lock()
         self._requests: queue.Queue[tuple[str, int] | None] = queue.Queue()
         self._spawned: queue.Queue[subprocess.Popen[bytes] | OSError] = queue.Queue()
@@ -92,7 +143,9 @@ class WarmPool:
         self._spawner.start()
 
     def fill(self, n: int) -> None:
-        """Start standbys until ``n`` are idle (they import in the background)."""
+        """Start standbys until ``n`` are idle (they import in the background); refills after a
+        start keep ``n``."""
+        self._target = n
         self._requests.put(("fill", n))
 
     def can_run(self, entrypoint: Any, args: tuple[Any, ...]) -> bool:
@@ -107,10 +160,14 @@ class WarmPool:
         logs_specs: Any,
     ) -> WarmContext | None:
         """The ranks started from standbys; None when no standby could be had (start them cold)."""
+        self.last_use = None
         taken: list[subprocess.Popen[bytes]] = []
+        kinds: list[str] = []
         try:
             for _ in args:
-                taken.append(self._take())
+                proc, kind = self._take()
+                taken.append(proc)
+                kinds.append(kind)
         except OSError as e:
             log.warning("%s: no warm standby (%s); starting the workers cold", role, e)
             for proc in taken:
@@ -131,9 +188,19 @@ class WarmPool:
             proc.stdin.write((json.dumps(job) + "\n").encode())
             proc.stdin.close()
             handlers[lr] = _Handle(proc)
-        self._schedule_refill(len(args))
-        log.info("%s: %d workers started from warm standbys", role, len(handlers))
+        self._schedule_refill(max(self._target, len(args)))
+        use = StandbyUse(kinds.count("ready"), kinds.count("importing"), kinds.count("fresh"))
+        self.last_use = use
+        log.info(
+            "%s: %d workers started from standbys: %d ready, %d still importing, %d started now",
+            role, len(handlers), use.ready, use.importing, use.fresh,
+        )  # fmt: skip
         return WarmContext(handlers)
+
+    def take_use(self) -> StandbyUse | None:
+        """What the newest start got from the pool, once (None: it was not started here)."""
+        use, self.last_use = self.last_use, None
+        return use
 
     def close(self) -> None:
         """Kill the idle standbys: they hold nothing but imported modules."""
@@ -141,22 +208,23 @@ class WarmPool:
         self._requests.put(None)
         self._spawner.join(10)
         with self._lock:
-            for p in self._idle:
-                _kill(p)
+            for standby in self._idle:
+                _kill(standby.hand_out())
             self._idle = []
 
-    def _take(self) -> subprocess.Popen[bytes]:
-        """An idle standby, else a fresh one; OSError when none can be started."""
+    def _take(self) -> tuple[subprocess.Popen[bytes], str]:
+        """A standby and what it was: ``ready``, else ``importing`` (the oldest), else ``fresh``;
+        OSError when none can be started."""
         with self._lock:
-            while self._idle:
-                p = self._idle.pop(0)
-                if p.poll() is None:
-                    return p
+            self._idle = [s for s in self._idle if s.proc.poll() is None]
+            for standby in [s for s in self._idle if s.poll_ready()] + self._idle:
+                self._idle.remove(standby)
+                return standby.hand_out(), "ready" if standby.ready else "importing"
         self._requests.put(("one", 1))  # none idle: a standby for the caller, cold
         spawned = self._spawned.get()
         if isinstance(spawned, OSError):
             raise spawned
-        return spawned
+        return _Standby(spawned).hand_out(), "fresh"
 
     def _schedule_refill(self, n: int) -> None:
         # Later, not now: two fresh interpreters importing torch would slow the restarted ranks.
@@ -184,21 +252,20 @@ class WarmPool:
                     self._spawned.put(e)
             else:
                 with self._lock:
-                    self._idle = [p for p in self._idle if p.poll() is None]
+                    self._idle = [s for s in self._idle if s.proc.poll() is None]
                     try:
                         while len(self._idle) < n and not self._closed:
-                            self._idle.append(self._spawn())
+                            self._idle.append(_Standby(self._spawn()))
                     except OSError as e:
                         log.warning("could not start a warm standby: %s", e)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        from trainguard.supervisor.standby import PARENT_ENV
 
         cmd = [sys.executable, "-m", "trainguard.supervisor.standby", *self.preload]
         return subprocess.Popen(
             cmd,
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,  # its "ready" line
             stderr=subprocess.DEVNULL,
             start_new_session=True,
             env={**self._env, PARENT_ENV: str(os.getpid())},  # who it must die with
