@@ -46,6 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from paired import mean_ci
 from targets import Target, finish
 from trainguard.incidents import IncidentStore, RootCause
 from trainguard.incidents import fleet_read as fr
@@ -250,12 +251,10 @@ def p99(values: list[float]) -> float:
 
 
 def ci95(values: list[float]) -> tuple[float, float, float]:
-    m = statistics.fmean(values)
-    if len(values) < 2:
-        return m, m, m
-    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57}.get(len(values), 2.0)
-    h = t * statistics.stdev(values) / len(values) ** 0.5
-    return m, m - h, m + h
+    """(mean, low, high): paired.mean_ci's t-interval; one repeat is its own interval."""
+    est = mean_ci(values)
+    low, high = est.ci95 or (est.value, est.value)
+    return est.value, low, high
 
 
 TARGETS = (
