@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import os
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,18 @@ from trainguard.agent import AgentConfig, AgentDaemon
 from trainguard.agent.serve import AgentService
 
 TOKEN = "test-token-0123456789abcdef"
+
+
+def self_signed_cert(tmp: Path) -> tuple[Path, Path]:
+    """(certificate, key) for 127.0.0.1, made by openssl; the key private (0600), as the agent asks."""
+    cert, key = tmp / "tls.crt", tmp / "tls.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    key.chmod(0o600)
+    return cert, key
 
 
 def write_token(path: Path, token: str = TOKEN, mode: int = 0o600) -> Path:

@@ -12,29 +12,16 @@ import json
 import logging
 import shutil
 import socket
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from agent_service import TOKEN, Running, sim_config, write_token
+from agent_service import TOKEN, Running, self_signed_cert, sim_config, write_token
 from trainguard.agent.serve import tls_context
 from trainguard.errors import ConfigError
 
 STRANGER = "127.0.0.2"
-OPENSSL_SELF_SIGNED = (
-    "openssl",
-    "req",
-    "-x509",
-    "-newkey",
-    "rsa:2048",
-    "-nodes",
-    "-days",
-    "1",
-    "-subj",
-    "/CN=127.0.0.1",
-)
 
 
 def connect(port: int, source: str = STRANGER) -> socket.socket:
@@ -102,13 +89,7 @@ def test_idle_keep_alives_of_a_stranger_deny_no_scrape(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificate")
 def test_silent_tls_connections_are_timed_out_and_deny_no_scrape(tmp_path: Path) -> None:
-    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    subprocess.run(
-        [*OPENSSL_SELF_SIGNED, "-keyout", str(key), "-out", str(cert)],
-        check=True,
-        capture_output=True,
-    )
-    key.chmod(0o600)
+    cert, key = self_signed_cert(tmp_path)
     config = sim_config(
         tmp_path, tls_cert=str(cert), tls_key=str(key), max_connections=32, tls_handshake_timeout_s=1.0
     )

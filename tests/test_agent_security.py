@@ -7,12 +7,11 @@ import base64
 import logging
 import shutil
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from agent_service import TOKEN, Running, sim_config, write_token
+from agent_service import TOKEN, Running, self_signed_cert, sim_config, write_token
 from trainguard.agent.auth import RateLimiter, TokenCheck
 from trainguard.errors import ConfigError
 
@@ -151,27 +150,7 @@ def test_a_slow_client_is_dropped_and_others_are_served(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make a test certificate")
 def test_agent_serves_https_when_given_a_certificate(tmp_path: Path) -> None:
-    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    cert, key = self_signed_cert(tmp_path)
     with Running(sim_config(tmp_path, tls_cert=str(cert), tls_key=str(key))) as agent:
         assert agent.get("/api/v1/node")[0] == 200
         with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as s:
