@@ -147,6 +147,11 @@ def test_a_fatal_xid_on_a_simulated_gpu_excludes_it_and_training_continues_on_fe
     assert result["final_step"] == 15
     kmsg = (Path(result["run_dir"]) / "sim-kmsg.log").read_text()
     assert "NVRM: Xid (PCI:" in kmsg and ": 79, " in kmsg
+    # The row names the GPU by its UUID too: the one the kernel log maps the Xid's PCI address to.
+    pci = kmsg.split("NVRM: Xid (PCI:")[1].split(")")[0]
+    uuid = kmsg.split(f"NVRM: GPU at PCI:{pci}: ")[1].split()[0]
+    [row] = store.read("SELECT gpu_uuid FROM incidents WHERE job = ?", (result["job_id"],))
+    assert uuid.startswith("GPU-") and row["gpu_uuid"] == uuid
 
 
 def test_hang_collection_signals_only_the_workers_still_running(tmp_path, monkeypatch):

@@ -77,6 +77,11 @@ class JobRecorder:
             except Exception as exc:
                 log.warning("incident store %s unavailable, recording into %s only: %s", db, run_dir, exc)
 
+    def node_gpus(self, uuids: tuple[str | None, ...]) -> None:
+        """The node's GPU UUIDs by index (from its verdicts), stamped on the rows written from now."""
+        if self.store is not None and uuids and uuids != self.store.identity.gpu_uuids:
+            self.store.identity = self.store.identity.with_gpus(uuids)
+
     def job_info(self) -> JobInfo | None:
         info: JobInfo | None = self._safe(lambda s: s.get_job(self.job))
         return info
