@@ -95,7 +95,9 @@ def test_one_group_is_killed_hung_and_loses_a_gpu_while_the_other_never_stops(tm
     assert failing["starts"] == 2 and failing["state"] == "succeeded"
     # The failing group stepped again after each fault.
     for incident in incidents:
-        assert [t for t, _ in failing["steps"] if t > incident["time"]], "the failing group never stepped again"
+        assert [t for t, _ in failing["steps"] if t > incident["time"]], (
+            "the failing group never stepped again"
+        )
     # The healthy group committed steps while the failing one was stopped: from the hang's start
     # (its evidence) to its detection the stopped group cannot step, and that span is at least the
     # 4 s hang floor, past torchft's 1 s heartbeat timeout. (After the kill and the Xid the failing
