@@ -71,3 +71,41 @@ def test_junit_counts_read_pytests_report(tmp_path):
 def test_the_last_json_document_is_found_after_log_lines():
     assert gpu_check._json('warning: x\n{"verdict": "pass"}\n') == {"verdict": "pass"}
     assert gpu_check._json("no json at all") is None
+
+
+def test_a_stage_whose_module_is_missing_fails_naming_the_fix():
+    missing = {"pytest": "ModuleNotFoundError: No module named 'pytest'"}
+    why = gpu_check.missing_for("pytest", missing)
+    assert why is not None and "pytest" in why and "make gpu-check-wheels" in why
+    assert gpu_check.missing_for("diagnose", missing) is None  # diagnose needs no pytest
+    assert gpu_check.missing_for("agent", {"aiohttp": "x"}) is not None
+
+
+def test_wheels_for_another_python_are_not_unpacked(tmp_path):
+    import zipfile
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    here = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    for name, module in (
+        ("purepkg-1.0-py3-none-any.whl", "purepkg"),
+        (f"nativepkg-1.0-{here}-{here}-manylinux_2_17_x86_64.whl", "nativepkg"),
+        ("otherpkg-1.0-cp39-cp39-manylinux_2_17_x86_64.whl", "otherpkg"),
+    ):
+        with zipfile.ZipFile(wheels / name, "w") as zf:
+            zf.writestr(f"{module}/__init__.py", "VALUE = 1\n")
+    site = tmp_path / "site"
+    got = gpu_check._unpack_wheels(wheels, site)
+    assert sorted(p.name for p in site.iterdir()) == ["nativepkg", "purepkg"]
+    assert len(got) == 2
+    assert gpu_check._unpack_wheels(tmp_path / "none", site) == []
+
+
+def test_skips_are_read_from_pytests_report(tmp_path):
+    xml = tmp_path / "r.xml"
+    xml.write_text(
+        '<testsuites><testsuite tests="2" skipped="2"><testcase name="a">'
+        '<skipped type="pytest.skip" message="hardware: needs two GPUs"/></testcase>'
+        '<testcase name="b"><skipped message="no nvidia-smi here"/></testcase></testsuite></testsuites>'
+    )
+    assert gpu_check._junit_skips(xml) == ["hardware: needs two GPUs", "no nvidia-smi here"]

@@ -11,9 +11,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,7 +34,18 @@ def _nvml():
     try:
         return NvmlBackend()
     except BackendUnavailable as exc:
+        if torch.cuda.is_available():  # a GPU without NVML is a broken machine, not a skip
+            pytest.fail(f"torch sees a GPU but NVML does not open: {exc}")
         pytest.skip(f"no NVML here: {exc}")
+
+
+def _smi() -> str:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        if torch.cuda.is_available():
+            pytest.fail("torch sees a GPU but there is no nvidia-smi to compare NVML's readings with")
+        pytest.skip("no nvidia-smi here")
+    return smi
 
 
 # -- the Guard's windows: packed on the GPU, read through pinned host buffers --------------------
@@ -60,6 +75,48 @@ def test_windows_read_through_reused_pinned_buffers_equal_the_cpu_path():
         assert g.steps == w.steps
         assert [str(x) for x in g.losses] == [str(x) for x in w.losses]  # nan == nan as text
         assert g.sources == w.sources
+
+
+@needs_cuda
+def test_windows_agreed_over_nccl_go_through_pinned_staging_and_come_back_exact():
+    """The multi-rank path (``_to_device``: arrivals staged in pinned memory and copied with
+    non_blocking; the all-reduce on NCCL; the stream ordered after it) on a one-member NCCL group,
+    the Agreement told of a second rank that adds nothing: every value must come back unchanged."""
+    import torch.distributed as dist
+
+    from trainguard.torch.agreement import Agreement
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        agreement = Agreement(world=2, backend="nccl", rank=0)
+        values = [1.0 + k for k in range(16)]
+        values[5] = math.nan
+        windows = []
+        for start in (0, 8):
+            t0 = time.perf_counter()
+            entries = [
+                (s, torch.tensor(values[s], device="cuda"), 0.01, t0 + 0.001 * s, None)
+                for s in range(start, start + 8)
+            ]
+            job = agreement.launch(entries, preempt=start == 8)
+            assert job.event is not None and job.works == ()  # ordered on the stream, not the host
+            windows.append(agreement.collect(job))
+        assert agreement.device is not None and agreement.device.type == "cuda"
+        assert set(agreement._host) >= {(8, "arrivals"), (8, "arrivals-host")}  # both staging buffers
+        assert all(b.is_pinned() for b in agreement._host.values())
+    finally:
+        dist.destroy_process_group()
+    got = [x for w in windows for x in w.losses]
+    assert [str(x) for x in got] == [str(x) for x in values]
+    assert [w.sources[5 - w.steps[0]] for w in windows if 5 in w.steps] == [(0,)]
+    assert (windows[0].preempt, windows[1].preempt) == (False, True)
+    for w in windows:  # the arrivals made the round trip: waits from the rank's own stamps
+        assert w.waits is not None and all(0.0 <= x < 1.0 for x in w.waits)
+        assert w.step_s is not None and w.step_s == pytest.approx(0.001, abs=1e-4)
 
 
 @needs_cuda
@@ -101,8 +158,11 @@ def test_the_default_gpu_guard_rolls_back_a_nan_without_syncing_between_windows(
                 state.optimizer.step()
             state.optimizer.zero_grad()
         assert (guard.check_every, guard.check_lag) == (8, 1)  # the GPU default
-    rules = [(s, f.rule) for _, s, f in read_findings(tmp_path)]
+    found = read_findings(tmp_path)
+    rules = [(s, f.rule) for _, s, f in found]
     assert (21, "numerics.nonfinite_loss") in rules  # the step and rank of the NaN, from the GPU
+    nan = next(f for _, s, f in found if f.rule == "numerics.nonfinite_loss")
+    assert nan.gpu == torch.cuda.current_device()  # the finding names the GPU the loss was on
     assert any(r == "numerics.rollback" for _, r in rules)
     assert all(torch.isfinite(p).all() for p in state.model.parameters())
     assert sorted(ckpt.saved)[:2] == [16, 32]  # no checkpoint holds the NaN update
@@ -165,6 +225,22 @@ def test_staging_memory_is_page_locked_with_cuda_host_register():
         staging.close()
 
 
+@needs_cuda
+def test_staging_close_unregisters_its_page_locked_memory():
+    from trainguard.torch.staging import Staging, _address
+
+    cudart = torch.cuda.cudart()
+    staging = Staging([torch.randn(1 << 16, device="cuda")])
+    view = staging._view  # kept alive past close: the address stays mapped
+    address = _address(view)
+    assert staging._pinned
+    # registered: a second registration of the same range is refused (cudaErrorHostMemoryAlreadyRegistered)
+    assert int(cudart.cudaHostRegister(address, staging.size, 0)) != 0
+    staging.close()
+    # unregistered by close: unregistering again is refused (cudaErrorHostMemoryNotRegistered)
+    assert int(cudart.cudaHostUnregister(address)) != 0
+
+
 # -- RNG: the CUDA generator restores bit-exactly ------------------------------------------------
 
 
@@ -185,10 +261,120 @@ def test_cuda_rng_state_restores_bit_exactly():
 # -- NVML: readings in physical ranges, equal to nvidia-smi's --------------------------------------
 
 
+NVML_SOURCES = [
+    Path(__file__).resolve().parent.parent / "src" / "trainguard" / "telemetry" / name
+    for name in ("nvml.py", "gpm.py")
+]
+# Calls made only in a case the GPU at hand may not have, each with the reading that tells.
+NVML_CONDITIONAL = {
+    "nvmlDeviceGetCurrentClocksThrottleReasons": "the fallback when the ClocksEvent call is unsupported",
+    "nvmlDeviceGetNvLinkErrorCounter": "GPUs with NVLink (nvlink_total > 0)",
+    "nvmlDeviceGetFieldValues": "NVLink totals, HBM temperature, recovery action",
+    "nvmlGpmMetricsGet": "GPM (Hopper and newer)",
+    "nvmlGpmSampleFree": "GPM (Hopper and newer)",
+    "nvmlGpmSampleAlloc": "GPM (Hopper and newer)",
+    "nvmlGpmSampleGet": "GPM (Hopper and newer)",
+}
+# Calls that must answer on any data-centre GPU (H100/H200): the rest may be unsupported there
+# (fan, encoder, retired pages before Ampere...) and then read None, by design.
+NVML_MUST_ANSWER = {
+    "nvmlInit", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetTemperatureThreshold", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetMaxPcieLinkWidth", "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetCudaDriverVersion", "nvmlSystemGetNVMLVersion", "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetTotalEnergyConsumption", "nvmlShutdown",
+}  # fmt: skip
+
+
+def nvml_calls_in_source() -> set[str]:
+    """Every NVML function the backend names (``"nvmlX"`` strings, ``pynvml.nvmlX``, ``nv.nvmlX``)."""
+    text = "\n".join(p.read_text(encoding="utf-8") for p in NVML_SOURCES)
+    return set(re.findall(r"""["'](nvml[A-Z]\w+)["']""", text)) | set(
+        re.findall(r"\b(?:pynvml|nv)\.(nvml[A-Z]\w+)\(", text)
+    )
+
+
+class RecordingNvml:
+    """pynvml, with every ``nvml*`` call recorded with its outcome ("ok" or the error class)."""
+
+    def __init__(self, real):
+        self._real, self.calls = real, []
+
+    def __getattr__(self, name):
+        attr = getattr(self._real, name)
+        if not (name.startswith("nvml") and callable(attr)):
+            return attr
+
+        def call(*args, **kwargs):
+            try:
+                out = attr(*args, **kwargs)
+            except Exception as exc:
+                self.calls.append((name, type(exc).__name__))
+                raise
+            self.calls.append((name, "ok"))
+            return out
+
+        return call
+
+
+def test_nvml_calls_from_source_are_found():
+    """The source scan the next test relies on sees the backend's calls (CPU-runnable)."""
+    found = nvml_calls_in_source()
+    assert found >= NVML_MUST_ANSWER and set(NVML_CONDITIONAL) <= found, (
+        NVML_MUST_ANSWER | set(NVML_CONDITIONAL)
+    ) - found
+
+
+def test_every_nvml_call_of_the_backend_is_made_and_answers(monkeypatch):
+    import trainguard.telemetry.nvml as nvml_module
+    from trainguard.errors import BackendError
+    from trainguard.telemetry.nvml import NVML_ERROR_MAP
+
+    if nvml_module.pynvml is None:
+        if torch.cuda.is_available():
+            pytest.fail("nvidia-ml-py is not importable here (the GPU image has it)")
+        pytest.skip("nvidia-ml-py is not installed")
+    recorder = RecordingNvml(nvml_module.pynvml)
+    monkeypatch.setattr(nvml_module, "pynvml", recorder)
+    with _nvml() as backend:
+        first = backend.sample()
+        x = torch.randn(4096, 4096, device="cuda") if torch.cuda.is_available() else None
+        for _ in range(20):
+            if x is not None:
+                x = (x @ x).clamp_(-1, 1)
+        time.sleep(0.3)
+        second = backend.sample()
+        for k in range(len(backend.gpus())):
+            backend.modes(k)
+            backend.processes(k)
+        backend.driver_info()
+        field_errors = backend.field_errors
+    made = {name for name, _ in recorder.calls}
+    wanted = nvml_calls_in_source()
+    unmade = wanted - made - set(NVML_CONDITIONAL)
+    assert not unmade, f"NVML calls of telemetry/nvml.py never made: {sorted(unmade)}"
+    answered = {n for n, o in recorder.calls if o == "ok"}
+    silent = sorted(NVML_MUST_ANSWER - answered)
+    assert not silent, f"calls every data-centre GPU answers never succeeded: {silent}: {recorder.calls}"
+    # A failure other than "not supported" (or NvLink link probing past the last link) is a bug
+    # in how we call NVML: the backend counts them in field_errors.
+    assert field_errors == 0, sorted({(n, o) for n, o in recorder.calls if o != "ok"})
+    for s in (*first, *second):
+        assert not s.lost and s.error is None, s
+    if any(s.nvlink_total for s in second):
+        assert "nvmlDeviceGetNvLinkErrorCounter" in made or "nvmlDeviceGetFieldValues" in made
+    for name, outcome in recorder.calls:  # every error is one NVML_ERROR_MAP names, none a TypeError
+        if outcome != "ok":
+            mapped = NVML_ERROR_MAP.get(outcome)
+            assert mapped is not None, (name, outcome)  # not an NVML error: a wrong call of ours
+            assert mapped is not BackendError or name == "nvmlDeviceGetNvLinkState", (name, outcome)
+
+
 def test_nvml_readings_are_physical_and_agree_with_nvidia_smi():
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        pytest.skip("no nvidia-smi here")
+    smi = _smi()
     from trainguard.telemetry.smi_xml import parse_smi_xml
 
     with _nvml() as backend:
@@ -211,14 +397,70 @@ def test_nvml_readings_are_physical_and_agree_with_nvidia_smi():
         assert 0 <= s.util_gpu_pct <= 100
         assert s.ecc_dbe_volatile is None or s.ecc_dbe_volatile >= 0
         assert s.pcie_gen is None or 1 <= s.pcie_gen <= (s.pcie_gen_max or 6)
+        # settings and cumulative counters do not move between the two reads: equal
+        assert s.gpu.name == t.gpu.name, uuid
+        for field in (
+            "temp_slowdown_c", "temp_shutdown_c", "sm_clock_max_mhz", "mem_clock_max_mhz",
+            "ecc_sbe_aggregate", "ecc_dbe_aggregate", "remap_correctable", "remap_uncorrectable",
+            "remap_pending", "remap_failure",
+        ):  # fmt: skip
+            ours_value, smi_value = getattr(s, field), getattr(t, field)
+            assert ours_value is not None, f"NVML gave no {field} on {s.gpu.name}"
+            assert smi_value is None or ours_value == smi_value, (field, ours_value, smi_value)
+        assert t.power_limit_w is None or abs(s.power_limit_w - t.power_limit_w) <= 1.0
+        assert s.temp_slowdown_c < s.temp_shutdown_c <= 150
+        assert s.mem_free_mib is not None and 0 < s.mem_free_mib <= s.mem_total_mib
+        assert s.energy_mj is not None and s.energy_mj > 0
+        assert s.throttle is not None  # a set (maybe empty), never unknown on a supported GPU
+
+
+@needs_cuda
+def test_gpm_activity_is_read_on_hopper_and_shows_a_busy_gpu():
+    with _nvml() as backend:
+        names = [g.name or "" for g in backend.gpus()]
+        if not any(re.search(r"H100|H200|H800|H20|GH200|B100|B200|GB200", n) for n in names):
+            pytest.skip(f"hardware: GPM needs Hopper or newer: {names}")
+        backend.sample()  # the first GPM read only takes a sample
+        x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        until = time.monotonic() + 1.5
+        while time.monotonic() < until:
+            for _ in range(10):
+                x = (x @ x).clamp_(-1, 1)
+            torch.cuda.synchronize()
+        busy = backend.sample()[torch.cuda.current_device()]
+    assert busy.gr_engine_active is not None, "GPM unsupported on a Hopper GPU"
+    assert 0.2 <= busy.gr_engine_active <= 1.0, busy.gr_engine_active
+    assert busy.tensor_active is not None and 0.0 < busy.tensor_active <= 1.0
+    assert busy.dram_active is not None and 0.0 <= busy.dram_active <= 1.0
+
+
+@needs_cuda
+def test_nvml_lists_a_cuda_process_with_the_memory_it_holds():
+    code = (
+        "import torch, time; x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda');"
+        " torch.cuda.synchronize(); print('up', flush=True); time.sleep(60)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "up"
+        with _nvml() as backend:
+            procs = [p for g in backend.gpus() for p in backend.processes(g.index)]
+    finally:
+        child.kill()
+        child.wait()
+    ours = [p for p in procs if p.pid == child.pid]
+    # In a container without the host's pid namespace NVML reports host pids: then the process
+    # holding our 1 GiB is found by its memory (no other process of this check holds that much).
+    holding = ours or [p for p in procs if p.used_mib is not None and p.used_mib >= 1024]
+    assert holding, f"NVML lists no process holding the child's 1 GiB: {procs}"
+    assert holding[0].used_mib is None or holding[0].used_mib >= 1024
+    assert holding[0].gpu == torch.cuda.current_device() or len(backend.gpus()) > 1
 
 
 def test_nvml_modes_and_driver_agree_with_nvidia_smi():
     import xml.etree.ElementTree as ET
 
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        pytest.skip("no nvidia-smi here")
+    smi = _smi()
     root = ET.fromstring(subprocess.run([smi, "-q", "-x"], capture_output=True, text=True, check=True).stdout)
     with _nvml() as backend:
         driver = backend.driver_info()
@@ -250,7 +492,7 @@ def test_an_excluded_gpu_is_not_used_by_the_restarted_ranks():
     with _nvml() as backend:
         uuids = [g.uuid for g in backend.gpus()]
     if len(uuids) < 2:
-        pytest.skip(f"needs two GPUs to exclude one (this machine has {len(uuids)})")
+        pytest.skip(f"hardware: needs two GPUs to exclude one (this machine has {len(uuids)})")
     gpus = GpuMap(tuple(range(len(uuids)))).without(0)
     probe = (
         "import json, torch; print(json.dumps(['GPU-' + str(torch.cuda.get_device_properties(i).uuid)"
@@ -266,13 +508,6 @@ def test_an_excluded_gpu_is_not_used_by_the_restarted_ranks():
     assert uuids[0] not in seen
 
 
-def test_the_worker_gpu_environment_orders_cuda_as_nvml_does():
-    from trainguard.supervisor.health import GpuMap
-
-    env = GpuMap((0, 2, 3)).without(2).cuda_env()
-    assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,3"}
-
-
 # -- diagnostics on the GPU: figures against the datasheet, the NCCL pair test ------------------
 
 
@@ -281,13 +516,25 @@ def test_diagnostics_on_a_cuda_gpu_measure_the_datasheets_figures():
     from trainguard.diagnose import budget_for, open_target, run_diagnostics
     from trainguard.diagnose.expected import spec_for
 
+    tf32_before = torch.backends.cuda.matmul.allow_tf32
     target = open_target("cuda")
+    # _open_cuda maps NVML's indices to torch's by UUID: each device is the GPU its index names
+    if target.telemetry is not None:
+        uuids = [g.uuid for g in target.telemetry.gpus()]
+        for dev in target.devices:
+            t = int(dev.torch_device.split(":")[1])
+            assert f"GPU-{torch.cuda.get_device_properties(t).uuid}" == uuids[dev.index], dev
+    else:
+        pytest.fail("no NVML telemetry for the diagnostics on a GPU machine")
     budget = budget_for(2, "cuda", compute_s=2.0, stress_s=5.0, pattern_max_bytes=2**30)
     try:
         report = run_diagnostics(target, 2, budget=budget)
     finally:
         target.close()
     assert report.verdict.value == "pass", report.summary()
+    node = {t.name: t for t in report.node}
+    assert node["nccl"].verdict.value == "pass" and node["nccl"].value  # torch's NCCL version
+    assert torch.backends.cuda.matmul.allow_tf32 == tf32_before  # the TF32 switch restored
     for g in report.gpus:
         compute, memory = g.test("compute"), g.test("memory_bandwidth")
         assert compute is not None and memory is not None
@@ -300,7 +547,7 @@ def test_diagnostics_on_a_cuda_gpu_measure_the_datasheets_figures():
 @needs_cuda
 def test_the_nccl_pair_test_measures_a_bus_bandwidth():
     if torch.cuda.device_count() < 2:
-        pytest.skip("the NCCL pair test needs two GPUs")
+        pytest.skip("hardware: the NCCL pair test needs two GPUs")
     from trainguard.diagnose import open_target
     from trainguard.diagnose.interconnect import measure_interconnect
 
