@@ -59,6 +59,18 @@ def test_a_wrong_outcome_fails_its_drill(name, changes, problem):
     assert any(problem in p for p in problems), problems
 
 
+def test_on_a_gpu_a_hang_without_an_nccl_flight_recorder_dump_fails():
+    hang = _run(
+        incidents=[{"rank": 1, "action": "restart", "detected_by": "heartbeat"}],
+        flight_recorder_dumps=[],
+    )
+    assert gpu_check._judge_drill("hang", hang, REFERENCE, 2) == []  # dry mode: gloo, best effort
+    problems = gpu_check._judge_drill("hang", hang, REFERENCE, 2, flight=True)
+    assert any("flight-recorder" in p for p in problems), problems
+    dumped = {**hang, "flight_recorder_dumps": ["fr_rank_1"]}
+    assert gpu_check._judge_drill("hang", dumped, REFERENCE, 2, flight=True) == []
+
+
 def test_junit_counts_read_pytests_report(tmp_path):
     xml = tmp_path / "r.xml"
     xml.write_text(

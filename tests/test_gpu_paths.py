@@ -481,6 +481,61 @@ def test_nvml_modes_and_driver_agree_with_nvidia_smi():
         assert m.mig in (flag(g.findtext("mig_mode/current_mig")), None)
 
 
+# -- hangs on NCCL: torch's flight recorder, asked through its pipe, read with torch's reader -----
+
+_NCCL_RANK = """
+import os, sys, time, torch, torch.distributed as dist
+from trainguard.supervisor.hang import flight_recorder_env
+from trainguard.torch.guard import Guard
+from pathlib import Path
+os.environ.update(flight_recorder_env(Path(sys.argv[1])))  # what the supervisor gives a rank
+torch.cuda.set_device(0)
+dist.init_process_group("nccl", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0, world_size=1)
+x = torch.ones(1 << 20, device="cuda")
+for _ in range(5):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+from trainguard.torch.watchdog import flight_recorder_trace
+trace = flight_recorder_trace()
+with Guard(None, None, run_dir=sys.argv[1], watchdog=False) as guard:
+    print("serving" if guard._dumps is not None else "nccl-serves", len(trace or b""), flush=True)
+    time.sleep(60)  # "hung": the parent asks for a dump meanwhile
+"""
+
+
+@needs_cuda
+def test_an_nccl_rank_answers_a_flight_recorder_dump_request_readable_by_torchs_loader(tmp_path):
+    from trainguard.rundir import dumps_dir
+    from trainguard.supervisor.hang import FR_PREFIX, request_flight_dumps
+    from trainguard.torch.flight_recorder import load_dumps
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dumps_dir(tmp_path).mkdir(parents=True, exist_ok=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _NCCL_RANK, str(tmp_path), str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline().split()
+        assert line and line[0] == "nccl-serves", (line, child.stderr.read() if not line else "")
+        assert int(line[1]) > 0  # the in-process trace (the Guard's watchdog writes it on a hang)
+        got = request_flight_dumps(str(dumps_dir(tmp_path) / FR_PREFIX), [0], wait_s=20.0)
+    finally:
+        child.kill()
+        child.wait()
+    assert 0 in got, f"NCCL wrote no dump into {sorted(p.name for p in dumps_dir(tmp_path).iterdir())}"
+    [dump] = load_dumps(dumps_dir(tmp_path), prefix=FR_PREFIX)
+    ops = [e.get("profiling_name", "") for e in dump.entries]
+    assert sum(op.endswith(("all_reduce", "allreduce")) for op in ops) >= 5, (
+        ops
+    )  # the five all-reduces, in torch's own format
+
+
 # -- exclusion: a GPU left out is really not used -------------------------------------------------
 
 
@@ -536,6 +591,9 @@ def test_diagnostics_on_a_cuda_gpu_measure_the_datasheets_figures():
     assert node["nccl"].verdict.value == "pass" and node["nccl"].value  # torch's NCCL version
     assert torch.backends.cuda.matmul.allow_tf32 == tf32_before  # the TF32 switch restored
     for g in report.gpus:
+        for name in ("sdc", "memory_pattern", "thermal_power"):  # ran on the GPU, not skipped
+            t = g.test(name)
+            assert t is not None and t.verdict.value == "pass", (g.index, name, t)
         compute, memory = g.test("compute"), g.test("memory_bandwidth")
         assert compute is not None and memory is not None
         spec = spec_for(g.name)

@@ -392,7 +392,9 @@ def stage_train(c: Check, s: Stage) -> None:
     problems = []
     for name, fault in drills.items():
         got = runs[name] = _train_run(c, s, name, fault, steps, every, nproc)
-        problems += [f"{name}: {p}" for p in _judge_drill(name, got, reference, nproc)]
+        # On a GPU the ranks run NCCL, whose monitor thread answers the supervisor's dump
+        # request by itself: a hang must leave its flight-recorder dump (gloo's is best effort).
+        problems += [f"{name}: {p}" for p in _judge_drill(name, got, reference, nproc, flight=not c.dry)]
     if c.gpus < 2 and not c.dry:
         runs["ddp"] = "skip: one GPU (the 2-rank runs need two)"
     s.figures = runs
@@ -490,7 +492,9 @@ def _final_weights(ckpt: Path, step: int) -> str | None:
         return f"unreadable: {type(exc).__name__}: {exc}"
 
 
-def _judge_drill(name: str, got: dict[str, Any], reference: dict[str, Any], nproc: int) -> list[str]:
+def _judge_drill(
+    name: str, got: dict[str, Any], reference: dict[str, Any], nproc: int, flight: bool = False
+) -> list[str]:
     problems = []
     if got.get("exit_code") != 0:
         problems.append(f"exit {got.get('exit_code')} ({got.get('reason')})")
@@ -509,6 +513,8 @@ def _judge_drill(name: str, got: dict[str, Any], reference: dict[str, Any], npro
             problems.append(f"the first incident is no hang: {incidents[:1]}")
         if not got.get("stack_dumps"):
             problems.append("no stack dump of the hung rank")
+        if flight and not got.get("flight_recorder_dumps"):
+            problems.append("no NCCL flight-recorder dump of the hang")
     return problems
 
 
