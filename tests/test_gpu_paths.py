@@ -120,6 +120,22 @@ def test_windows_agreed_over_nccl_go_through_pinned_staging_and_come_back_exact(
 
 
 @needs_cuda
+def test_under_the_supervisor_a_cuda_finding_names_the_physical_gpu(tmp_path, monkeypatch):
+    """CUDA_VISIBLE_DEVICES=0,3: the rank on CUDA device 1 uses GPU 3, which the finding names."""
+    from trainguard.rundir import read_findings
+    from trainguard.torch.guard import Guard
+
+    monkeypatch.setenv("TRAINGUARD_GPU", "3")
+    model = torch.nn.Linear(8, 1).cuda()
+    with Guard(None, None, run_dir=tmp_path, watchdog=False, on_nan="skip") as guard:
+        for step in range(4):
+            loss = model(torch.randn(4, 8, device="cuda")).pow(2).mean()
+            guard.step(step, loss * math.nan if step == 2 else loss)
+    [nan] = [f for _, s, f in read_findings(tmp_path) if f.rule == "numerics.nonfinite_loss"]
+    assert nan.gpu == 3
+
+
+@needs_cuda
 def test_the_default_gpu_guard_rolls_back_a_nan_without_syncing_between_windows(tmp_path):
     from trainguard.rundir import read_findings
     from trainguard.torch.guard import Guard
