@@ -121,3 +121,19 @@ def test_skips_are_read_from_pytests_report(tmp_path):
         '<testcase name="b"><skipped message="no nvidia-smi here"/></testcase></testsuite></testsuites>'
     )
     assert gpu_check._junit_skips(xml) == ["hardware: needs two GPUs", "no nvidia-smi here"]
+
+
+def test_a_gpu_the_driver_lists_is_a_gpu_run_even_when_torch_cannot_use_it(tmp_path, monkeypatch):
+    """Not a silent dry run: with nvidia-smi listing a GPU the check runs in GPU mode, and its env
+    stage then fails because torch sees none."""
+    import torch
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1234)'\n")
+    smi.chmod(0o755)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpu_check.driver_gpus() == ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1234)"]
+    assert gpu_check.has_nvidia_gpu()
+    smi.write_text("#!/bin/sh\necho 'No devices were found'\n")
+    assert not gpu_check.has_nvidia_gpu()

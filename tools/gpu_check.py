@@ -249,7 +249,16 @@ def stage_env(c: Check, s: Stage) -> None:
         driver = c.run(s, [smi, "--query-gpu=driver_version", "--format=csv,noheader"], 30, log="nvidia-smi")
         s.figures["driver"] = driver.stdout.strip().splitlines()[0] if driver.stdout.strip() else None
     if not c.dry and not c.gpus:
-        s.verdict, s.reason = "fail", "no CUDA GPU visible to torch (give --dry to check without one)"
+        listed = driver_gpus()
+        s.figures["driver_gpus"] = listed
+        s.verdict, s.reason = (
+            "fail",
+            (
+                f"no CUDA GPU visible to torch {s.figures['torch']} (CUDA {s.figures['cuda']}) while the driver "
+                f"lists {len(listed)}: a CPU-only torch, or CUDA_VISIBLE_DEVICES hides them"
+                " (give --dry to check without a GPU)"
+            ),
+        )
         return
     s.verdict = "pass"
 
@@ -631,12 +640,28 @@ STAGES: dict[str, Callable[[Check, Stage], None]] = {
 
 
 def has_nvidia_gpu() -> bool:
+    """An NVIDIA GPU is here: torch sees one, or the driver lists one (then a torch that cannot
+    use it fails the check instead of turning it into a dry run)."""
     try:
         import torch
 
-        return bool(torch.cuda.is_available() and torch.cuda.device_count())
+        if torch.cuda.is_available() and torch.cuda.device_count():
+            return True
     except ImportError:
-        return False
+        pass
+    return bool(driver_gpus())
+
+
+def driver_gpus() -> list[str]:
+    """The GPUs the NVIDIA driver lists (``nvidia-smi -L``), whatever torch makes of them."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line for line in done.stdout.splitlines() if line.startswith("GPU ")]
 
 
 def main(argv: list[str] | None = None) -> int:
