@@ -91,6 +91,8 @@ def test_a_stage_whose_module_is_missing_fails_naming_the_fix():
     assert why is not None and "pytest" in why and "make gpu-check-wheels" in why
     assert gpu_check.missing_for("diagnose", missing) is None  # diagnose needs no pytest
     assert gpu_check.missing_for("agent", {"aiohttp": "x"}) is not None
+    no_torch = gpu_check.missing_for("diagnose", {"torch": "ModuleNotFoundError"})
+    assert no_torch is not None and "GPU image" in no_torch and "gpu-check-wheels" not in no_torch
 
 
 def test_wheels_for_another_python_are_not_unpacked(tmp_path):
@@ -137,3 +139,13 @@ def test_a_gpu_the_driver_lists_is_a_gpu_run_even_when_torch_cannot_use_it(tmp_p
     assert gpu_check.has_nvidia_gpu()
     smi.write_text("#!/bin/sh\necho 'No devices were found'\n")
     assert not gpu_check.has_nvidia_gpu()
+
+
+def test_the_wheelhouse_the_makefile_downloads_is_what_the_check_expects():
+    import re
+
+    makefile = (_PATH.parent.parent / "Makefile").read_text()
+    line = next(x for x in makefile.splitlines() if x.startswith("GPU_WHEELS :="))
+    requirements = re.findall(r'"([^"]+)"', line)
+    by_requirement = {req: name for name, (req, _) in gpu_check.NEEDED.items()}
+    assert {by_requirement.get(r) for r in requirements} == gpu_check.WHEELHOUSE, requirements

@@ -72,6 +72,7 @@ NEEDED: dict[str, tuple[str, tuple[str, ...]]] = {
     "aiohttp": ("aiohttp>=3.10", ("agent",)),
     "isal": ("isal>=1.6", ()),  # faster checkpoint checksums; zlib's otherwise
 }
+WHEELHOUSE = {"pytest", "pytest_timeout", "aiohttp", "isal"}  # what `make gpu-check-wheels` brings
 
 
 @dataclass
@@ -197,10 +198,12 @@ def missing_for(stage: str, missing: dict[str, str]) -> str | None:
     if not lacking:
         return None
     wanted = " ".join(repr(NEEDED[m][0]) for m in lacking)
-    return (
-        f"missing module(s) {', '.join(lacking)} ({missing[lacking[0]]}): run `make gpu-check-wheels` "
-        f"on a machine with network and carry build/gpu-wheels with the checkout, or pip install {wanted}"
+    fix = (
+        "run `make gpu-check-wheels` on a machine with network and carry build/gpu-wheels with the checkout"
+        if all(m in WHEELHOUSE for m in lacking)
+        else "the GPU image should have it"
     )
+    return f"missing module(s) {', '.join(lacking)} ({missing[lacking[0]]}): {fix}, or pip install {wanted}"
 
 
 def _kill_group(proc: subprocess.Popen[Any]) -> None:
@@ -705,6 +708,9 @@ def main(argv: list[str] | None = None) -> int:
         "ok": ok,
         "mode": "dry" if dry else "gpu",
         "figures_from": "CPU and the simulated node: no GPU figure" if dry else "a real GPU",
+        "interpreter": sys.executable,
+        "wheels_unpacked": check.unpacked,
+        "missing_modules": check.missing,
         "seconds": round(time.monotonic() - check.started, 1),
         "stages": [vars(st) for st in stages],
     }
