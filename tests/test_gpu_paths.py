@@ -480,7 +480,8 @@ def test_gpm_activity_is_read_on_hopper_and_shows_a_busy_gpu():
             for _ in range(10):
                 x = (x @ x).clamp_(-1, 1)
             torch.cuda.synchronize()
-        busy = backend.sample()[torch.cuda.current_device()]
+        here = f"GPU-{torch.cuda.get_device_properties(torch.cuda.current_device()).uuid}"
+        [busy] = [x for x in backend.sample() if x.gpu.uuid == here]  # CUDA's order may not be NVML's
     assert busy.gr_engine_active is not None, "GPM unsupported on a Hopper GPU"
     assert 0.2 <= busy.gr_engine_active <= 1.0, busy.gr_engine_active
     assert busy.tensor_active is not None and 0.0 < busy.tensor_active <= 1.0
@@ -491,13 +492,17 @@ def test_gpm_activity_is_read_on_hopper_and_shows_a_busy_gpu():
 def test_nvml_lists_a_cuda_process_with_the_memory_it_holds():
     code = (
         "import torch, time; x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda');"
-        " torch.cuda.synchronize(); print('up', flush=True); time.sleep(60)"
+        " torch.cuda.synchronize(); print('GPU-' + str(torch.cuda.get_device_properties(0).uuid), flush=True);"
+        " time.sleep(60)"
     )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "up"
+        assert child.stdout is not None
+        uuid = child.stdout.readline().strip()
+        assert uuid.startswith("GPU-"), uuid
         with _nvml() as backend:
-            procs = [p for g in backend.gpus() for p in backend.processes(g.index)]
+            gpus = backend.gpus()
+            procs = [p for g in gpus for p in backend.processes(g.index)]
     finally:
         child.kill()
         child.wait()
@@ -507,7 +512,7 @@ def test_nvml_lists_a_cuda_process_with_the_memory_it_holds():
     holding = ours or [p for p in procs if p.used_mib is not None and p.used_mib >= 1024]
     assert holding, f"NVML lists no process holding the child's 1 GiB: {procs}"
     assert holding[0].used_mib is None or holding[0].used_mib >= 1024
-    assert holding[0].gpu == torch.cuda.current_device() or len(backend.gpus()) > 1
+    assert next(g.uuid for g in gpus if g.index == holding[0].gpu) == uuid  # listed on its own GPU
 
 
 def test_nvml_modes_and_driver_agree_with_nvidia_smi():
@@ -577,6 +582,11 @@ def test_an_nccl_rank_answers_a_flight_recorder_dump_request_readable_by_torchs_
         line = child.stdout.readline().split()
         assert line and line[0] == "nccl-serves", (line, child.stderr.read() if not line else "")
         assert int(line[1]) > 0  # the in-process trace (the Guard's watchdog writes it on a hang)
+        pipe = dumps_dir(tmp_path) / f"{FR_PREFIX}0.pipe"
+        until = time.monotonic() + 30  # NCCL's monitor thread makes the pipe when it starts
+        while not pipe.exists() and time.monotonic() < until and child.poll() is None:
+            time.sleep(0.1)
+        assert pipe.exists(), f"NCCL made no debug-info pipe: {sorted(os.listdir(dumps_dir(tmp_path)))}"
         got = request_flight_dumps(str(dumps_dir(tmp_path) / FR_PREFIX), [0], wait_s=20.0)
     finally:
         child.kill()
@@ -590,6 +600,36 @@ def test_an_nccl_rank_answers_a_flight_recorder_dump_request_readable_by_torchs_
 
 
 # -- exclusion: a GPU left out is really not used -------------------------------------------------
+
+
+_WHICH_GPU = """
+import json, os, sys, torch
+json.dump({"uuid": "GPU-" + str(torch.cuda.get_device_properties(0).uuid), "count": torch.cuda.device_count(),
+           **{k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TRAINGUARD_GPU")}},
+          open(sys.argv[1], "w"))
+"""
+
+
+@needs_cuda
+def test_a_supervised_rank_runs_on_the_gpu_nvml_names(tmp_path):
+    """`trainguard run --gpus G`: the rank's torch sees exactly NVML's GPU G (the last one, which
+    CUDA's default fastest-first order may number otherwise)."""
+    with _nvml() as backend:
+        uuids = [g.uuid for g in backend.gpus()]
+    last = len(uuids) - 1
+    worker, out = tmp_path / "which_gpu.py", tmp_path / "which.json"
+    worker.write_text(_WHICH_GPU)
+    argv = [sys.executable, "-m", "trainguard.cli", "run", "--standalone", "--nproc-per-node", "1"]
+    argv += ["--gpus", str(last), "--job-id", "which-gpu", "--runs-dir", str(tmp_path / "runs")]
+    argv += ["--db", str(tmp_path / "incidents.db"), "--backend", "nvml", "--no-tee", "--no-warm-standby"]
+    done = subprocess.run(
+        [*argv, "--", sys.executable, str(worker), str(out)], capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(out.read_text())
+    assert seen["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and seen["CUDA_VISIBLE_DEVICES"] == str(last)
+    assert seen["TRAINGUARD_GPU"] == str(last) and seen["count"] == 1
+    assert seen["uuid"] == uuids[last]
 
 
 def test_an_excluded_gpu_is_not_used_by_the_restarted_ranks():
