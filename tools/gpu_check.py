@@ -687,8 +687,9 @@ def main(argv: list[str] | None = None) -> int:
             stage = Stage(name)
             t0 = time.monotonic()
             lacking = missing_for(name, check.missing)
-            if check.left_s() <= 5:
-                stage.reason = "no time left in the budget"
+            if check.left_s() <= 5:  # a stage not run is a path not checked: not a pass
+                stage.verdict = "fail"
+                stage.reason = f"no time left in the {check.budget_s:.0f} s budget (--budget-s)"
             elif lacking is not None:  # loud: a GPU at hand must not pass with a stage left out
                 stage.verdict, stage.reason = "fail", lacking
             else:
