@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-all test-integration integration-deps lint typecheck unit unit-all bench clean install \
-	gpu-check gpu-check-dry
+	gpu-check gpu-check-dry gpu-check-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -69,6 +69,16 @@ gpu-check:
 
 gpu-check-dry: $(STAMP)
 	$(BIN)/python tools/gpu_check.py --dry --out build/gpu-check-dry
+
+# What the GPU machine's image (Python 3.12, CUDA torch, nvidia-ml-py, prometheus-client, rich,
+# matplotlib, scikit-learn; no network) lacks, as wheels for it (about 5 MB): carry build/gpu-wheels
+# with the checkout; tools/gpu_check.py unpacks them there (tools/gpu_check.py NEEDED; docs/gpu-check.md).
+GPU_WHEELS := "pytest>=8" "pytest-timeout>=2.2" "aiohttp>=3.10" "isal>=1.6"
+gpu-check-wheels: $(STAMP)
+	$(BIN)/python -m pip download -q --only-binary=:all: --implementation cp --python-version 3.12 \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d build/gpu-wheels $(GPU_WHEELS)
+	@ls build/gpu-wheels
 
 # Every benchmark runs; each checks its targets (benchmarks/targets.py) and exits non-zero on a
 # miss, and `make bench` then fails, naming them.

@@ -59,6 +59,18 @@ def test_a_wrong_outcome_fails_its_drill(name, changes, problem):
     assert any(problem in p for p in problems), problems
 
 
+def test_on_a_gpu_a_hang_without_an_nccl_flight_recorder_dump_fails():
+    hang = _run(
+        incidents=[{"rank": 1, "action": "restart", "detected_by": "heartbeat"}],
+        flight_recorder_dumps=[],
+    )
+    assert gpu_check._judge_drill("hang", hang, REFERENCE, 2) == []  # dry mode: gloo, best effort
+    problems = gpu_check._judge_drill("hang", hang, REFERENCE, 2, flight=True)
+    assert any("flight-recorder" in p for p in problems), problems
+    dumped = {**hang, "flight_recorder_dumps": ["fr_rank_1"]}
+    assert gpu_check._judge_drill("hang", dumped, REFERENCE, 2, flight=True) == []
+
+
 def test_junit_counts_read_pytests_report(tmp_path):
     xml = tmp_path / "r.xml"
     xml.write_text(
@@ -71,3 +83,69 @@ def test_junit_counts_read_pytests_report(tmp_path):
 def test_the_last_json_document_is_found_after_log_lines():
     assert gpu_check._json('warning: x\n{"verdict": "pass"}\n') == {"verdict": "pass"}
     assert gpu_check._json("no json at all") is None
+
+
+def test_a_stage_whose_module_is_missing_fails_naming_the_fix():
+    missing = {"pytest": "ModuleNotFoundError: No module named 'pytest'"}
+    why = gpu_check.missing_for("pytest", missing)
+    assert why is not None and "pytest" in why and "make gpu-check-wheels" in why
+    assert gpu_check.missing_for("diagnose", missing) is None  # diagnose needs no pytest
+    assert gpu_check.missing_for("agent", {"aiohttp": "x"}) is not None
+    no_torch = gpu_check.missing_for("diagnose", {"torch": "ModuleNotFoundError"})
+    assert no_torch is not None and "GPU image" in no_torch and "gpu-check-wheels" not in no_torch
+
+
+def test_wheels_for_another_python_are_not_unpacked(tmp_path):
+    import zipfile
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    here = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    for name, module in (
+        ("purepkg-1.0-py3-none-any.whl", "purepkg"),
+        (f"nativepkg-1.0-{here}-{here}-manylinux_2_17_x86_64.whl", "nativepkg"),
+        ("otherpkg-1.0-cp39-cp39-manylinux_2_17_x86_64.whl", "otherpkg"),
+    ):
+        with zipfile.ZipFile(wheels / name, "w") as zf:
+            zf.writestr(f"{module}/__init__.py", "VALUE = 1\n")
+    site = tmp_path / "site"
+    got = gpu_check._unpack_wheels(wheels, site)
+    assert sorted(p.name for p in site.iterdir()) == ["nativepkg", "purepkg"]
+    assert len(got) == 2
+    assert gpu_check._unpack_wheels(tmp_path / "none", site) == []
+
+
+def test_skips_are_read_from_pytests_report(tmp_path):
+    xml = tmp_path / "r.xml"
+    xml.write_text(
+        '<testsuites><testsuite tests="2" skipped="2"><testcase name="a">'
+        '<skipped type="pytest.skip" message="hardware: needs two GPUs"/></testcase>'
+        '<testcase name="b"><skipped message="no nvidia-smi here"/></testcase></testsuite></testsuites>'
+    )
+    assert gpu_check._junit_skips(xml) == ["hardware: needs two GPUs", "no nvidia-smi here"]
+
+
+def test_a_gpu_the_driver_lists_is_a_gpu_run_even_when_torch_cannot_use_it(tmp_path, monkeypatch):
+    """Not a silent dry run: with nvidia-smi listing a GPU the check runs in GPU mode, and its env
+    stage then fails because torch sees none."""
+    import torch
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1234)'\n")
+    smi.chmod(0o755)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpu_check.driver_gpus() == ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1234)"]
+    assert gpu_check.has_nvidia_gpu()
+    smi.write_text("#!/bin/sh\necho 'No devices were found'\n")
+    assert not gpu_check.has_nvidia_gpu()
+
+
+def test_the_wheelhouse_the_makefile_downloads_is_what_the_check_expects():
+    import re
+
+    makefile = (_PATH.parent.parent / "Makefile").read_text()
+    line = next(x for x in makefile.splitlines() if x.startswith("GPU_WHEELS :="))
+    requirements = re.findall(r'"([^"]+)"', line)
+    by_requirement = {req: name for name, (req, _) in gpu_check.NEEDED.items()}
+    assert {by_requirement.get(r) for r in requirements} == gpu_check.WHEELHOUSE, requirements

@@ -3,8 +3,13 @@
     make gpu-check                      # OUT=DIR (default gpu-check-out/); GPU_CHECK_DRY=1 forces dry
     python tools/gpu_check.py --out DIR [--dry] [--stages pytest,diagnose] [--budget-s 480]
 
-It installs nothing and reaches no network: it runs with the interpreter at hand (`PYTHONPATH=src`
-is enough; the `trainguard` package need not be installed). Each stage runs one thing a user
+It reaches no network: it runs with the interpreter at hand (`PYTHONPATH=src` is enough; the
+`trainguard` package need not be installed). What the GPU machine's image lacks (pytest, aiohttp,
+isal: see `NEEDED`) travels as wheels: `make gpu-check-wheels` downloads them here into
+``build/gpu-wheels`` (CPython 3.12, manylinux x86_64), which is carried to the GPU machine with the
+checkout; this script unpacks them into its temporary folder and puts that first on the
+``PYTHONPATH`` of everything it runs (nothing is installed into the interpreter). A stage whose
+module is still missing fails, naming the module and that command. Each stage runs one thing a user
 would run, with its own time limit, writes its log to ``OUT/logs/<stage>.log`` and gets a verdict
 in ``OUT/report.json``:
 
@@ -50,6 +55,26 @@ if str(SRC) not in sys.path:  # runs from a checkout, installed or not
     sys.path.insert(0, str(SRC))
 
 
+WHEELS = ROOT / "build" / "gpu-wheels"  # `make gpu-check-wheels`
+
+# import name -> (pip requirement, the stages that cannot run without it). The GPU machine's image
+# has torch, nvidia-ml-py, prometheus-client, rich, matplotlib, scikit-learn (and numpy); the rest
+# comes from the wheelhouse. Keep the requirements in step with the Makefile's gpu-check-wheels.
+NEEDED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "torch": ("torch>=2.4", ("env", "pytest", "diagnose", "train", "bench")),
+    "pynvml": ("nvidia-ml-py>=12.535", ("check", "monitor", "agent")),
+    "numpy": ("numpy>=1.24", ("train", "bench")),
+    "sklearn": ("scikit-learn>=1.3", ("train",)),
+    "prometheus_client": ("prometheus-client>=0.19", ("agent",)),
+    "rich": ("rich>=13", ()),
+    "pytest": ("pytest>=8", ("pytest",)),
+    "pytest_timeout": ("pytest-timeout>=2.2", ()),  # pyproject's `timeout`; without it a warning only
+    "aiohttp": ("aiohttp>=3.10", ("agent",)),
+    "isal": ("isal>=1.6", ()),  # faster checkpoint checksums; zlib's otherwise
+}
+WHEELHOUSE = {"pytest", "pytest_timeout", "aiohttp", "isal"}  # what `make gpu-check-wheels` brings
+
+
 @dataclass
 class Stage:
     name: str
@@ -72,6 +97,15 @@ class Check:
         self.env.pop("TRAINGUARD_RUN_DIR", None)
         self.backend = "sim" if dry else "nvml"
         self.gpus = 0
+        self.missing = _missing_modules(self.env)  # import name -> why
+        self.unpacked: list[str] = []
+        if self.missing:  # only then: the wheels never shadow what the interpreter has
+            site = self.work / "site"
+            self.unpacked = _unpack_wheels(WHEELS, site)
+            if self.unpacked:
+                self.env["PYTHONPATH"] = f"{site}{os.pathsep}{self.env['PYTHONPATH']}"
+                sys.path.insert(0, str(site))  # for what this script imports itself
+                self.missing = _missing_modules(self.env)
 
     def left_s(self) -> float:
         return self.budget_s - (time.monotonic() - self.started)
@@ -119,6 +153,59 @@ def _pythonpath() -> str:
     return f"{SRC}{os.pathsep}{rest}" if rest else str(SRC)
 
 
+def _unpack_wheels(wheels: Path, site: Path) -> list[str]:
+    """Unpack every wheel of ``wheels`` into ``site`` (a wheel is a zip of its import tree; the
+    scripts it would install are not needed: everything runs as ``python -m``)."""
+    import zipfile
+
+    names = []
+    here = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    for wheel in sorted(wheels.glob("*.whl")) if wheels.is_dir() else []:
+        python_tag = wheel.name.split("-")[-3]  # name-version-python-abi-platform.whl
+        if not (python_tag.startswith("py3") or here in python_tag.split(".")):
+            continue  # built for another Python (the wheelhouse is for the GPU image's 3.12)
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(site)
+        names.append(wheel.name)
+    return names
+
+
+def _missing_modules(env: dict[str, str]) -> dict[str, str]:
+    """The modules of `NEEDED` the check's commands cannot import (as they will run: same
+    interpreter, same PYTHONPATH), each with the import error."""
+    probe = (
+        "import importlib, json, sys\n"
+        "out = {}\n"
+        "for name in sys.argv[1:]:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as exc:\n"
+        "        out[name] = f'{type(exc).__name__}: {exc}'\n"
+        "print(json.dumps(out))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *NEEDED], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+    try:
+        return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        return {name: f"the import probe failed: {done.stderr[-300:]}" for name in NEEDED}
+
+
+def missing_for(stage: str, missing: dict[str, str]) -> str | None:
+    """Why ``stage`` cannot run (a module it needs is missing), or None."""
+    lacking = [m for m in missing if stage in NEEDED[m][1]]
+    if not lacking:
+        return None
+    wanted = " ".join(repr(NEEDED[m][0]) for m in lacking)
+    fix = (
+        "run `make gpu-check-wheels` on a machine with network and carry build/gpu-wheels with the checkout"
+        if all(m in WHEELHOUSE for m in lacking)
+        else "the GPU image should have it"
+    )
+    return f"missing module(s) {', '.join(lacking)} ({missing[lacking[0]]}): {fix}, or pip install {wanted}"
+
+
 def _kill_group(proc: subprocess.Popen[Any]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -150,6 +237,9 @@ def stage_env(c: Check, s: Stage) -> None:
         if torch.cuda.is_available()
         else [],
         "mode": "dry (CPU and the simulated node)" if c.dry else "gpu",
+        "interpreter": sys.executable,
+        "wheels_unpacked": c.unpacked,
+        "missing_modules": c.missing,
     }
     c.gpus = len(s.figures["gpus"])
     smi = shutil.which("nvidia-smi")
@@ -162,7 +252,16 @@ def stage_env(c: Check, s: Stage) -> None:
         driver = c.run(s, [smi, "--query-gpu=driver_version", "--format=csv,noheader"], 30, log="nvidia-smi")
         s.figures["driver"] = driver.stdout.strip().splitlines()[0] if driver.stdout.strip() else None
     if not c.dry and not c.gpus:
-        s.verdict, s.reason = "fail", "no CUDA GPU visible to torch (give --dry to check without one)"
+        listed = driver_gpus()
+        s.figures["driver_gpus"] = listed
+        s.verdict, s.reason = (
+            "fail",
+            (
+                f"no CUDA GPU visible to torch {s.figures['torch']} (CUDA {s.figures['cuda']}) while the driver "
+                f"lists {len(listed)}: a CPU-only torch, or CUDA_VISIBLE_DEVICES hides them"
+                " (give --dry to check without a GPU)"
+            ),
+        )
         return
     s.verdict = "pass"
 
@@ -197,8 +296,15 @@ def stage_pytest(c: Check, s: Stage) -> None:
         s.verdict = "pass" if counts["tests"] > 0 else "fail"
         s.reason = f"{counts['tests']} gpu tests collected, {counts['skipped']} skipped without a GPU"
     else:
-        s.verdict = "pass" if counts["tests"] - counts["skipped"] > 0 else "fail"
-        s.reason = f"{counts['tests'] - counts['skipped']} passed, {counts['skipped']} skipped"
+        # On a GPU a skip is a path left unchecked: only the hardware this machine lacks (a
+        # second GPU, GPM before Hopper) may skip, and the gpu tests say so ("hardware: ...").
+        unexpected = [m for m in _junit_skips(xml) if not m.startswith("hardware:")]
+        s.figures["skips"] = _junit_skips(xml)
+        ran = counts["tests"] - counts["skipped"]
+        s.verdict = "pass" if ran > 0 and not unexpected else "fail"
+        s.reason = f"{ran} passed, {counts['skipped']} skipped" + (
+            f"; skipped on a GPU machine: {unexpected}" if unexpected else ""
+        )
 
 
 def _junit_counts(path: Path) -> dict[str, int]:
@@ -212,6 +318,17 @@ def _junit_counts(path: Path) -> dict[str, int]:
     except (OSError, ET.ParseError):
         pass
     return counts
+
+
+def _junit_skips(path: Path) -> list[str]:
+    """The reason of every skipped test in pytest's JUnit XML."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return []
+    return [(el.get("message") or "").strip() for el in root.iter("skipped")]
 
 
 def stage_check(c: Check, s: Stage) -> None:
@@ -287,7 +404,9 @@ def stage_train(c: Check, s: Stage) -> None:
     problems = []
     for name, fault in drills.items():
         got = runs[name] = _train_run(c, s, name, fault, steps, every, nproc)
-        problems += [f"{name}: {p}" for p in _judge_drill(name, got, reference, nproc)]
+        # On a GPU the ranks run NCCL, whose monitor thread answers the supervisor's dump
+        # request by itself: a hang must leave its flight-recorder dump (gloo's is best effort).
+        problems += [f"{name}: {p}" for p in _judge_drill(name, got, reference, nproc, flight=not c.dry)]
     if c.gpus < 2 and not c.dry:
         runs["ddp"] = "skip: one GPU (the 2-rank runs need two)"
     s.figures = runs
@@ -385,7 +504,9 @@ def _final_weights(ckpt: Path, step: int) -> str | None:
         return f"unreadable: {type(exc).__name__}: {exc}"
 
 
-def _judge_drill(name: str, got: dict[str, Any], reference: dict[str, Any], nproc: int) -> list[str]:
+def _judge_drill(
+    name: str, got: dict[str, Any], reference: dict[str, Any], nproc: int, flight: bool = False
+) -> list[str]:
     problems = []
     if got.get("exit_code") != 0:
         problems.append(f"exit {got.get('exit_code')} ({got.get('reason')})")
@@ -404,6 +525,8 @@ def _judge_drill(name: str, got: dict[str, Any], reference: dict[str, Any], npro
             problems.append(f"the first incident is no hang: {incidents[:1]}")
         if not got.get("stack_dumps"):
             problems.append("no stack dump of the hung rank")
+        if flight and not got.get("flight_recorder_dumps"):
+            problems.append("no NCCL flight-recorder dump of the hang")
     return problems
 
 
@@ -520,12 +643,28 @@ STAGES: dict[str, Callable[[Check, Stage], None]] = {
 
 
 def has_nvidia_gpu() -> bool:
+    """An NVIDIA GPU is here: torch sees one, or the driver lists one (then a torch that cannot
+    use it fails the check instead of turning it into a dry run)."""
     try:
         import torch
 
-        return bool(torch.cuda.is_available() and torch.cuda.device_count())
+        if torch.cuda.is_available() and torch.cuda.device_count():
+            return True
     except ImportError:
-        return False
+        pass
+    return bool(driver_gpus())
+
+
+def driver_gpus() -> list[str]:
+    """The GPUs the NVIDIA driver lists (``nvidia-smi -L``), whatever torch makes of them."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line for line in done.stdout.splitlines() if line.startswith("GPU ")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -547,8 +686,12 @@ def main(argv: list[str] | None = None) -> int:
         for name in ["env", *[x for x in args.stages.split(",") if x != "env"]]:
             stage = Stage(name)
             t0 = time.monotonic()
-            if check.left_s() <= 5:
-                stage.reason = "no time left in the budget"
+            lacking = missing_for(name, check.missing)
+            if check.left_s() <= 5:  # a stage not run is a path not checked: not a pass
+                stage.verdict = "fail"
+                stage.reason = f"no time left in the {check.budget_s:.0f} s budget (--budget-s)"
+            elif lacking is not None:  # loud: a GPU at hand must not pass with a stage left out
+                stage.verdict, stage.reason = "fail", lacking
             else:
                 try:
                     STAGES[name](check, stage)
@@ -565,6 +708,10 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "ok": ok,
         "mode": "dry" if dry else "gpu",
+        "figures_from": "CPU and the simulated node: no GPU figure" if dry else "a real GPU",
+        "interpreter": sys.executable,
+        "wheels_unpacked": check.unpacked,
+        "missing_modules": check.missing,
         "seconds": round(time.monotonic() - check.started, 1),
         "stages": [vars(st) for st in stages],
     }

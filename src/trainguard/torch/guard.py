@@ -86,9 +86,12 @@ class Guard:
         if world is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             log.warning("Guard created before init_process_group: ranks will not agree on decisions")
         self.attempt = c.attempt if c.attempt is not None else int(os.environ.get(rundir.ATTEMPT_ENV, "0"))
-        gpu = (
-            torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        )
+        gpu = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            # findings name the physical GPU (NVML's index, set by the supervisor), not CUDA's
+            # index among the visible ones: they differ once a GPU is excluded
+            named = os.environ.get("TRAINGUARD_GPU", "")
+            gpu = int(named) if named.isdigit() else torch.cuda.current_device()
         self.monitor = NumericsMonitor(c.on_nan, c.on_spike, c.spike, gpu=gpu)
         backend = dist.get_backend() if world else None
         self._window = LossWindow(
