@@ -18,7 +18,9 @@ timed out, illegal memory, ECC, segfault, Killed process, Traceback), output to 
 warm page cache, five pairs (three with ``--quick``); the median of the per-pair ratios counts. Then ``logs follow``'s loop follows the training log while a thread appends it at
 50 MB/s; its thread CPU time over the wall time is the share of one core it needs.
 
-Keys: ``ratio`` and ``ratio_training`` (grep seconds / trainguard seconds, target >= 1.0, with
+Keys: ``ratio``, ``ratio_training`` and ``ratio_nccl_info_cli`` (the NCCL_DEBUG=INFO log as
+processes, start-up included, with ``ratio_ci95_nccl_info_cli``) (grep seconds / trainguard
+seconds, target >= 1.0, with
 ``ratio_range``/``ratio_range_training`` over the pairs; and ``ratio_cpu``/``ratio_cpu_training``
 from CPU time, all of trainguard's threads counted against grep's one),
 ``findings``/``findings_training`` with ``planted``/``planted_training`` (must be equal),
@@ -257,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         Target("ratio", ">=", TARGET),
         Target("ratio_training", ">=", TARGET),
         Target("follow_core_share", "<", 1.0),
+        Target("ratio_nccl_info_cli", ">=", TARGET),  # as processes, start-up included
     )
     if args.json:
         print(json.dumps(result))

@@ -21,8 +21,6 @@ import re
 import time as _time
 from datetime import UTC, datetime
 
-from trainguard.detect.rules import RECOVERY_VERDICTS
-from trainguard.detect.xid import xid_info
 from trainguard.records import (
     RECOVERY_ACTION_CODES,
     Action,
@@ -148,6 +146,8 @@ def _recovery(rest: str) -> tuple[Action, Severity] | None:
         return None
     if ra is RecoveryAction.NONE:
         return Action.NONE, Severity.INFO
+    from trainguard.detect.rules import RECOVERY_VERDICTS  # here: `logs scan` starts without the rules
+
     health, action, _ = RECOVERY_VERDICTS[ra]
     return action, _SEVERITY_OF.get(health, Severity.WARNING)
 
@@ -163,6 +163,8 @@ def _xid_event(m: re.Match[str], line: str, when: float | None) -> Event | None:
         pid = int(who["pid"]) if who["pid"].isdigit() else None
         process = who["name"] if who["name"] and who["name"] != "<unknown>" else None
         rest = rest[who.end() :]
+    from trainguard.detect.xid import xid_info  # here: `logs scan` starts without the catalog
+
     info = xid_info(code)
     action, severity = info.action, info.severity
     if code == 154 and (decoded := _recovery(rest)):
