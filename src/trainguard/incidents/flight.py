@@ -14,7 +14,12 @@ The judgement, per process group (collectives matched by ``collective_seq_id``, 
    released from one by an error): the stall came from there, so follow it;
 3. the culprits are the blockers that are not victims. Every rank that waits only because of
    another is left out; a cycle with no culprit (ranks waiting on each other in two groups) names
-   the cycle's ranks as ``collective_order_deadlock``; nothing that stands out names no one.
+   the cycle's ranks as ``collective_order_deadlock``; nothing that stands out names no one;
+4. a rank that entered a group's last collective late, on its own time (``incidents.late``: the
+   entry times show it free long before it entered, where its peers in that step entered at once),
+   is named too, as ``late`` (it joined in the end, so the stall does not wait on it: `causes`
+   leaves it out). Entries of groups no pg_config lists (gloo's own dumps) get their members from
+   the entries, the default group every rank.
 
 >>> d0 = FlightDump(0, "r0", {"0": ("default_pg", (0, 1))}, [entry("0", 1, "all_reduce", done=False)])
 >>> d1 = FlightDump(1, "r1", {"0": ("default_pg", (0, 1))}, [])
@@ -32,6 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.incidents.late import Timed, late_ranks
+from trainguard.incidents.late import describe as describe_late
+
 __all__ = ["FlightDump", "FlightVerdict", "RankEvidence", "dump_files", "entry", "judge"]
 
 Matcher = Callable[[dict[str, Any], dict[str, Any], set[int]], "str | None"]
@@ -41,12 +49,14 @@ NOT_ISSUED = "not_issued"
 NOT_STARTED = "not_started"
 MISMATCH = "collective_mismatch"
 DEADLOCK = "collective_order_deadlock"
+LATE = "late"  # entered the group's last collective late, on its own time (``incidents.late``)
 _CATEGORY = {  # culprit kind -> root_cause.category when all culprits agree
     NO_DUMP: "rank_unresponsive",
     NOT_ISSUED: "rank_stalled_outside_collective",
     NOT_STARTED: "gpu_not_progressing",
     MISMATCH: "collective_mismatch",
     DEADLOCK: "collective_order_deadlock",
+    LATE: "rank_late",  # only when no rank is named for anything else
 }
 
 
@@ -95,6 +105,12 @@ class FlightVerdict:
     stalled_groups: tuple[str, ...] = ()
     dumps: int = 0
     notes: tuple[str, ...] = ()
+    late: tuple[int, ...] = ()  # ranks named only for entering late (they joined in the end)
+
+    @property
+    def causes(self) -> tuple[int, ...]:
+        """The culprits the stall waits on: `ranks` less those named only for being late."""
+        return tuple(r for r in self.ranks if r not in self.late)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -108,6 +124,7 @@ class FlightVerdict:
             "stalled_groups": list(self.stalled_groups),
             "dumps": self.dumps,
             "notes": list(self.notes),
+            "late": list(self.late),
         }
 
 
@@ -185,6 +202,22 @@ def _parse(dump: FlightDump, fallback: dict[str, tuple[int, ...]]) -> list[_Op]:
     return ops
 
 
+def _guess_members(by_rank: dict[int, FlightDump], world: set[int]) -> dict[str, tuple[int, ...]]:
+    """Members of the groups that entries name but no dump's pg_config lists: the ranks whose
+    entries name them; the default group (pg "0", ``default_pg``) has every rank."""
+    known = {pg for d in by_rank.values() for pg in d.groups}
+    everyone = world | set(by_rank) | {m for d in by_rank.values() for _, ms in d.groups.values() for m in ms}
+    seen: dict[str, set[int]] = {}
+    for d in by_rank.values():
+        for e in d.entries:
+            pg = str(e["process_group"][0])
+            if pg in known:
+                continue
+            default = pg == "0" or str(e["process_group"][1]) == "default_pg"
+            seen.setdefault(pg, set()).update(everyone if default else {d.rank})
+    return {pg: tuple(sorted(rs)) for pg, rs in seen.items()}
+
+
 def _describe(key: tuple[str, tuple[int, ...]], descs: dict[tuple[str, tuple[int, ...]], str]) -> str:
     pg, members = key
     span = (
@@ -210,16 +243,12 @@ def judge(
     ranks' entries of one collective (``torch_matcher``); ``world`` adds ranks known to exist."""
     by_rank = {d.rank: d for d in dumps}
     notes: list[str] = []
-    fallback: dict[str, set[int]] = {}
-    for d in by_rank.values():
-        if not d.groups:
-            for e in d.entries:
-                fallback.setdefault(str(e["process_group"][0]), set()).add(d.rank)
-    if fallback:
+    fixed = _guess_members(by_rank, set(world))
+    if fixed:
         notes.append(
-            "some dumps carry no pg_config (gloo without trainguard's writer): members guessed from entries"
+            f"pg_config lists no members of groups {sorted(fixed)} (gloo without trainguard's writer): "
+            "members guessed from the entries (the default group: every rank)"
         )
-    fixed = {pg: tuple(sorted(rs)) for pg, rs in fallback.items()}
     ops = {r: _parse(d, fixed) for r, d in by_rank.items()}
     descs: dict[tuple[str, tuple[int, ...]], str] = {}
     for d in by_rank.values():
@@ -283,9 +312,10 @@ def judge(
             text = "no flight-recorder dump while every other rank left one; no group shows a stall"
             culprits[r] = [RankEvidence(r, NO_DUMP, "-", "-", text)]
         silent = []
-    kinds = {e[0].kind for e in culprits.values()}
+    late = _late(ops, descs, culprits, victims)
+    kinds = {e[0].kind for r, e in culprits.items() if r not in late}
     if culprits:
-        category = _CATEGORY[kinds.pop()] if len(kinds) == 1 else "multiple"
+        category = _CATEGORY[kinds.pop() if kinds else LATE] if len(kinds) <= 1 else "multiple"
     else:
         category = "none"
         if waiting:
@@ -302,7 +332,45 @@ def judge(
         stalled_groups=tuple(sorted(_describe(k, descs) + f" at #{s}" for k, s in stall_at.items())),
         dumps=len(by_rank),
         notes=tuple(notes),
+        late=tuple(sorted(late)),
     )
+
+
+def _late(
+    ops: dict[int, list[_Op]],
+    descs: dict[tuple[str, tuple[int, ...]], str],
+    culprits: dict[int, list[RankEvidence]],
+    victims: set[int],
+) -> set[int]:
+    """Add the ranks that entered a group's last collective late to ``culprits`` (a victim that was
+    late is no victim); returns those named for nothing else."""
+    timelines = {
+        r: [
+            Timed(o.key, descs.get(o.key, ""), o.seq if o.kind == "coll" else 0,
+                  _ns(o.raw.get("time_created_ns")), _ns(o.raw.get("time_discovered_completed_ns")))
+            for o in rops
+        ]
+        for r, rops in ops.items()
+    }  # fmt: skip
+    only = set()
+    for found in late_ranks(timelines):
+        name = next(o.name for o in ops[found.rank] if o.key == found.key and o.seq == found.seq)
+        group, op = _describe(found.key, descs), f"{name} #{found.seq}"
+        ev = RankEvidence(found.rank, LATE, group, op, describe_late(found, op))
+        if found.rank in culprits:  # named for something else too
+            culprits[found.rank].append(ev)
+        else:
+            culprits[found.rank] = [ev]
+            only.add(found.rank)
+        victims.discard(found.rank)
+    return only
+
+
+def _ns(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _judge_group(
@@ -356,7 +424,12 @@ def _judge_group(
                 if issued.get(r)
                 else "it issued none in this group"
             )
-            text = f"never issued {ref.name} #{seq}; {last}; {others}"
+            idle = (
+                ""
+                if any(not o.done for o in ops[r])
+                else "; nothing of its own is pending: outside communication"
+            )
+            text = f"never issued {ref.name} #{seq}; {last}; {others}{idle}"
             blockers.setdefault(r, []).append(RankEvidence(r, NOT_ISSUED, group, opname, text))
     started = {r for r, o in here.items() if o.started}
     if started and len(started) < len(here) and all(not o.done for o in here.values()):
