@@ -300,3 +300,13 @@ def test_a_hang_report_does_not_blame_a_rank_that_only_came_late() -> None:
     hung = judge(load_dumps(DATA / "multi16"), torch_matcher())
     report = analyze(list(range(16)), {}, {}, {}, hung)
     assert report.method == "flight_recorder" and report.laggards == (5, 10)
+
+
+def test_one_nodes_supervisor_names_its_own_culprits_and_not_the_other_nodes_ranks() -> None:
+    """multi16 as two nodes of 8 ranks: each node's supervisor sees only its own ranks' dumps."""
+    dumps = load_dumps(DATA / "multi16")
+    for here, named in ((range(8), (5,)), (range(8, 16), (10, 14))):
+        mine = [d for d in dumps if d.rank in here]
+        verdict = judge(mine, torch_matcher(), world=here, here=here)
+        assert verdict.ranks == named, verdict.as_json()
+        assert len(judge(mine, torch_matcher(), world=here).ranks) > len(named)  # without `here`: all absent

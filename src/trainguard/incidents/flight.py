@@ -237,10 +237,15 @@ def _sig(e: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def judge(
-    dumps: Iterable[FlightDump], matcher: Matcher | None = None, world: Iterable[int] = ()
+    dumps: Iterable[FlightDump],
+    matcher: Matcher | None = None,
+    world: Iterable[int] = (),
+    here: Iterable[int] | None = None,
 ) -> FlightVerdict:
     """The culprit ranks of a stalled job (see the module docstring). ``matcher`` compares two
-    ranks' entries of one collective (``torch_matcher``); ``world`` adds ranks known to exist."""
+    ranks' entries of one collective (``torch_matcher``); ``world`` adds ranks known to exist;
+    ``here``, when given, are the only ranks whose dumps these can be (one node's supervisor sees
+    its own ranks): another rank's missing dump is no evidence."""
     by_rank = {d.rank: d for d in dumps}
     notes: list[str] = []
     fixed = _guess_members(by_rank, set(world))
@@ -258,13 +263,18 @@ def judge(
         for o in rops:
             descs.setdefault(o.key, str(o.raw["process_group"][1]))
     all_ranks = set(world) | set(by_rank) | {m for key in descs for m in key[1]}
+    away = frozenset() if here is None else frozenset(all_ranks - set(here) - set(by_rank))
+    if away:
+        notes.append(
+            f"ranks {_span(sorted(away))} dump elsewhere (other nodes): a stall on them names no one here"
+        )
 
     blockers: dict[int, list[RankEvidence]] = {}
     stall_at: dict[tuple[str, tuple[int, ...]], int] = {}  # group -> seq it stopped agreeing at
     quiet: dict[tuple[str, tuple[int, ...]], int] = {}  # group whose only oddity is a missing dump
     for key in descs:
-        _judge_group(key, ops, by_rank, descs, matcher, blockers, stall_at, quiet)
-    _judge_p2p(ops, by_rank, descs, blockers)
+        _judge_group(key, ops, by_rank, descs, matcher, blockers, stall_at, quiet, away)
+    _judge_p2p(ops, by_rank, descs, blockers, away)
 
     def waits_elsewhere(r: int) -> str | None:
         """Where rank r's last operation waits, or was released from by an error (a collective of
@@ -279,7 +289,7 @@ def judge(
         if last.kind == "coll" and quiet.get(last.key) == last.seq:
             group = _describe(last.key, descs)
             for m in last.key[1]:
-                if m not in by_rank:
+                if m not in by_rank and m not in away:
                     text = f"no flight-recorder dump; rank {r} stopped after {last.name} #{last.seq} with it"
                     blockers.setdefault(m, []).append(
                         RankEvidence(m, NO_DUMP, group, f"{last.name} #{last.seq}", text)
@@ -306,7 +316,7 @@ def judge(
         culprits = {r: [RankEvidence(r, DEADLOCK, e[0].group, e[0].op, e[0].text + f"; itself waits in {waits_elsewhere(r)}")]
                     for r, e in blockers.items()}  # fmt: skip
         victims -= set(culprits)
-    silent = sorted(set(all_ranks) - set(by_rank) - set(culprits))
+    silent = sorted(set(all_ranks) - set(by_rank) - set(culprits) - away)
     if not culprits and silent and by_rank:
         for r in silent:
             text = "no flight-recorder dump while every other rank left one; no group shows a stall"
@@ -366,6 +376,10 @@ def _late(
     return only
 
 
+def _span(ranks: list[int]) -> str:
+    return f"{ranks[:8]}" + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+
+
 def _ns(value: Any) -> int:
     try:
         return int(value or 0)
@@ -382,6 +396,7 @@ def _judge_group(
     blockers: dict[int, list[RankEvidence]],
     stall_at: dict[tuple[str, tuple[int, ...]], int],
     quiet: dict[tuple[str, tuple[int, ...]], int],
+    away: frozenset[int] = frozenset(),
 ) -> None:
     members = key[1]
     mine = {r: [o for o in ops[r] if o.key == key and o.kind == "coll"] for r in members if r in ops}
@@ -403,7 +418,7 @@ def _judge_group(
     pending = sorted({o.seq for os_ in mine.values() for o in os_ if not o.done})
     behind = [r for r in members if r in by_rank and issued.get(r, 0) < top]
     if not behind and not pending:
-        if any(r not in by_rank for r in members):
+        if any(r not in by_rank and r not in away for r in members):
             quiet[key] = top
         return
     seq = top if behind or pending[-1] == top else pending[0]
@@ -415,6 +430,8 @@ def _judge_group(
     waiting = sorted(r for r, o in here.items() if not o.done)
     others = f"ranks {waiting} wait in it" if waiting else "the others issued it"
     for r in members:
+        if r in away:
+            continue
         if r not in by_rank:
             text = f"no flight-recorder dump (process dead, or hung holding the GIL); {others}"
             blockers.setdefault(r, []).append(RankEvidence(r, NO_DUMP, group, opname, text))
@@ -476,11 +493,12 @@ def _judge_p2p(
     by_rank: dict[int, FlightDump],
     descs: dict[tuple[str, tuple[int, ...]], str],
     blockers: dict[int, list[RankEvidence]],
+    away: frozenset[int] = frozenset(),
 ) -> None:
     """A pending send/recv whose peer has no dump, or posted no matching op, is blocked by the peer."""
     for r, rops in ops.items():
         for o in rops:
-            if o.kind != "p2p" or o.done or o.peer is None:
+            if o.kind != "p2p" or o.done or o.peer is None or o.peer in away:
                 continue
             group, opname = _describe(o.key, descs), f"{o.name} with rank {o.peer}"
             if o.peer not in by_rank:

@@ -151,7 +151,7 @@ def flight_dumps(
     dumps = load_dumps(directory, FR_PREFIX, since)
     if not dumps:
         return None, None
-    verdict = judge(dumps, torch_matcher(), world=ranks)
+    verdict = judge(dumps, torch_matcher(), world=ranks, here=ranks)  # other nodes dump on their hosts
     out = directory / f"flight-{int(time.time())}.json"
     atomic_write_bytes(out, (_json.dumps(verdict.as_json(), indent=1) + "\n").encode())
     return verdict, out
