@@ -216,11 +216,12 @@ def test_dump_request_goes_through_the_ranks_pipe(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_freshly_recorded_gloo_job_with_a_killed_rank_names_it(tmp_path: Path) -> None:
+def test_a_freshly_recorded_gloo_job_names_the_killed_rank_and_the_late_one(tmp_path: Path) -> None:
     from record_flight import record  # type: ignore[import-not-found]
 
     out = record("kill4", tmp_path)
-    assert judge(load_dumps(out), torch_matcher()).ranks == (1,)
+    verdict = judge(load_dumps(out), torch_matcher())
+    assert verdict.causes == (1,) and verdict.late == (3,), verdict.as_json()  # rank 3 was 4 s late
 
 
 def test_an_earlier_attempts_dumps_are_not_judged_again(tmp_path: Path) -> None:
