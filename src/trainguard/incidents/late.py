@@ -5,12 +5,13 @@ order; a rank it returns is named as a culprit of kind ``late`` beside the ranks
 
 A late rank leaves one trace a rank waiting on someone else does not: time of its *own* before it
 entered a collective. A rank cannot leave a collective before the last member entered it (an
-all-reduce needs every contribution), so the earliest it could have been free is
-``ready = max(its previous entry's creation, the latest creation among that entry's members)``
-(or the recorded completion, where NCCL records one). ``own = created - ready`` is then time the
-rank spent outside communication: computing, loading data, stalled. A victim that waited in a
-collective on a late peer enters its next one right after that peer's entry: its own time stays
-small, so waiting is never mistaken for lateness.
+all-reduce needs every contribution), so no earlier entry of the rank held it past
+``ready = the latest creation among the members of any of its earlier entries`` (or the recorded
+completion, where NCCL records one). ``own = created - ready`` is then at most the time the rank
+spent outside communication (computing, loading data, stalled) plus the transfer itself, which
+its peers pay alike. A victim that waited in a collective on a late peer enters its next one
+right after that peer's entry: its own time stays small, so waiting is never mistaken for
+lateness.
 
 A rank is late in a group's last collective (where a stall shows; earlier steps are history) when
 its own time there is at least `LATE_S` and `LATE_FACTOR` times the median own time of its peers in
@@ -38,7 +39,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["LATE_FACTOR", "LATE_S", "Late", "Timed", "late_ranks"]
+__all__ = ["LATE_FACTOR", "LATE_S", "Late", "Timed", "describe", "late_ranks"]
 
 LATE_S = 1.0  # own time before a collective that counts as late, at the least
 LATE_FACTOR = 4.0  # ... and this many times the median own time of the rank's peers in that step
