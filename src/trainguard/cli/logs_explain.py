@@ -123,6 +123,9 @@ def render_flight(v: FlightVerdict, out: TextIO) -> None:
     for rank, evs in sorted(v.evidence.items()):
         for e in evs:
             out.write(f"  rank {rank}: {e.group} {e.op}: {e.text}\n")
+    for rank, evs in sorted(v.suspects.items()):
+        for e in evs:
+            out.write(f"  suspect rank {rank}: {e.group} {e.op}: {e.text}\n")
     if v.victims:
         out.write(f"  waiting because of them: {len(v.victims)} rank(s): {_ranges(list(v.victims))}\n")
     for note in v.notes:

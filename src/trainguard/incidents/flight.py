@@ -106,6 +106,7 @@ class FlightVerdict:
     dumps: int = 0
     notes: tuple[str, ...] = ()
     late: tuple[int, ...] = ()  # ranks named only for entering late (they joined in the end)
+    suspects: dict[int, list[RankEvidence]] = field(default_factory=dict)  # late, or held: can't tell
 
     @property
     def causes(self) -> tuple[int, ...]:
@@ -125,6 +126,10 @@ class FlightVerdict:
             "dumps": self.dumps,
             "notes": list(self.notes),
             "late": list(self.late),
+            "suspects": {
+                str(r): [{"kind": e.kind, "group": e.group, "op": e.op, "text": e.text} for e in ev]
+                for r, ev in sorted(self.suspects.items())
+            },
         }
 
 
@@ -322,7 +327,8 @@ def judge(
             text = "no flight-recorder dump while every other rank left one; no group shows a stall"
             culprits[r] = [RankEvidence(r, NO_DUMP, "-", "-", text)]
         silent = []
-    late = _late(ops, descs, culprits, victims)
+    suspects: dict[int, list[RankEvidence]] = {}
+    late = _late(ops, descs, culprits, victims, suspects)
     kinds = {e[0].kind for r, e in culprits.items() if r not in late}
     if culprits:
         category = _CATEGORY[kinds.pop() if kinds else LATE] if len(kinds) <= 1 else "multiple"
@@ -343,6 +349,7 @@ def judge(
         dumps=len(by_rank),
         notes=tuple(notes),
         late=tuple(sorted(late)),
+        suspects=suspects,
     )
 
 
@@ -351,9 +358,11 @@ def _late(
     descs: dict[tuple[str, tuple[int, ...]], str],
     culprits: dict[int, list[RankEvidence]],
     victims: set[int],
+    suspects: dict[int, list[RankEvidence]],
 ) -> set[int]:
     """Add the ranks that entered a group's last collective late to ``culprits`` (a victim that was
-    late is no victim); returns those named for nothing else."""
+    late is no victim), those that may have been to ``suspects``; returns those named for nothing
+    else."""
     timelines = {
         r: [
             Timed(o.key, descs.get(o.key, ""), o.seq if o.kind == "coll" else 0,
@@ -367,6 +376,10 @@ def _late(
         name = next(o.name for o in ops[found.rank] if o.key == found.key and o.seq == found.seq)
         group, op = _describe(found.key, descs), f"{name} #{found.seq}"
         ev = RankEvidence(found.rank, LATE, group, op, describe_late(found, op))
+        if found.own_s is None:
+            if found.rank not in culprits:
+                suspects.setdefault(found.rank, []).append(ev)
+            continue
         if found.rank in culprits:  # named for something else too
             culprits[found.rank].append(ev)
         else:

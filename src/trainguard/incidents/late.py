@@ -18,7 +18,8 @@ its own time there is at least `LATE_S` and `LATE_FACTOR` times the median own t
 the same step: the members of every group with the same description (``dp``, ``tp``) at the same
 sequence id, which do the same work between the same collectives. Where a bound is unknown (a
 member of the previous collective left no dump, or its entry fell out of the ring buffer) the
-rank is not judged: it may have waited on that member.
+rank is not named: it may have waited on that member; when it entered `LATE_S` after its peers it
+is returned with ``own_s=None``, a suspect, as evidence cannot decide.
 
 >>> def job(late_s):  # 4 ranks: tp groups (0, 1) and (2, 3), then dp groups (0, 2) and (1, 3)
 ...     tp, dp = {0: "1", 1: "1", 2: "2", 3: "2"}, {0: "3", 2: "3", 1: "4", 3: "4"}
@@ -63,46 +64,59 @@ class Late:
     rank: int
     key: Key
     seq: int
-    own_s: float  # the rank's own time before it entered
+    own_s: float | None  # the rank's own time before it entered; None when it cannot be bounded
     peers_own_s: float  # the median own time of its peers in the same step
     after_s: float  # how long after the median peer's entry it entered (0 when no peer's is known)
     peers: tuple[int, ...]  # the peers compared with
+    unknown: tuple[int, ...] = ()  # where own_s is None: the members whose entry would bound it
 
 
 def late_ranks(timelines: dict[int, list[Timed]]) -> list[Late]:
-    """The ranks that entered their group's last collective late (see the module docstring)."""
-    entered: dict[tuple[Key, int], list[int]] = {}  # (group, seq) -> creation times of its members
+    """The ranks that entered their group's last collective late (see the module docstring), and,
+    with ``own_s=None``, those that entered it `LATE_S` after their peers while their own time
+    cannot be bounded (late, or held by a member whose entry is missing: evidence cannot decide)."""
+    entered: dict[tuple[Key, int], dict[int, int]] = {}  # (group, seq) -> rank -> creation time
     top: dict[Key, int] = {}
-    for entries in timelines.values():
+    for rank, entries in timelines.items():
         for e in entries:
             if e.seq > 0 and e.created_ns > 0:
-                entered.setdefault((e.key, e.seq), []).append(e.created_ns)
+                entered.setdefault((e.key, e.seq), {})[rank] = e.created_ns
                 top[e.key] = max(top.get(e.key, 0), e.seq)
     released = {  # (group, seq) -> the earliest any member could leave it; absent when unknown
-        k: max(times) for k, times in entered.items() if len(times) == len(k[0][1])
+        k: max(times.values()) for k, times in entered.items() if len(times) == len(k[0][1])
     }
-    own: dict[tuple[str, int], dict[int, tuple[float, Timed]]] = {}  # (step, seq) -> rank -> own
+    # (step, seq) -> rank -> (own time or None, the entry, the members that would bound it)
+    own: dict[tuple[str, int], dict[int, tuple[float | None, Timed, tuple[int, ...]]]] = {}
     for rank, entries in timelines.items():
         free: int | None = None  # the latest any earlier entry could have held the rank
         for before, e in itertools.pairwise(entries):
             bound = _released(before, released)
             free = None if bound is None else max(bound, free or 0)  # the previous entry must be known
-            if free is None or e.seq == 0 or e.seq != top.get(e.key) or e.created_ns <= 0:
+            if e.seq == 0 or e.seq != top.get(e.key) or e.created_ns <= 0:
                 continue
             step = e.desc if e.desc not in ("", "undefined") else repr(e.key)
-            own.setdefault((step, e.seq), {})[rank] = ((e.created_ns - free) / 1e9, e)
+            mine = None if free is None else (e.created_ns - free) / 1e9
+            missing = tuple(m for m in before.key[1] if m not in entered.get((before.key, before.seq), {}))
+            own.setdefault((step, e.seq), {})[rank] = (mine, e, missing)
     out = []
     for step_ranks in own.values():
-        for rank, (mine, e) in sorted(step_ranks.items()):
+        for rank, (mine, e, missing) in sorted(step_ranks.items()):
             others = {r: v for r, v in step_ranks.items() if r != rank}
-            if mine < LATE_S or not others:
+            known = [v[0] for v in others.values() if v[0] is not None]
+            if not others or (mine is not None and (mine < LATE_S or not known)):
                 continue
-            typical = statistics.median(v[0] for v in others.values())
-            if mine < LATE_FACTOR * max(typical, 0.0):
+            typical = statistics.median(known) if known else 0.0
+            after = (e.created_ns - statistics.median(v[1].created_ns for v in others.values())) / 1e9
+            if mine is None and after < LATE_S:
                 continue
-            entries_ = [v[1].created_ns for v in others.values()]
-            after = (e.created_ns - statistics.median(entries_)) / 1e9
-            out.append(Late(rank, e.key, e.seq, mine, typical, max(after, 0.0), tuple(sorted(others))))
+            if mine is not None and mine < LATE_FACTOR * max(typical, 0.0):
+                continue
+            peers = tuple(sorted(others))
+            out.append(
+                Late(
+                    rank, e.key, e.seq, mine, typical, max(after, 0.0), peers, missing if mine is None else ()
+                )
+            )
     return sorted(out, key=lambda late: late.rank)
 
 
@@ -119,6 +133,11 @@ def _released(before: Timed, released: dict[tuple[Key, int], int]) -> int | None
 def describe(late: Late, op: str) -> str:
     """The evidence sentence for one late rank."""
     after = f" {late.after_s:.1f} s after its peers in that step" if late.after_s > 0 else ""
+    if late.own_s is None:
+        return (
+            f"entered {op}{after} (ranks {_span(late.peers)}), but whether on its own time or held in "
+            f"its previous collective cannot be told: rank(s) {_span(late.unknown)} left no entry of it"
+        )
     return (
         f"entered {op}{after} (ranks {_span(late.peers)}): {late.own_s:.1f} s passed between the end "
         f"of its previous collective at the latest and this entry, where its peers took "
