@@ -6,8 +6,9 @@
 Each scenario starts its ranks as plain processes (env:// rendezvous on a free loopback port),
 waits until every rank reached the fault step and the job has settled, asks every rank for a dump
 through torch's debug-info pipe, the way the supervisor does on a hang, collects what came, and
-kills the job. ``expected.json`` beside the dumps holds the ranks the faults were put on, for the
-tests (never for the analysis).
+kills the job. ``expected.json`` beside the dumps holds the ranks the faults were put on
+(``culprits``; ``late``: those only made late, which join in the end), for the tests (never for
+the analysis).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ HERE = Path(__file__).resolve().parent
 SCENARIOS: dict[str, tuple[int, int, str, list[int], str]] = {
     "stall4": (4, 2, "stall:2", [2], "json"),
     "gil8": (8, 4, "gil:5", [5], "pickle"),
-    "kill4": (4, 2, "kill:1,slow:3", [1], "pickle"),
+    "kill4": (4, 2, "kill:1,slow:3", [1, 3], "pickle"),
     "size4": (4, 2, "size:3", [3], "pickle"),
-    "multi16": (16, 4, "gil:5,kill:10,slow:14", [5, 10], "pickle"),
+    "multi16": (16, 4, "gil:5,kill:10,slow:14", [5, 10, 14], "pickle"),
+    "late8": (8, 4, "slow:6", [6], "pickle"),
 }
 
 
@@ -44,6 +46,7 @@ def _free_port() -> int:
 
 def record(name: str, out: Path, settle_s: float = 8.0, ceiling_s: float = 240.0) -> Path:
     world, tp, faults, culprits, fmt = SCENARIOS[name]
+    late = sorted(int(f.split(":")[1]) for f in faults.split(",") if f.startswith("slow:"))
     work = Path(tempfile.mkdtemp(prefix=f"fr-{name}-"))
     marks, dumps = work / "marks", work / "dumps"
     marks.mkdir()
@@ -85,7 +88,7 @@ def record(name: str, out: Path, settle_s: float = 8.0, ceiling_s: float = 240.0
     for fname, body in snapshot.items():  # as they were when asked, before the teardown's errors
         (target / fname).write_bytes(body)
     (target / "expected.json").write_text(
-        json.dumps({"world": world, "faults": faults, "culprits": culprits}) + "\n"
+        json.dumps({"world": world, "faults": faults, "culprits": culprits, "late": late}) + "\n"
     )
     shutil.rmtree(work, ignore_errors=True)
     return target

@@ -3,7 +3,10 @@
 The dumps under tests/data/flight/ were recorded with torch's own recorder on gloo jobs
 (`tests/record_flight.py`, torch 2.13): every rank answered a dump request through torch's
 debug-info pipe, as the supervisor asks on a hang; a rank holding the GIL or killed left none.
-``expected.json`` holds the ranks the faults were put on; the analysis never reads it.
+``runhang2`` holds the two dumps of `trainguard run`'s chaos hang (tests/test_supervisor.py: rank 1
+blocks before its next collective) as the Guard wrote them, with gloo's own nameless pg_config.
+``expected.json`` holds the ranks the faults were put on (``late``: those only made late); the
+analysis never reads it.
 """
 
 from __future__ import annotations
@@ -25,14 +28,18 @@ DATA = Path(__file__).parent / "data" / "flight"
 SCENARIOS = sorted(p.name for p in DATA.iterdir() if p.is_dir())
 
 
-def _expected(name: str) -> set[int]:
-    return set(json.loads((DATA / name / "expected.json").read_text())["culprits"])
+def _expected(name: str, key: str = "culprits") -> set[int]:
+    return set(json.loads((DATA / name / "expected.json").read_text())[key])
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_recorded_dumps_name_every_culprit_and_no_healthy_rank(name: str) -> None:
     verdict = judge(load_dumps(DATA / name), torch_matcher())
-    assert set(verdict.ranks) == _expected(name), verdict.as_json()
+    world = json.loads((DATA / name / "expected.json").read_text())["world"]
+    for rank in range(world):  # both directions: each faulted rank named, every other one not
+        assert (rank in verdict.ranks) == (rank in _expected(name)), (rank, verdict.as_json())
+    assert set(verdict.late) == _expected(name, "late"), verdict.as_json()
+    assert not verdict.suspects, verdict.as_json()  # every timing here is bounded
     assert set(verdict.evidence) == set(verdict.ranks)
     assert not set(verdict.victims) & set(verdict.ranks)
 
@@ -43,10 +50,14 @@ def test_sixteen_rank_job_with_two_faults_names_both_through_logs_explain(
     assert main(["logs", "explain", str(DATA / "multi16"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     root = out["root_cause"]
-    assert sorted(root["ranks"]) == [5, 10]
+    assert sorted(root["ranks"]) == [5, 10, 14]
+    # what the stall waits on decides the category; rank 14 came 4 s late and joined in the end
     assert root["source"] == "flight_recorder" and root["category"] == "rank_unresponsive"
-    assert set(root["evidence"]) == {"5", "10"}
-    assert 14 not in root["ranks"]  # the healthy rank that came 4 s late is no culprit
+    assert set(root["evidence"]) == {"5", "10", "14"}
+    [late] = out["flight_recorder"]["evidence"]["14"]
+    assert late["kind"] == "late" and late["op"] == "all_reduce #3" and "dp" in late["group"]
+    assert "4.0 s after its peers" in late["text"]
+    assert out["flight_recorder"]["late"] == [14] and 14 not in out["flight_recorder"]["victims"]
 
 
 def test_explain_prints_the_culprits_group_and_op(capsys: pytest.CaptureFixture[str]) -> None:
@@ -206,11 +217,12 @@ def test_dump_request_goes_through_the_ranks_pipe(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_freshly_recorded_gloo_job_with_a_killed_rank_names_it(tmp_path: Path) -> None:
+def test_a_freshly_recorded_gloo_job_names_the_killed_rank_and_the_late_one(tmp_path: Path) -> None:
     from record_flight import record  # type: ignore[import-not-found]
 
     out = record("kill4", tmp_path)
-    assert judge(load_dumps(out), torch_matcher()).ranks == (1,)
+    verdict = judge(load_dumps(out), torch_matcher())
+    assert verdict.causes == (1,) and verdict.late == (3,), verdict.as_json()  # rank 3 was 4 s late
 
 
 def test_an_earlier_attempts_dumps_are_not_judged_again(tmp_path: Path) -> None:
@@ -227,3 +239,80 @@ def test_an_earlier_attempts_dumps_are_not_judged_again(tmp_path: Path) -> None:
         shutil.copy(f, target)
         os.utime(target, (old, old))
     assert flight_dumps(tmp_path, [], list(range(8)), wait_s=0.1) == (None, None)
+
+
+def _late8(shift_s: float | None = None, drop: int | None = None) -> list[FlightDump]:
+    """late8's dumps (rank 6 entered its dp all-reduce #3 4 s late, which held rank 2 as long), with
+    rank 6 made ``shift_s`` late instead (every entry from its late one on moves earlier), or rank
+    ``drop``'s dump left out."""
+
+    def entries(rank: int) -> list[dict]:
+        return pickle.loads((DATA / "late8" / f"nccl_trace_rank_{rank}").read_bytes())["entries"]
+
+    assert entries(6)[7]["process_group"][1] == entries(2)[7]["process_group"][1] == "dp"
+    was = entries(6)[7]["time_created_ns"]  # rank 6's dp #3
+    delta = 0 if shift_s is None else was - entries(2)[7]["time_created_ns"] - int(shift_s * 1e9)
+    dumps = []
+    for path in sorted((DATA / "late8").glob("nccl_trace_rank_*")):
+        rank = int(path.name.rsplit("_", 1)[1])
+        data = pickle.loads(path.read_bytes())
+        for e in data["entries"]:
+            if e["time_created_ns"] >= was:
+                e["time_created_ns"] -= delta
+        if rank != drop:
+            dumps.append(FlightDump.from_torch(rank, str(path), data))
+    return dumps
+
+
+def test_a_rank_late_alone_is_named_late_and_the_ranks_it_delayed_are_not() -> None:
+    verdict = judge(_late8(), torch_matcher())
+    assert verdict.ranks == (6,) and verdict.late == (6,) and verdict.causes == ()
+    assert verdict.category == "rank_late" and verdict.evidence[6][0].kind == "late"
+    # rank 2 waited 4 s in dp with rank 6, so it entered the default group's #3 4 s after the
+    # others too: it is not late, its wait is explained by rank 6's entry
+
+
+def test_a_rank_on_time_or_barely_late_is_not_named() -> None:
+    """The self-check the other way: the same job with rank 6's entry moved back."""
+    assert judge(_late8(shift_s=0.0), torch_matcher()).ranks == ()
+    assert judge(_late8(shift_s=0.5), torch_matcher()).ranks == ()  # under late.LATE_S
+    assert judge(_late8(shift_s=1.5), torch_matcher()).late == (6,)
+
+
+def test_without_the_late_ranks_dump_the_rank_that_waited_on_it_is_a_suspect_not_a_culprit() -> None:
+    """Rank 2 entered the default group's #3 4 s after the others; rank 6, with whom it shared the
+    dp all-reduce before, left no dump: late on its own or held by rank 6 cannot be told."""
+    verdict = judge(_late8(drop=6), torch_matcher(), world=range(8))
+    assert verdict.ranks == (6,) and verdict.evidence[6][0].kind == "no_dump"
+    assert list(verdict.suspects) == [2] and "rank(s) 6 left no entry" in verdict.suspects[2][0].text
+    assert verdict.as_json()["suspects"]["2"][0]["kind"] == "late"
+
+
+def test_a_hang_under_trainguard_run_names_the_rank_missing_from_the_next_collective() -> None:
+    """Rank 0 waits in all-reduce #22; rank 1 completed #21 and issued nothing since. gloo's own
+    pg_config lists the default group without its name, so its members come from the entries."""
+    verdict = judge(load_dumps(DATA / "runhang2"), torch_matcher(), world=[0, 1])
+    assert verdict.ranks == (1,) and verdict.victims == (0,)
+    assert verdict.category == "rank_stalled_outside_collective"
+    [ev] = verdict.evidence[1]
+    assert ev.kind == "not_issued" and ev.op == "all_reduce #22" and "outside communication" in ev.text
+
+
+def test_a_hang_report_does_not_blame_a_rank_that_only_came_late() -> None:
+    from trainguard.supervisor.hang import analyze
+
+    late = judge(_late8(), torch_matcher())
+    assert analyze(list(range(8)), {}, {}, {}, late).laggards == ()
+    hung = judge(load_dumps(DATA / "multi16"), torch_matcher())
+    report = analyze(list(range(16)), {}, {}, {}, hung)
+    assert report.method == "flight_recorder" and report.laggards == (5, 10)
+
+
+def test_one_nodes_supervisor_names_its_own_culprits_and_not_the_other_nodes_ranks() -> None:
+    """multi16 as two nodes of 8 ranks: each node's supervisor sees only its own ranks' dumps."""
+    dumps = load_dumps(DATA / "multi16")
+    for here, named in ((range(8), (5,)), (range(8, 16), (10, 14))):
+        mine = [d for d in dumps if d.rank in here]
+        verdict = judge(mine, torch_matcher(), world=here, here=here)
+        assert verdict.ranks == named, verdict.as_json()
+        assert len(judge(mine, torch_matcher(), world=here).ranks) > len(named)  # without `here`: all absent

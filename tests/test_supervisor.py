@@ -182,4 +182,10 @@ def test_a_hung_gloo_job_gets_its_flight_recorder_judgement_stored_with_the_inci
     [judgement] = [Path(e) for e in incident.evidence if str(e).endswith(".json") and "/flight-" in str(e)]
     verdict = json.loads(judgement.read_text())
     assert verdict["dumps"] == 2, verdict
+    # the judgement agrees with the stacks: rank 0 waits in the next all-reduce, rank 1 never issued it
+    assert verdict["ranks"] == [1] and verdict["victims"] == [0], verdict
+    [evidence] = verdict["evidence"]["1"]
+    assert evidence["kind"] == "not_issued" and "outside communication" in evidence["text"], evidence
+    assert not verdict["notes"], verdict  # the Guard's writer named the default group's members
+    assert "never issued" in incident.summary  # the incident names rank 1 from the dumps
     assert sorted(p.name for p in judgement.parent.glob("fr_rank_*")) == ["fr_rank_0", "fr_rank_1"]

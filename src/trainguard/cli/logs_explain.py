@@ -117,12 +117,15 @@ def render_flight(v: FlightVerdict, out: TextIO) -> None:
     if not v.ranks:
         out.write(f"flight recorder ({v.dumps} dumps): no rank stands out\n")
     else:
-        out.write(
-            f"flight recorder ({v.dumps} dumps): culprit rank(s) {_ranges(list(v.ranks))}  [{v.category}]\n"
-        )
+        late = f"; late, joined in the end: {_ranges(list(v.late))}" if v.late else ""
+        named = f"culprit rank(s) {_ranges(list(v.causes))}" if v.causes else "no rank holds the job up"
+        out.write(f"flight recorder ({v.dumps} dumps): {named}{late}  [{v.category}]\n")
     for rank, evs in sorted(v.evidence.items()):
         for e in evs:
             out.write(f"  rank {rank}: {e.group} {e.op}: {e.text}\n")
+    for rank, evs in sorted(v.suspects.items()):
+        for e in evs:
+            out.write(f"  suspect rank {rank}: {e.group} {e.op}: {e.text}\n")
     if v.victims:
         out.write(f"  waiting because of them: {len(v.victims)} rank(s): {_ranges(list(v.victims))}\n")
     for note in v.notes:

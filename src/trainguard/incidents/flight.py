@@ -14,7 +14,12 @@ The judgement, per process group (collectives matched by ``collective_seq_id``, 
    released from one by an error): the stall came from there, so follow it;
 3. the culprits are the blockers that are not victims. Every rank that waits only because of
    another is left out; a cycle with no culprit (ranks waiting on each other in two groups) names
-   the cycle's ranks as ``collective_order_deadlock``; nothing that stands out names no one.
+   the cycle's ranks as ``collective_order_deadlock``; nothing that stands out names no one;
+4. a rank that entered a group's last collective late, on its own time (``incidents.late``: the
+   entry times show it free long before it entered, where its peers in that step entered at once),
+   is named too, as ``late`` (it joined in the end, so the stall does not wait on it: `causes`
+   leaves it out). Entries of groups no pg_config lists (gloo's own dumps) get their members from
+   the entries, the default group every rank.
 
 >>> d0 = FlightDump(0, "r0", {"0": ("default_pg", (0, 1))}, [entry("0", 1, "all_reduce", done=False)])
 >>> d1 = FlightDump(1, "r1", {"0": ("default_pg", (0, 1))}, [])
@@ -32,6 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.incidents.late import Timed, late_ranks
+from trainguard.incidents.late import describe as describe_late
+
 __all__ = ["FlightDump", "FlightVerdict", "RankEvidence", "dump_files", "entry", "judge"]
 
 Matcher = Callable[[dict[str, Any], dict[str, Any], set[int]], "str | None"]
@@ -41,12 +49,14 @@ NOT_ISSUED = "not_issued"
 NOT_STARTED = "not_started"
 MISMATCH = "collective_mismatch"
 DEADLOCK = "collective_order_deadlock"
+LATE = "late"  # entered the group's last collective late, on its own time (``incidents.late``)
 _CATEGORY = {  # culprit kind -> root_cause.category when all culprits agree
     NO_DUMP: "rank_unresponsive",
     NOT_ISSUED: "rank_stalled_outside_collective",
     NOT_STARTED: "gpu_not_progressing",
     MISMATCH: "collective_mismatch",
     DEADLOCK: "collective_order_deadlock",
+    LATE: "rank_late",  # only when no rank is named for anything else
 }
 
 
@@ -95,6 +105,13 @@ class FlightVerdict:
     stalled_groups: tuple[str, ...] = ()
     dumps: int = 0
     notes: tuple[str, ...] = ()
+    late: tuple[int, ...] = ()  # ranks named only for entering late (they joined in the end)
+    suspects: dict[int, list[RankEvidence]] = field(default_factory=dict)  # late, or held: can't tell
+
+    @property
+    def causes(self) -> tuple[int, ...]:
+        """The culprits the stall waits on: `ranks` less those named only for being late."""
+        return tuple(r for r in self.ranks if r not in self.late)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -108,6 +125,11 @@ class FlightVerdict:
             "stalled_groups": list(self.stalled_groups),
             "dumps": self.dumps,
             "notes": list(self.notes),
+            "late": list(self.late),
+            "suspects": {
+                str(r): [{"kind": e.kind, "group": e.group, "op": e.op, "text": e.text} for e in ev]
+                for r, ev in sorted(self.suspects.items())
+            },
         }
 
 
@@ -185,6 +207,22 @@ def _parse(dump: FlightDump, fallback: dict[str, tuple[int, ...]]) -> list[_Op]:
     return ops
 
 
+def _guess_members(by_rank: dict[int, FlightDump], world: set[int]) -> dict[str, tuple[int, ...]]:
+    """Members of the groups that entries name but no dump's pg_config lists: the ranks whose
+    entries name them; the default group (pg "0", ``default_pg``) has every rank."""
+    known = {pg for d in by_rank.values() for pg in d.groups}
+    everyone = world | set(by_rank) | {m for d in by_rank.values() for _, ms in d.groups.values() for m in ms}
+    seen: dict[str, set[int]] = {}
+    for d in by_rank.values():
+        for e in d.entries:
+            pg = str(e["process_group"][0])
+            if pg in known:
+                continue
+            default = pg == "0" or str(e["process_group"][1]) == "default_pg"
+            seen.setdefault(pg, set()).update(everyone if default else {d.rank})
+    return {pg: tuple(sorted(rs)) for pg, rs in seen.items()}
+
+
 def _describe(key: tuple[str, tuple[int, ...]], descs: dict[tuple[str, tuple[int, ...]], str]) -> str:
     pg, members = key
     span = (
@@ -204,22 +242,23 @@ def _sig(e: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def judge(
-    dumps: Iterable[FlightDump], matcher: Matcher | None = None, world: Iterable[int] = ()
+    dumps: Iterable[FlightDump],
+    matcher: Matcher | None = None,
+    world: Iterable[int] = (),
+    here: Iterable[int] | None = None,
 ) -> FlightVerdict:
     """The culprit ranks of a stalled job (see the module docstring). ``matcher`` compares two
-    ranks' entries of one collective (``torch_matcher``); ``world`` adds ranks known to exist."""
+    ranks' entries of one collective (``torch_matcher``); ``world`` adds ranks known to exist;
+    ``here``, when given, are the only ranks whose dumps these can be (one node's supervisor sees
+    its own ranks): another rank's missing dump is no evidence."""
     by_rank = {d.rank: d for d in dumps}
     notes: list[str] = []
-    fallback: dict[str, set[int]] = {}
-    for d in by_rank.values():
-        if not d.groups:
-            for e in d.entries:
-                fallback.setdefault(str(e["process_group"][0]), set()).add(d.rank)
-    if fallback:
+    fixed = _guess_members(by_rank, set(world))
+    if fixed:
         notes.append(
-            "some dumps carry no pg_config (gloo without trainguard's writer): members guessed from entries"
+            f"pg_config lists no members of groups {sorted(fixed)} (gloo without trainguard's writer): "
+            "members guessed from the entries (the default group: every rank)"
         )
-    fixed = {pg: tuple(sorted(rs)) for pg, rs in fallback.items()}
     ops = {r: _parse(d, fixed) for r, d in by_rank.items()}
     descs: dict[tuple[str, tuple[int, ...]], str] = {}
     for d in by_rank.values():
@@ -229,13 +268,18 @@ def judge(
         for o in rops:
             descs.setdefault(o.key, str(o.raw["process_group"][1]))
     all_ranks = set(world) | set(by_rank) | {m for key in descs for m in key[1]}
+    away = frozenset() if here is None else frozenset(all_ranks - set(here) - set(by_rank))
+    if away:
+        notes.append(
+            f"ranks {_span(sorted(away))} dump elsewhere (other nodes): a stall on them names no one here"
+        )
 
     blockers: dict[int, list[RankEvidence]] = {}
     stall_at: dict[tuple[str, tuple[int, ...]], int] = {}  # group -> seq it stopped agreeing at
     quiet: dict[tuple[str, tuple[int, ...]], int] = {}  # group whose only oddity is a missing dump
     for key in descs:
-        _judge_group(key, ops, by_rank, descs, matcher, blockers, stall_at, quiet)
-    _judge_p2p(ops, by_rank, descs, blockers)
+        _judge_group(key, ops, by_rank, descs, matcher, blockers, stall_at, quiet, away)
+    _judge_p2p(ops, by_rank, descs, blockers, away)
 
     def waits_elsewhere(r: int) -> str | None:
         """Where rank r's last operation waits, or was released from by an error (a collective of
@@ -250,7 +294,7 @@ def judge(
         if last.kind == "coll" and quiet.get(last.key) == last.seq:
             group = _describe(last.key, descs)
             for m in last.key[1]:
-                if m not in by_rank:
+                if m not in by_rank and m not in away:
                     text = f"no flight-recorder dump; rank {r} stopped after {last.name} #{last.seq} with it"
                     blockers.setdefault(m, []).append(
                         RankEvidence(m, NO_DUMP, group, f"{last.name} #{last.seq}", text)
@@ -277,15 +321,17 @@ def judge(
         culprits = {r: [RankEvidence(r, DEADLOCK, e[0].group, e[0].op, e[0].text + f"; itself waits in {waits_elsewhere(r)}")]
                     for r, e in blockers.items()}  # fmt: skip
         victims -= set(culprits)
-    silent = sorted(set(all_ranks) - set(by_rank) - set(culprits))
+    silent = sorted(set(all_ranks) - set(by_rank) - set(culprits) - away)
     if not culprits and silent and by_rank:
         for r in silent:
             text = "no flight-recorder dump while every other rank left one; no group shows a stall"
             culprits[r] = [RankEvidence(r, NO_DUMP, "-", "-", text)]
         silent = []
-    kinds = {e[0].kind for e in culprits.values()}
+    suspects: dict[int, list[RankEvidence]] = {}
+    late = _late(ops, descs, culprits, victims, suspects)
+    kinds = {e[0].kind for r, e in culprits.items() if r not in late}
     if culprits:
-        category = _CATEGORY[kinds.pop()] if len(kinds) == 1 else "multiple"
+        category = _CATEGORY[kinds.pop() if kinds else LATE] if len(kinds) <= 1 else "multiple"
     else:
         category = "none"
         if waiting:
@@ -302,7 +348,56 @@ def judge(
         stalled_groups=tuple(sorted(_describe(k, descs) + f" at #{s}" for k, s in stall_at.items())),
         dumps=len(by_rank),
         notes=tuple(notes),
+        late=tuple(sorted(late)),
+        suspects=suspects,
     )
+
+
+def _late(
+    ops: dict[int, list[_Op]],
+    descs: dict[tuple[str, tuple[int, ...]], str],
+    culprits: dict[int, list[RankEvidence]],
+    victims: set[int],
+    suspects: dict[int, list[RankEvidence]],
+) -> set[int]:
+    """Add the ranks that entered a group's last collective late to ``culprits`` (a victim that was
+    late is no victim), those that may have been to ``suspects``; returns those named for nothing
+    else."""
+    timelines = {
+        r: [
+            Timed(o.key, descs.get(o.key, ""), o.seq if o.kind == "coll" else 0,
+                  _ns(o.raw.get("time_created_ns")), _ns(o.raw.get("time_discovered_completed_ns")))
+            for o in rops
+        ]
+        for r, rops in ops.items()
+    }  # fmt: skip
+    only = set()
+    for found in late_ranks(timelines):
+        name = next(o.name for o in ops[found.rank] if o.key == found.key and o.seq == found.seq)
+        group, op = _describe(found.key, descs), f"{name} #{found.seq}"
+        ev = RankEvidence(found.rank, LATE, group, op, describe_late(found, op))
+        if found.own_s is None:
+            if found.rank not in culprits:
+                suspects.setdefault(found.rank, []).append(ev)
+            continue
+        if found.rank in culprits:  # named for something else too
+            culprits[found.rank].append(ev)
+        else:
+            culprits[found.rank] = [ev]
+            only.add(found.rank)
+        victims.discard(found.rank)
+    return only
+
+
+def _span(ranks: list[int]) -> str:
+    return f"{ranks[:8]}" + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+
+
+def _ns(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _judge_group(
@@ -314,6 +409,7 @@ def _judge_group(
     blockers: dict[int, list[RankEvidence]],
     stall_at: dict[tuple[str, tuple[int, ...]], int],
     quiet: dict[tuple[str, tuple[int, ...]], int],
+    away: frozenset[int] = frozenset(),
 ) -> None:
     members = key[1]
     mine = {r: [o for o in ops[r] if o.key == key and o.kind == "coll"] for r in members if r in ops}
@@ -335,7 +431,7 @@ def _judge_group(
     pending = sorted({o.seq for os_ in mine.values() for o in os_ if not o.done})
     behind = [r for r in members if r in by_rank and issued.get(r, 0) < top]
     if not behind and not pending:
-        if any(r not in by_rank for r in members):
+        if any(r not in by_rank and r not in away for r in members):
             quiet[key] = top
         return
     seq = top if behind or pending[-1] == top else pending[0]
@@ -347,6 +443,8 @@ def _judge_group(
     waiting = sorted(r for r, o in here.items() if not o.done)
     others = f"ranks {waiting} wait in it" if waiting else "the others issued it"
     for r in members:
+        if r in away:
+            continue
         if r not in by_rank:
             text = f"no flight-recorder dump (process dead, or hung holding the GIL); {others}"
             blockers.setdefault(r, []).append(RankEvidence(r, NO_DUMP, group, opname, text))
@@ -356,7 +454,12 @@ def _judge_group(
                 if issued.get(r)
                 else "it issued none in this group"
             )
-            text = f"never issued {ref.name} #{seq}; {last}; {others}"
+            idle = (
+                ""
+                if any(not o.done for o in ops[r])
+                else "; nothing of its own is pending: outside communication"
+            )
+            text = f"never issued {ref.name} #{seq}; {last}; {others}{idle}"
             blockers.setdefault(r, []).append(RankEvidence(r, NOT_ISSUED, group, opname, text))
     started = {r for r, o in here.items() if o.started}
     if started and len(started) < len(here) and all(not o.done for o in here.values()):
@@ -403,11 +506,12 @@ def _judge_p2p(
     by_rank: dict[int, FlightDump],
     descs: dict[tuple[str, tuple[int, ...]], str],
     blockers: dict[int, list[RankEvidence]],
+    away: frozenset[int] = frozenset(),
 ) -> None:
     """A pending send/recv whose peer has no dump, or posted no matching op, is blocked by the peer."""
     for r, rops in ops.items():
         for o in rops:
-            if o.kind != "p2p" or o.done or o.peer is None:
+            if o.kind != "p2p" or o.done or o.peer is None or o.peer in away:
                 continue
             group, opname = _describe(o.key, descs), f"{o.name} with rank {o.peer}"
             if o.peer not in by_rank:

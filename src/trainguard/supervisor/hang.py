@@ -22,7 +22,8 @@ Evidence, strongest first:
 1. the process was stopped (``T`` in /proc: SIGSTOP, a debugger);
 2. flight-recorder dumps: per process group, the ranks the others wait on (no dump, never issued
    the collective, mismatched sizes), followed across groups to the ranks that started the stall
-   (``incidents.flight``); the Guard's own ``.fr.json``: a rank whose last collective sequence
+   (``incidents.flight``; a rank it names only for entering late joined in the end, so it is kept
+   in the judgement but is no laggard); the Guard's own ``.fr.json``: a rank whose last collective sequence
    number is behind the others';
 3. Python stacks: ranks inside a collective (torch.distributed, backward's all-reduce) vs ranks
    elsewhere;
@@ -150,7 +151,7 @@ def flight_dumps(
     dumps = load_dumps(directory, FR_PREFIX, since)
     if not dumps:
         return None, None
-    verdict = judge(dumps, torch_matcher(), world=ranks)
+    verdict = judge(dumps, torch_matcher(), world=ranks, here=ranks)  # other nodes dump on their hosts
     out = directory / f"flight-{int(time.time())}.json"
     atomic_write_bytes(out, (_json.dumps(verdict.as_json(), indent=1) + "\n").encode())
     return verdict, out
@@ -169,11 +170,11 @@ def analyze(
     stopped = {r: "process stopped (state T)" for r in ranks if states.get(r) == "T"}
     if stopped:
         return HangReport(tuple(sorted(stopped)), stopped, files, "proc_state", flight)
-    if flight is not None and flight.ranks:
+    if flight is not None and flight.causes:  # a rank that only came late is not what the hang waits on
         reasons = {
-            r: "; ".join(f"{e.group} {e.op}: {e.text}" for e in evs) for r, evs in flight.evidence.items()
+            r: "; ".join(f"{e.group} {e.op}: {e.text}" for e in flight.evidence[r]) for r in flight.causes
         }
-        return HangReport(flight.ranks, reasons, files, "flight_recorder", flight)
+        return HangReport(flight.causes, reasons, files, "flight_recorder", flight)
     if len(ranks) == 1:  # no peer to compare with: the job's only rank is where it hangs
         (r,) = ranks
         where = "inside a collective" if _in_collective(dumps.get(r, [])) else "not inside a collective"

@@ -61,9 +61,11 @@ def dump(prefix: str, rank: int | None = None, fmt: str = "pickle") -> Path:
     rank = dist.get_rank() if rank is None else rank
     raw = c10d_c._dump_fr_trace_json() if fmt == "json" else c10d_c._dump_fr_trace()  # type: ignore[attr-defined]
     data: dict[str, Any] = json.loads(raw) if fmt == "json" else pickle.loads(raw)
-    config = data.get("pg_config") or {}
-    if not any(v.get("ranks", "[]") != "[]" for v in config.values() if isinstance(v, dict)):
-        data["pg_config"] = _pg_config()  # gloo records none
+    config = {k: v for k, v in (data.get("pg_config") or {}).items() if isinstance(v, dict)}
+    named = {str(e["process_group"][0]) for e in data.get("entries") or [] if "process_group" in e}
+    if named - {k for k, v in config.items() if v.get("ranks", "[]") != "[]"}:
+        # gloo lists none of its groups, or one nameless group ("": the default group's ranks)
+        data["pg_config"] = {**{k: v for k, v in config.items() if k}, **_pg_config()}
     body = json.dumps(data).encode() if fmt == "json" else pickle.dumps(data)
     path = Path(f"{prefix}{rank}")
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # two dumpers may race
