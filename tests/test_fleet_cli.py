@@ -16,7 +16,6 @@ from trainguard.incidents import Incident, IncidentStore, RootCause
 from trainguard.incidents.fleet import NODE, FleetWriter
 from trainguard.incidents.identity import NodeIdentity
 
-NOW = time.time()
 OK = ("ok", "none", "")
 
 
@@ -29,36 +28,45 @@ def node(i: int) -> NodeIdentity:
     )
 
 
-def fill(store: IncidentStore) -> None:
+def fill(store: IncidentStore, now: float) -> None:
     """Six nodes; node-01 GPU 5 is a lemon, node-04 failed now, one software bug, a breaker held."""
     for i in range(6):
         n = node(i)
         w = FleetWriter(store, n)
         health = ("failed", "exclude_gpu", "Xid 79 on GPU 2") if i == 4 else OK
-        w.record({NODE: health, 2: health}, NOW - 60, health)
+        w.record({NODE: health, 2: health}, now - 60, health)
     lemon = node(1)
     for k in range(4):
         store.add(
             Incident(
-                "job-1", NOW - 3600 * (k + 1), RootCause.GPU_HBM_MEMORY, "exclude_gpu", f"DBE {k}", gpu=5
+                "job-1", now - 3600 * (k + 1), RootCause.GPU_HBM_MEMORY, "exclude_gpu", f"DBE {k}", gpu=5
             ),
             lemon,
         )
-    store.add(Incident("job-1", NOW - 100, RootCause.FAULTY_GPU, "exclude_gpu", "Xid 79", gpu=2), node(4))
+    store.add(Incident("job-1", now - 100, RootCause.FAULTY_GPU, "exclude_gpu", "Xid 79", gpu=2), node(4))
     store.add(
-        Incident("job-2", NOW - 50, RootCause.SOFTWARE_BUG, "stop", "ValueError in train.py", rank=0), node(3)
+        Incident("job-2", now - 50, RootCause.SOFTWARE_BUG, "stop", "ValueError in train.py", rank=0), node(3)
     )
     FleetWriter(store, node(4)).breaker(
-        "gpu_reset", "open", reason="2 resets within 1 h", gpu=2, time=NOW - 90
+        "gpu_reset", "open", reason="2 resets within 1 h", gpu=2, time=now - 90
     )
-    FleetWriter(store, node(2)).breaker("node_drain", "open", time=NOW - 500)
-    FleetWriter(store, node(2)).breaker("node_drain", "closed", time=NOW - 400)
-    store.start_job("job-1", started=NOW - 5 * 3600, world_size=16)
-    store.end_job("job-1", ended=NOW, status="succeeded")
+    FleetWriter(store, node(2)).breaker("node_drain", "open", time=now - 500)
+    FleetWriter(store, node(2)).breaker("node_drain", "closed", time=now - 400)
+    store.start_job("job-1", started=now - 5 * 3600, world_size=16)
+    store.end_job("job-1", ended=now, status="succeeded")
+
+
+@pytest.fixture
+def now() -> float:
+    """The store's rows are this far in the past when the test starts (not when it was collected:
+    a long suite runs this module's tests half an hour after importing it)."""
+    return time.time()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
-def db_args(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def db_args(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, now: float
+) -> list[str]:
     if request.param == "sqlite":
         target = str(tmp_path / "tg.db")
         args = ["--db", target]
@@ -67,7 +75,7 @@ def db_args(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
         monkeypatch.setenv("TRAINGUARD_DB", target)  # the password comes from the environment
         args = []
     with IncidentStore(target) as store:
-        fill(store)
+        fill(store, now)
     return args
 
 
@@ -113,7 +121,7 @@ def test_fleet_lemons_rank_gpus_and_nodes_by_hardware_incidents(db_args: list[st
     ]  # latest first
 
 
-def test_fleet_mtbf_by_root_cause_and_group(db_args: list[str], capsys) -> None:
+def test_fleet_mtbf_by_root_cause_and_group(db_args: list[str], capsys, now: float) -> None:
     mtbf = run_json(capsys, "fleet", "mtbf", *db_args)
     causes = {e["root_cause"]: e["failures"] for e in mtbf["by_root_cause"]}
     assert causes == {"gpu_hbm_memory": 4, "faulty_gpu": 1, "software_bug": 1}
@@ -121,8 +129,8 @@ def test_fleet_mtbf_by_root_cause_and_group(db_args: list[str], capsys) -> None:
     assert groups == {"a100": (4, 4), "h100": (2, 1)}
     a100 = next(e for e in mtbf["by_group"] if e["group"] == "a100")
     assert a100["mtbf_h"] == pytest.approx(4 * mtbf["span_h"] / 4)
-    # From the first incident, 4 h before NOW, to the moment the command ran.
-    assert 4.0 <= mtbf["span_h"] <= 4.0 + (time.time() - NOW) / 3600
+    # From the first incident, 4 h before the rows' now, to the moment the command ran.
+    assert 4.0 <= mtbf["span_h"] <= 4.0 + (time.time() - now) / 3600
 
 
 def test_fleet_incidents_and_breakers_name_the_node(db_args: list[str], capsys) -> None:

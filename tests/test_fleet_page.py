@@ -9,6 +9,7 @@ The screenshot is kept in build/test-artifacts/fleet-page.png.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ return {
 @pytest.fixture
 def fleet_agent(pg_url: str, tmp_path: Path):
     with IncidentStore(pg_url) as store:
-        fill(store)  # six nodes in two groups; node-04 failed; node-01 has four incidents
+        fill(store, time.time())  # six nodes in two groups; node-04 failed; node-01 has four incidents
     with Running(sim_config(tmp_path, db=pg_url)) as running:
         yield running
 
