@@ -5,6 +5,7 @@ run`` (restart), each restarting every rank, against ``trainguard run --replica-
     python benchmarks/bench_no_restart.py                 # a table
     python benchmarks/bench_no_restart.py --json          # the figures as JSON
     python benchmarks/bench_no_restart.py --repeats 3 --groups3
+    python benchmarks/bench_no_restart.py --cost-only --repeats 6 --json   # step_cost_vs_ddp alone
 
 Every run trains examples/train_ft.py (torchft's Manager and DDP, the Guard) for ``--steps``
 steps on CPU/gloo, 2 ranks in all: one group of 2 ranks (torchrun, restart) or 2 groups of 1 rank
@@ -358,12 +359,18 @@ def summarize(
                 for i, k in enumerate(("fault_to_main_s", "main_to_manager_s", "manager_to_commit_s"))
             }
     out["restart_recovery_s"] = ci(per["restart"].get("heal_s", [math.nan]))
-    ddp, grp = per["cost"]["ddp_step_s"], per["cost"]["groups2_step_s"]
-    out["step_cost_vs_ddp"] = ci([g / d for g, d in zip(grp, ddp, strict=True)])
-    out["step_overhead_ms"] = ci([(g - d) * 1000 for g, d in zip(grp, ddp, strict=True)])
-    out["ddp_step_ms"] = ci([d * 1000 for d in ddp])
-    out["groups2_step_ms"] = ci([g * 1000 for g in grp])
-    return out
+    return {**out, **step_cost(per["cost"])}
+
+
+def step_cost(cost: dict[str, list[float]]) -> dict[str, Any]:
+    """--replica-groups 2's mean step against plain DDP's, per repeat: their ratio and difference."""
+    ddp, grp = cost["ddp_step_s"], cost["groups2_step_s"]
+    return {
+        "step_cost_vs_ddp": ci([g / d for g, d in zip(grp, ddp, strict=True)]),
+        "step_overhead_ms": ci([(g - d) * 1000 for g, d in zip(grp, ddp, strict=True)]),
+        "ddp_step_ms": ci([d * 1000 for d in ddp]),
+        "groups2_step_ms": ci([g * 1000 for g in grp]),
+    }
 
 
 def main() -> int:
@@ -374,6 +381,11 @@ def main() -> int:
     p.add_argument("--groups3", action="store_true", help="also --replica-groups 3")
     p.add_argument("--no-torchrun", action="store_true", help="leave out torchrun --max-restarts")
     p.add_argument("--torchrun-cap-s", type=float, default=600.0, help="torchrun's wall-clock cap per run")
+    p.add_argument(
+        "--cost-only",
+        action="store_true",
+        help="only step_cost_vs_ddp (and python_import_s): --repeats interleaved pairs of fault-free runs",
+    )
     p.add_argument("--plot", metavar="PATH.png", help="draw the last faulty groups2 run, one line per group")
     args = p.parse_args()
     modes = (["torchrun"] if not args.no_torchrun else []) + ["restart", "groups2"]
@@ -392,7 +404,7 @@ def main() -> int:
         for rep in range(args.repeats):
             order = modes if rep % 2 == 0 else modes[::-1]  # A B, B A: drifts of the load hit both
             clean: dict[str, dict[str, Any]] = {}
-            for mode in order:
+            for mode in [] if args.cost_only else order:
                 clean[mode] = one(mode, False)
                 per[mode].setdefault("pause_clean_s", []).append(clean[mode]["pause_s"])
             # The per-step cost: plain DDP against --replica-groups 2, fault-free, no step delay.
@@ -402,7 +414,7 @@ def main() -> int:
             }
             per["cost"].setdefault("ddp_step_s", []).append(cost["ddp"]["step_s"])
             per["cost"].setdefault("groups2_step_s", []).append(cost["groups2"]["step_s"])
-            for mode in [*order, "groups2cold"]:
+            for mode in [] if args.cost_only else [*order, "groups2cold"]:
                 f = one(mode, True)
                 if args.plot and mode == "groups2":
                     from trainguard.incidents.groups_plot import plot_groups
@@ -417,16 +429,20 @@ def main() -> int:
                     if f.get(key) is not None:
                         per[mode].setdefault(key, []).append(f[key])
             print(f"bench_no_restart: repeat {rep + 1}: {json.dumps(per)}", file=sys.stderr, flush=True)
-    out = summarize(per, modes, args.steps, args.repeats)
+    if args.cost_only:
+        out = {"machine": "CPU, gloo; shared and loaded", "repeats": args.repeats, "steps": COST_STEPS}
+        out.update(load_average=[round(x, 2) for x in os.getloadavg()], **step_cost(per["cost"]))
+    else:
+        out = summarize(per, modes, args.steps, args.repeats)
+        for key in ("ratio_vs_restart", "healthy_group_pause_s", "steps_lost_per_failure"):
+            out[f"{key}_mean"] = out[key]["mean"]
     out["python_import_s"] = import_time()
-    for key in ("ratio_vs_restart", "healthy_group_pause_s", "steps_lost_per_failure"):
-        out[f"{key}_mean"] = out[key]["mean"]
     if args.json:
         print(json.dumps(out, indent=1))
     else:
         for key, value in out.items():
             print(f"{key:36} {value}")
-    return finish("bench_no_restart", TARGETS, out, json_mode=args.json)
+    return finish("bench_no_restart", () if args.cost_only else TARGETS, out, json_mode=args.json)
 
 
 if __name__ == "__main__":
