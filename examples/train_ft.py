@@ -17,8 +17,10 @@ import argparse
 import json
 import os
 import time
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -48,12 +50,22 @@ def main() -> None:
         "the groups end with the same weights even when one healed late)",
     )
     p.add_argument("--metrics", default=None, help="group rank 0 appends one JSON line per step ({group})")
+    p.add_argument(
+        "--pg-timeout-s",
+        type=float,
+        default=None,
+        help="collective timeout of the group's process group (gloo's default: 30 min); without "
+        "trainguard run's hang watch, what ends a collective that waits on a hung rank",
+    )
     p.add_argument("--out", default=None, help="group rank 0 saves the final weights here ({group}: its id)")
     args = p.parse_args()
     t_main = time.time()
 
     torch.set_num_threads(1)
     torch.manual_seed(0)  # every group starts from the same weights
+    if args.pg_timeout_s:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=args.pg_timeout_s))
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     state = TrainState(model, optimizer)  # trainguard

@@ -217,28 +217,31 @@ def _failures(cfg: SimConfig, rng: Any) -> tuple[Any, Any, Any]:
     return times, cats, failed
 
 
-def simulate_groups(cfg: SimConfig, groups: int, heal_s: float, lost_s: float) -> Any:
+def simulate_groups(cfg: SimConfig, groups: int, heal_s: float, lost_s: float, step_cost: float = 1.0) -> Any:
     """ETTR per trial under the third recovery mode, replica groups (``trainguard run
     --replica-groups``): a failure takes the one group holding the failed GPU out for the
     category's detection delay + ``heal_s`` (restart and heal from a live peer, in place of the
     job's restart) + its extra downtime, while the other groups keep training, so the job loses
     ``1 / groups`` of its capacity for that long, plus ``lost_s`` of the whole job's time (the steps
     the healthy groups discard while the quorum drops the failed one). Nothing rolls back to a
-    checkpoint; durable checkpoints still block ``write_s`` per ``interval_s``. The same failures
-    as `simulate` with the same seed."""
+    checkpoint; durable checkpoints still block ``write_s`` per ``interval_s``. ``step_cost``: a
+    step under torchft takes this many times a plain DDP step (its quorum and commit RPCs), so
+    the useful work is divided by it. The same failures as `simulate` with the same seed."""
     np = need("numpy")
-    if groups < 1 or heal_s < 0 or lost_s < 0:
-        raise ConfigError("replica groups: give 1 or more groups and non-negative heal and loss times")
+    if groups < 1 or heal_s < 0 or lost_s < 0 or not step_cost >= 1.0:
+        raise ConfigError(
+            "replica groups: give 1 or more groups, non-negative heal and loss times and a step cost >= 1"
+        )
     rng = np.random.default_rng(cfg.seed)
     horizon = cfg.days * DAY_S
     if cfg.rate_per_s == 0:
-        return np.full(cfg.trials, cfg.interval_s / (cfg.interval_s + cfg.write_s))
+        return np.full(cfg.trials, cfg.interval_s / (cfg.interval_s + cfg.write_s) / step_cost)
     times, cats, failed = _failures(cfg, rng)
     down = np.array([c.detect_s + heal_s + c.extra_s for c in cfg.categories], dtype=float)[cats]
     lost = np.minimum(down, np.maximum(0.0, horizon - times)) / groups + lost_s
     lost_total = np.where(failed, lost, 0.0).sum(axis=1)
     useful = np.maximum(0.0, horizon - lost_total) * cfg.interval_s / (cfg.interval_s + cfg.write_s)
-    return useful / horizon
+    return useful / horizon / step_cost
 
 
 def _committed(runs: Any, cfg: SimConfig, *, final: bool) -> Any:
