@@ -102,6 +102,15 @@ BENCH_KEYS = {
 }
 
 
+def _read(path: str, flag: str) -> str:
+    from trainguard.errors import InputError
+
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: cannot read it ({exc.strerror})") from None
+
+
 def bench_costs(path: str, restart_s: float, wait_s: float = 0.0) -> dict[str, dict[str, float]]:
     """Recovery costs per launcher from a bench_recovery JSON, each from its own measured figures
     and by the same formula: every failure costs the job's own restart (reload, warm-up) plus the
@@ -111,10 +120,7 @@ def bench_costs(path: str, restart_s: float, wait_s: float = 0.0) -> dict[str, d
     measure node faults, so neither launcher gets a figure it did not earn."""
     from trainguard.errors import InputError
 
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InputError(f"--from-bench {path}: cannot read it ({exc.strerror})") from None
+    text = _read(path, "--from-bench")
     try:
         data = json.loads(text)
         costs = {}
@@ -158,10 +164,7 @@ def no_restart_costs(path: str, restart_s: float, step_s: float) -> dict[str, fl
 
     if not step_s > 0:
         raise InputError(f"--step-seconds {step_s:g}: give the simulated job's step time in seconds, above 0")
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InputError(f"--from-no-restart {path}: cannot read it ({exc.strerror})") from None
+    text = _read(path, "--from-no-restart")
     try:
         data = json.loads(text)
         m = {key: float(data[key]["mean"]) for key in NO_RESTART_KEYS}
