@@ -83,7 +83,8 @@ def memory_bandwidth(run: _Run) -> None:
     values = {g: tuple(max(r[k] for r in rs) for k in range(3)) for g, rs in rounds.items()}
     reference = values[run.devices[0].index][2] if alone and values else None
     copy = {g: v[0] for g, v in values.items()}
-    detail = {g: f"copy of {b.copy_bytes / 2**20:.0f} MiB; write {v[1]:.4g} GB/s" for g, v in values.items()}
+    size = f"{b.copy_bytes / 2**20:g} MiB" if b.copy_bytes >= 2**20 else f"{b.copy_bytes / 2**10:g} KiB"
+    detail = {g: f"copy of {size}; write {v[1]:.4g} GB/s" for g, v in values.items()}
     peaks = {d.index: peak_of(d.kind, d.name, "memory") for d in run.devices}
     results = judge.judge_against_peers(
         "memory_bandwidth", copy, "GB/s", peaks, floor_of("memory"), reference, detail

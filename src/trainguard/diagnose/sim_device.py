@@ -141,6 +141,7 @@ class SimDevice(TorchDevice):
 
     def write(self, dst: Any, src: Any) -> None:
         super().write(dst, src)
+        t0 = time.thread_time()
         hbm = self._active(state.HbmCorruption)
         if hbm is not None:
             expected = hbm.per_gib * dst.numel() * dst.element_size() / 2**30
@@ -149,6 +150,8 @@ class SimDevice(TorchDevice):
         stuck = self._active(state.StuckBits)
         if stuck is not None:
             self._hold_stuck_bits(dst, stuck)
+        # Corrupting memory costs a real GPU nothing: the simulator's bookkeeping is not device time.
+        self._added_s -= time.thread_time() - t0
 
     def all_reduce(self, group: Any, tensor: Any) -> None:
         group.allreduce([tensor]).wait()
