@@ -32,7 +32,7 @@ import json
 import time as _time
 from typing import TYPE_CHECKING, Any
 
-from trainguard.incidents.identity import NodeIdentity, row_key
+from trainguard.incidents.identity import NodeIdentity, gpu_uuids, row_key
 
 if TYPE_CHECKING:
     from trainguard.incidents.backend import Backend
@@ -53,7 +53,7 @@ class FleetWriter:
 
     def observe(self, verdict: NodeVerdict, now: float) -> int:
         """Write what changed since the last verdict (and replay the spool); returns rows written."""
-        uuids = tuple(g.gpu.uuid for g in sorted(verdict.gpus, key=lambda g: g.gpu.index))
+        uuids = gpu_uuids(verdict)
         if uuids and uuids != self.identity.gpu_uuids:
             self.identity = self.identity.with_gpus(uuids)
         states: dict[int, _State] = {

@@ -50,6 +50,11 @@ class NodeIdentity:
         )
 
 
+def gpu_uuids(verdict: Any) -> tuple[str | None, ...]:
+    """A node verdict's GPU UUIDs by GPU index, as `NodeIdentity.gpu_uuids` holds them."""
+    return tuple(g.gpu.uuid for g in sorted(verdict.gpus, key=lambda g: g.gpu.index))
+
+
 def row_key(kind: str, *facts: Any) -> str:
     """A stable key for one row from the facts that make it that row."""
     text = json.dumps([kind, *facts], default=str, separators=(",", ":"))

@@ -24,6 +24,8 @@ from typing import Any
 from trainguard.incidents import Incident, IncidentStore, Interval, IntervalKind, goodput
 from trainguard.incidents.backend import is_url
 from trainguard.incidents.goodput import GoodputSummary, JobInfo
+from trainguard.incidents.identity import gpu_uuids
+from trainguard.records import NodeVerdict
 from trainguard.supervisor.lost import LostRun, lost_run_record, step_reached_at
 
 log = logging.getLogger(__name__)
@@ -77,8 +79,9 @@ class JobRecorder:
             except Exception as exc:
                 log.warning("incident store %s unavailable, recording into %s only: %s", db, run_dir, exc)
 
-    def node_gpus(self, uuids: tuple[str | None, ...]) -> None:
-        """The node's GPU UUIDs by index (from its verdicts), stamped on the rows written from now."""
+    def node_gpus(self, verdict: NodeVerdict) -> None:
+        """The node's GPU UUIDs from its verdict, stamped on the rows written from now."""
+        uuids = gpu_uuids(verdict)
         if self.store is not None and uuids and uuids != self.store.identity.gpu_uuids:
             self.store.identity = self.store.identity.with_gpus(uuids)
 

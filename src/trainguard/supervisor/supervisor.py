@@ -277,9 +277,7 @@ class Supervisor:
 
     def _remember(self, obs: Observation, attempt: Attempt) -> None:
         if obs.verdict is not None:  # the node's GPU UUIDs, stamped on the rows this job writes
-            self.recorder.node_gpus(
-                tuple(g.gpu.uuid for g in sorted(obs.verdict.gpus, key=lambda g: g.gpu.index))
-            )
+            self.recorder.node_gpus(obs.verdict)
         for lr, code in obs.codes.items():
             if code is not None:
                 attempt.exits_seen.setdefault(lr, obs.time)
