@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import io
+import os
 import random
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -201,3 +206,97 @@ def test_the_scanners_fast_replace_keeps_every_event_field():
     assert set(values) == {f.name for f in dataclasses.fields(Event)}  # a new field needs a value here
     event = Event(**values)  # type: ignore[arg-type]
     assert _at(event, "b", 2) == dataclasses.replace(event, path="b", line_no=2)
+
+
+def _children() -> set[int]:
+    """This process's live children (Linux), zombies left out."""
+    pids = set()
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as fh:
+            pids.update(int(p) for p in fh.read().split())
+    return {p for p in pids if _state(p) not in ("Z", None)}
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+@pytest.fixture
+def forking(monkeypatch):
+    """Forked searchers for any file, whatever other threads this test process runs."""
+    monkeypatch.setattr(scan_mod, "FORK_FROM", 0)
+    monkeypatch.setattr(scan_mod, "_alone", lambda: True)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("processes", [2, 3])
+def test_forked_searchers_find_what_line_by_line_classification_finds(tmp_path, forking, engine, processes):
+    path, lines = _mixed_file(tmp_path, n=6000)
+    stats = ScanStats()
+    got = [(e.line_no, e.kind.value, e.xid, e.pci, e.category.value)
+           for e in scan_file(path, stats=stats, engine=engine, chunk_size=4096, threads=processes)]  # fmt: skip
+    assert got == _reference(lines)
+    assert (stats.processes, stats.lines, stats.findings) == (processes, len(lines), len(got))
+    assert not _children()
+
+
+def test_a_forked_scan_stopped_early_leaves_no_process(tmp_path, forking):
+    path, _ = _mixed_file(tmp_path, n=20_000)
+    events = scan_file(path, chunk_size=4096, threads=3)
+    next(events)
+    assert len(_children()) >= 1  # searching, or done and waiting to be reaped
+    events.close()
+    assert not _children()
+
+
+def test_what_a_dead_searcher_did_not_send_is_searched_here(tmp_path):
+    """The OOM killer takes a child mid-share: no finding is lost, none is doubled."""
+    spans = [(n, n + 1, False) for n in range(0, 40)]
+    parent = os.getpid()
+
+    def work(span):
+        if os.getpid() != parent and span[0] == 25:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return scan_mod._Run([(0, str(span[0]).encode())], 1, 0)
+
+    runs = list(scan_mod._forked(work, spans, 2))
+    assert [r.lines[0][1] for r in runs] == [str(n).encode() for n in range(40)]
+    assert not _children()
+
+
+def test_a_searcher_dies_with_its_parent(tmp_path):
+    """The parent killed outright (no finally runs): its forked searchers stop at their next run."""
+    script = (
+        "import os, sys, time\n"
+        "from trainguard.detect import scan\n"
+        "def work(span):\n"
+        "    time.sleep(0.05)\n"
+        "    return scan._Run([], 1, 0)\n"
+        "runs = scan._forked(work, [(n, n + 1, False) for n in range(2000)], 3)\n"
+        "next(runs)\n"
+        "kids = open(f'/proc/self/task/{os.getpid()}/children').read().split()\n"
+        "print(' '.join(kids), flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    kids = [int(p) for p in out.stdout.split()]
+    assert len(kids) == 2, out.stderr
+    deadline = time.monotonic() + 30  # each stops within one 50 ms run; the ceiling is for a loaded host
+    while any(_state(p) not in ("Z", None) for p in kids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_state(p) in ("Z", None) for p in kids)
+
+
+def test_the_cli_names_its_forked_searchers(tmp_path, forking, capsys):
+    from trainguard.cli import main
+
+    path, lines = _mixed_file(tmp_path)
+    assert main(["logs", "scan", "--every-line", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1 + len(_reference(lines))  # the header, a line per finding
+    assert f"{len(_reference(lines))} finding(s) in {len(lines)} line(s) [" in err
+    assert " processes]" in err and not _children()

@@ -3,6 +3,8 @@ give the same candidate lines and line count."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from trainguard.detect import prefilter
@@ -30,8 +32,9 @@ def test_a_torn_hyperscan_cache_is_compiled_again_and_rewritten(tmp_path, monkey
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("TRAINGUARD_NO_CACHE", raising=False)
-    path = prefilter._db_cache_path(getattr(hyperscan, "__version__", "?"))
-    assert path is not None and str(path).startswith(str(tmp_path))
+    cache = prefilter._db_cache_path(getattr(hyperscan, "__version__", "?"))
+    assert cache is not None and cache.startswith(str(tmp_path))
+    path = Path(cache)
     path.parent.mkdir(parents=True)
     path.write_bytes(b"torn")
     db = prefilter._hyperscan_db.__wrapped__()

@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, TextIO
 
 from trainguard.cli.interrupt import quits_on_ctrl_c
-from trainguard.cli.logs_explain import add_explain
 
 if TYPE_CHECKING:
     from trainguard.records import Event
@@ -61,13 +60,43 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--max-seconds", type=float, default=None, help="stop after this long (default: never)"
     )
     follow.set_defaults(func=run_follow)
-    add_explain(sub)
+    _add_explain(sub)
 
     def usage(_args: argparse.Namespace) -> int:
         parser.print_help()
         return 2
 
     parser.set_defaults(func=usage)
+
+
+def _add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    explain = sub.add_parser(
+        "explain",
+        help="name the rank whose failure brought a multi-rank job down",
+        description="Read every rank's log of a failed job and tell the root-cause finding (rank, host, "
+        "GPU, time, line) from its consequences (other ranks' watchdog timeouts and aborted "
+        "communicators), with the action to take.",
+    )
+    explain.add_argument(
+        "paths", nargs="+", metavar="DIR|FILE", help="a torchrun --log-dir, Slurm per-task files, or one file"
+    )
+    explain.add_argument("--json", action="store_true", help="print one JSON object")
+    explain.add_argument(
+        "--advise",
+        action="store_true",
+        help="exit with the recommendation's code: 0 no failure, 75 restart, 76 restart without the named "
+        "GPU/node, 3 stop (workload bug: do not requeue), 1 stop (retry budget spent without progress)",
+    )
+    explain.add_argument(
+        "--engine", choices=["auto", "hyperscan", "stdlib"], default="auto", help=argparse.SUPPRESS
+    )
+    explain.set_defaults(func=_run_explain)
+
+
+def _run_explain(args: argparse.Namespace) -> int:
+    from trainguard.cli.logs_explain import run_explain  # its imports are not `logs scan`'s to pay
+
+    return run_explain(args)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -153,9 +182,10 @@ def run_scan(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         if not args.json:
-            threads = f", {stats.threads} threads" if stats.threads > 1 else ""
+            searchers = (f", {stats.processes} processes" if stats.processes > 1
+                         else f", {stats.threads} threads" if stats.threads > 1 else "")  # fmt: skip
             print(
-                f"# {path}: {found} finding(s) in {stats.lines} line(s) [{stats.engine}{threads}]",
+                f"# {path}: {found} finding(s) in {stats.lines} line(s) [{stats.engine}{searchers}]",
                 file=sys.stderr,
             )
     return status

@@ -28,30 +28,6 @@ if TYPE_CHECKING:  # imported where used: `trainguard logs scan` starts without 
     from trainguard.incidents.nodes import NodeVerdict
 
 
-def add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    explain = sub.add_parser(
-        "explain",
-        help="name the rank whose failure brought a multi-rank job down",
-        description="Read every rank's log of a failed job and tell the root-cause finding (rank, host, "
-        "GPU, time, line) from its consequences (other ranks' watchdog timeouts and aborted "
-        "communicators), with the action to take.",
-    )
-    explain.add_argument(
-        "paths", nargs="+", metavar="DIR|FILE", help="a torchrun --log-dir, Slurm per-task files, or one file"
-    )
-    explain.add_argument("--json", action="store_true", help="print one JSON object")
-    explain.add_argument(
-        "--advise",
-        action="store_true",
-        help="exit with the recommendation's code: 0 no failure, 75 restart, 76 restart without the named "
-        "GPU/node, 3 stop (workload bug: do not requeue), 1 stop (retry budget spent without progress)",
-    )
-    explain.add_argument(
-        "--engine", choices=["auto", "hyperscan", "stdlib"], default="auto", help=argparse.SUPPRESS
-    )
-    explain.set_defaults(func=run_explain)
-
-
 def explanation_json(
     ex: Explanation,
     flight: FlightVerdict | None = None,

@@ -26,7 +26,6 @@ import os
 import re
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from trainguard.detect.training_log import NEEDLE_CONTEXT, TRAINING_ANCHORS, UNKNOWN_ANCHORS
@@ -86,7 +85,8 @@ def _hyperscan_db() -> Any | None:
     cache = _db_cache_path(getattr(hyperscan, "__version__", "?"))
     if cache is not None:
         try:
-            return hyperscan.loadb(cache.read_bytes(), hyperscan.HS_MODE_BLOCK)
+            with open(cache, "rb") as fh:
+                return hyperscan.loadb(fh.read(), hyperscan.HS_MODE_BLOCK)
         except (OSError, hyperscan.error):
             pass  # absent, torn or from another Hyperscan build: compile it again
     expressions = [*_bulk_expressions(), _BINARY]
@@ -99,11 +99,12 @@ def _hyperscan_db() -> Any | None:
     return db
 
 
-def _db_cache_path(version: str) -> Path | None:
+def _db_cache_path(version: str) -> str | None:
     """Where the compiled database is kept between runs (compiling it is most of `logs scan`'s
     start-up): ``$XDG_CACHE_HOME/trainguard/`` (``~/.cache``), keyed by what it is built from
     (the needles, their context regexes, ``_DB_FORMAT``), the Hyperscan version and the CPU
-    (two 32-bit checksums: zlib's, as hashlib's import costs more than the key is worth);
+    (two 32-bit checksums: zlib's, as hashlib's import costs more than the key is worth; a str,
+    as pathlib's import costs `logs scan` as much again);
     ``TRAINGUARD_NO_CACHE=1`` turns it off."""
     import zlib
 
@@ -113,15 +114,17 @@ def _db_cache_path(version: str) -> Path | None:
     raw = "\0".join([*parts, os.uname().machine]).encode()
     key = f"{zlib.crc32(raw):08x}{zlib.adler32(raw):08x}"
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "trainguard" / f"hyperscan-{key}.db"
+    return os.path.join(root, "trainguard", f"hyperscan-{key}.db")
 
 
-def _store(path: Path, data: bytes) -> None:
+def _store(path: str, data: bytes) -> None:
     """Atomically, and never an error: a cache that cannot be written only costs the compile."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
+        os.makedirs(folder, exist_ok=True)
+        with open(tmp, "wb") as fh:
+            fh.write(data)
         os.replace(tmp, path)
     except OSError:
         pass

@@ -5,8 +5,10 @@ line, it splits the file into 1 MiB runs of whole lines, finds in bulk the few l
 findings (``prefilter``: the literals every finding's pattern needs, ``NCCL WARN``, ``CUDA
 error: ``, ``NVRM``...) and their line numbers, and parses only those lines. With the hyperscan
 engine the bulk work releases the GIL, so the runs of a regular file are searched on all cores
-(as ripgrep does) while this thread parses the candidates in file order. Every line is a finding
-of its own; ``merge_events`` folds the lines of one failure into one::
+(as ripgrep does) while this thread parses the candidates in file order. A large file read by a
+process with no other thread (the CLI) is split between forked processes instead, which also
+share out what holds the GIL (counting newlines, as much CPU as the search). Every line is a
+finding of its own; ``merge_events`` folds the lines of one failure into one::
 
     >>> stats = ScanStats()
     >>> for event in scan_file("/var/log/kern.log", stats=stats):  # doctest: +SKIP
@@ -21,14 +23,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import marshal
 import mmap
 import os
+import signal
 import stat
 import sys
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
-from typing import IO
+from collections.abc import Callable, Generator, Iterable, Iterator
+from typing import IO, TYPE_CHECKING
 
 from trainguard.detect.kernel_log import parse_kernel_line
 from trainguard.detect.merge import BurstTracker, EventMerger, merge_events
@@ -36,6 +38,10 @@ from trainguard.detect.prefilter import Lines, first_pass, scan_engine
 from trainguard.detect.training_log import classify_training_line
 from trainguard.errors import InputError
 from trainguard.records import Event
+
+if TYPE_CHECKING:  # a thread pool only when one searches: `logs scan` starts without it
+    from concurrent.futures import Future, ThreadPoolExecutor
+    from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,7 @@ __all__ = [
 
 DEFAULT_CHUNK = 1 << 20  # small enough that the newline and bulk searches find it in cache
 MAX_LINE = 1 << 20  # a "line" longer than this is binary garbage: skipped and counted
+FORK_FROM = 16 << 20  # a file this large pays for forking its searchers (~1 ms each)
 
 
 @dataclasses.dataclass
@@ -63,7 +70,8 @@ class ScanStats:
     findings: int = 0
     skipped: int = 0  # lines with NUL bytes, invalid UTF-8 or without end in sight
     engine: str = ""
-    threads: int = 1  # threads that searched the file
+    threads: int = 1  # searchers that ran at once (threads, or processes: see ``processes``)
+    processes: int = 1  # processes that searched the file (> 1: forked searchers)
 
 
 def classify_line(text: str, now: float | None = None) -> Event | None:
@@ -123,8 +131,10 @@ def scan_file(
 ) -> Iterator[Event]:
     """Every finding in the file at ``path`` ("-" = stdin), in order, with ``path`` and ``line_no``.
 
-    ``threads`` searches a regular file's chunks in parallel (default: one per CPU with the
-    hyperscan engine, whose search releases the GIL; 1 with the stdlib engine, whose does not).
+    ``threads`` searches a regular file's chunks in parallel (default: one per CPU when the
+    searchers can run at once: forked processes, or threads with the hyperscan engine, whose
+    search releases the GIL; else 1). Processes are forked for a file of ``FORK_FROM`` bytes or
+    more when this process has no other thread (a fork copies only the calling thread).
     Raises ``InputError`` at once when the file cannot be opened (and later if reading fails).
     """
     fh, name = _open(path)
@@ -134,11 +144,24 @@ def scan_file(
     lines = first_pass(stats.engine, info.st_size if info and stat.S_ISREG(info.st_mode) else None)
     chunk, tracker = max(chunk_size, 1 << 12), tracker or BurstTracker()
     if info and stat.S_ISREG(info.st_mode) and info.st_size > 0:  # /proc files say size 0: streamed
+        fork = info.st_size >= FORK_FROM and _alone()
         if threads is None:
-            threads = min(len(os.sched_getaffinity(0)), 8) if stats.engine == "hyperscan" else 1
+            parallel = fork or stats.engine == "hyperscan"
+            threads = min(len(os.sched_getaffinity(0)), 8) if parallel else 1
         stats.threads = max(threads, 1)
-        return _scan_regular(fh, name, stats, lines, chunk, tracker, stats.threads)
+        stats.processes = stats.threads if fork else 1
+        return _scan_regular(fh, name, stats, lines, chunk, tracker)
     return _scan_stream(fh, name, stats, lines, chunk, tracker)
+
+
+def _alone() -> bool:
+    """Whether this process runs one thread, C threads counted (so a fork copies all of it)."""
+    if not hasattr(os, "fork"):
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
 
 
 def scan_bytes(
@@ -224,6 +247,92 @@ def _in_order(
         yield pending.popleft().result()
 
 
+def _threaded(work: Callable[[_Span], _Run], spans: list[_Span], threads: int) -> Generator[_Run]:
+    if threads == 1:
+        yield from map(work, spans)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(threads, "trainguard-scan")
+    try:
+        yield from _in_order(pool, work, spans, 2 * threads)
+    finally:
+        pool.shutdown(cancel_futures=True)  # waits for the running searches
+
+
+def _forked(work: Callable[[_Span], _Run], spans: list[_Span], processes: int) -> Generator[_Run]:
+    """The runs of ``spans`` in order: the first share searched here, each other share by a child
+    forked now that sends its runs down a pipe. A child that dies (the OOM killer...) costs only
+    speed: what it did not send is searched here."""
+    size = spans[-1][1]
+    shares: list[list[_Span]] = [[] for _ in range(processes)]
+    for span in spans:
+        shares[span[0] * processes // size].append(span)
+    children = [(_fork(work, share), share) for share in shares[1:] if share]
+    try:
+        yield from map(work, shares[0])
+        for (_, pipe), share in children:
+            sent = 0
+            for run in _received(pipe):
+                sent += 1
+                yield run
+            yield from map(work, share[sent:])
+    finally:
+        for pid, pipe in (child for child, _ in children):
+            os.kill(pid, signal.SIGKILL)  # one still searching (the reader stopped early); else a no-op
+            os.waitpid(pid, 0)
+            pipe.close()
+
+
+def _fork(work: Callable[[_Span], _Run], share: list[_Span]) -> tuple[int, IO[bytes]]:
+    """(pid, pipe) of a child that sends ``work(span)`` for each span of ``share``, then exits.
+
+    It dies with this process: it stops at the next span once orphaned, or on the closed pipe.
+    Ctrl-C and SIGTERM kill it outright (blocked across the fork, so no Python handler of the
+    parent's ever runs in it, nor any of the parent's code after ``fork``)."""
+    parent, (read, write) = os.getpid(), os.pipe()
+    quit_signals = {signal.SIGINT, signal.SIGTERM}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, quit_signals)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                for number in quit_signals:
+                    signal.signal(number, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                os.close(read)
+                for span in share:
+                    if os.getppid() != parent:
+                        break
+                    run = work(span)
+                    data = marshal.dumps((run.lines, run.newlines, run.skipped))
+                    _write_all(write, len(data).to_bytes(8, "little") + data)
+                code = 0
+            finally:
+                os._exit(code)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    os.close(write)
+    return pid, open(read, "rb")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _received(pipe: IO[bytes]) -> Iterator[_Run]:
+    """The runs a child sent, up to its exit (or its death: a torn message is dropped)."""
+    while len(head := pipe.read(8)) == 8:
+        body = pipe.read(int.from_bytes(head, "little"))
+        if len(body) < int.from_bytes(head, "little"):
+            return
+        lines, newlines, skipped = marshal.loads(body)
+        yield _Run(lines, newlines, skipped)
+
+
 def _scan_regular(
     fh: IO[bytes],
     name: str,
@@ -231,10 +340,9 @@ def _scan_regular(
     lines: Callable[[bytes | bytearray, int], Lines],
     chunk: int,
     tracker: BurstTracker,
-    threads: int,
 ) -> Iterator[Event]:
     # The runs' bounds come from a map of the file (a page touched per run); each run is read
-    # with pread into its own bytes, so runs are independent and any thread can search one.
+    # with pread into its own bytes, so runs are independent and any searcher can take one.
     with fh:
         fd, size = fh.fileno(), os.fstat(fh.fileno()).st_size
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
@@ -250,14 +358,18 @@ def _scan_regular(
                 raise InputError(f"{name}: read failed ({exc.strerror or exc})") from None
             return _candidates(data, len(data), lines)
 
-        line_base, pool = 0, ThreadPoolExecutor(threads, "trainguard-scan") if threads > 1 else None
+        runs = (
+            _forked(work, spans, stats.processes)
+            if stats.processes > 1
+            else _threaded(work, spans, stats.threads)
+        )
+        line_base = 0
         try:
-            for run in _in_order(pool, work, spans, 2 * threads) if pool else map(work, spans):
+            for run in runs:
                 yield from _emit(run, name, line_base, stats, tracker)
                 line_base += run.newlines
         finally:
-            if pool:
-                pool.shutdown(cancel_futures=True)  # waits for the running searches
+            runs.close()
         stats.bytes += size
         stats.lines += line_base + unterminated
 
