@@ -209,12 +209,12 @@ def test_the_scanners_fast_replace_keeps_every_event_field():
 
 
 def _children() -> set[int]:
-    """This process's live children (Linux), zombies left out."""
+    """This process's children (Linux), the exited but not yet reaped included."""
     pids = set()
     for tid in os.listdir("/proc/self/task"):
         with open(f"/proc/self/task/{tid}/children") as fh:
             pids.update(int(p) for p in fh.read().split())
-    return {p for p in pids if _state(p) not in ("Z", None)}
+    return pids
 
 
 def _state(pid: int) -> str | None:
@@ -236,21 +236,22 @@ def forking(monkeypatch):
 @pytest.mark.parametrize("processes", [2, 3])
 def test_forked_searchers_find_what_line_by_line_classification_finds(tmp_path, forking, engine, processes):
     path, lines = _mixed_file(tmp_path, n=6000)
-    stats = ScanStats()
+    stats, before = ScanStats(), _children()
     got = [(e.line_no, e.kind.value, e.xid, e.pci, e.category.value)
            for e in scan_file(path, stats=stats, engine=engine, chunk_size=4096, threads=processes)]  # fmt: skip
     assert got == _reference(lines)
     assert (stats.processes, stats.lines, stats.findings) == (processes, len(lines), len(got))
-    assert not _children()
+    assert _children() == before
 
 
 def test_a_forked_scan_stopped_early_leaves_no_process(tmp_path, forking):
     path, _ = _mixed_file(tmp_path, n=20_000)
+    before = _children()
     events = scan_file(path, chunk_size=4096, threads=3)
     next(events)
-    assert len(_children()) >= 1  # searching, or done and waiting to be reaped
+    assert len(_children() - before) == 2  # searching, or done and not yet reaped
     events.close()
-    assert not _children()
+    assert _children() == before
 
 
 def test_what_a_dead_searcher_did_not_send_is_searched_here(tmp_path):
@@ -263,9 +264,10 @@ def test_what_a_dead_searcher_did_not_send_is_searched_here(tmp_path):
             os.kill(os.getpid(), signal.SIGKILL)
         return scan_mod._Run([(0, str(span[0]).encode())], 1, 0)
 
+    before = _children()
     runs = list(scan_mod._forked(work, spans, 2))
     assert [r.lines[0][1] for r in runs] == [str(n).encode() for n in range(40)]
-    assert not _children()
+    assert _children() == before
 
 
 def test_a_searcher_dies_with_its_parent(tmp_path):
@@ -295,8 +297,27 @@ def test_the_cli_names_its_forked_searchers(tmp_path, forking, capsys):
     from trainguard.cli import main
 
     path, lines = _mixed_file(tmp_path)
+    before = _children()
     assert main(["logs", "scan", "--every-line", str(path)]) == 0
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 1 + len(_reference(lines))  # the header, a line per finding
     assert f"{len(_reference(lines))} finding(s) in {len(lines)} line(s) [" in err
-    assert " processes]" in err and not _children()
+    assert " processes]" in err and _children() == before
+
+
+def test_a_searcher_that_cannot_be_forked_costs_only_speed(tmp_path, forking, monkeypatch):
+    path, lines = _mixed_file(tmp_path, n=6000)
+    forks = []
+
+    def fork():
+        if forks:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        forks.append(1)
+        return real_fork()
+
+    real_fork, before, fds = os.fork, _children(), sorted(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(os, "fork", fork)
+    got = [(e.line_no, e.category.value) for e in scan_file(path, chunk_size=4096, threads=4)]
+    assert got == [(no, category) for no, _, _, _, category in _reference(lines)]
+    assert len(forks) == 1 and _children() == before
+    assert sorted(os.listdir("/proc/self/fd")) == fds  # the failed fork's pipe is closed

@@ -262,23 +262,30 @@ def _threaded(work: Callable[[_Span], _Run], spans: list[_Span], threads: int) -
 
 def _forked(work: Callable[[_Span], _Run], spans: list[_Span], processes: int) -> Generator[_Run]:
     """The runs of ``spans`` in order: the first share searched here, each other share by a child
-    forked now that sends its runs down a pipe. A child that dies (the OOM killer...) costs only
-    speed: what it did not send is searched here."""
+    forked now that sends its runs down a pipe. A child that dies (the OOM killer...) or could not
+    be forked costs only speed: what it did not send is searched here."""
     size = spans[-1][1]
     shares: list[list[_Span]] = [[] for _ in range(processes)]
     for span in spans:
         shares[span[0] * processes // size].append(span)
-    children = [(_fork(work, share), share) for share in shares[1:] if share]
+    children: list[tuple[int, IO[bytes]]] = []
     try:
+        for share in shares[1:]:
+            try:
+                children.append(_fork(work, share))
+            except OSError:  # EAGAIN, ENOMEM: no process to spare, the shares left are searched here
+                break
         yield from map(work, shares[0])
-        for (_, pipe), share in children:
+        for (_, pipe), share in zip(children, shares[1:], strict=False):
             sent = 0
             for run in _received(pipe):
                 sent += 1
                 yield run
             yield from map(work, share[sent:])
+        for share in shares[1 + len(children) :]:
+            yield from map(work, share)
     finally:
-        for pid, pipe in (child for child, _ in children):
+        for pid, pipe in children:
             os.kill(pid, signal.SIGKILL)  # one still searching (the reader stopped early); else a no-op
             os.waitpid(pid, 0)
             pipe.close()
@@ -311,9 +318,12 @@ def _fork(work: Callable[[_Span], _Run], share: list[_Span]) -> tuple[int, IO[by
                 code = 0
             finally:
                 os._exit(code)
+    except OSError:
+        os.close(read)
+        raise
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    os.close(write)
+        os.close(write)
     return pid, open(read, "rb")
 
 
