@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.detect import scan as scan_mod
+from trainguard.detect import searchers
 from trainguard.detect.scan import BurstTracker, ScanStats, classify_line, scan_engine, scan_file
 from trainguard.errors import InputError
 from trainguard.records import Action, Severity
@@ -229,7 +230,7 @@ def _state(pid: int) -> str | None:
 def forking(monkeypatch):
     """Forked searchers for any file, whatever other threads this test process runs."""
     monkeypatch.setattr(scan_mod, "FORK_FROM", 0)
-    monkeypatch.setattr(scan_mod, "_alone", lambda: True)
+    monkeypatch.setattr(scan_mod, "alone", lambda: True)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -262,10 +263,10 @@ def test_what_a_dead_searcher_did_not_send_is_searched_here(tmp_path):
     def work(span):
         if os.getpid() != parent and span[0] == 25:
             os.kill(os.getpid(), signal.SIGKILL)
-        return scan_mod._Run([(0, str(span[0]).encode())], 1, 0)
+        return searchers.Run([(0, str(span[0]).encode())], 1, 0)
 
     before = _children()
-    runs = list(scan_mod._forked(work, spans, 2))
+    runs = list(searchers.forked(work, [spans[:20], spans[20:]]))
     assert [r.lines[0][1] for r in runs] == [str(n).encode() for n in range(40)]
     assert _children() == before
 
@@ -274,11 +275,12 @@ def test_a_searcher_dies_with_its_parent(tmp_path):
     """The parent killed outright (no finally runs): its forked searchers stop at their next run."""
     script = (
         "import os, sys, time\n"
-        "from trainguard.detect import scan\n"
+        "from trainguard.detect import searchers\n"
         "def work(span):\n"
         "    time.sleep(0.05)\n"
-        "    return scan._Run([], 1, 0)\n"
-        "runs = scan._forked(work, [(n, n + 1, False) for n in range(2000)], 3)\n"
+        "    return searchers.Run([], 1, 0)\n"
+        "spans = [(n, n + 1, False) for n in range(2000)]\n"
+        "runs = searchers.forked(work, [spans[:700], spans[700:1400], spans[1400:]])\n"
         "next(runs)\n"
         "kids = open(f'/proc/self/task/{os.getpid()}/children').read().split()\n"
         "print(' '.join(kids), flush=True)\n"

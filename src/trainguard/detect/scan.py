@@ -20,27 +20,24 @@ Lines with NUL bytes or invalid UTF-8 are skipped and counted, never a crash.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
-import marshal
 import mmap
 import os
-import signal
 import stat
 import sys
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING
 
 from trainguard.detect.kernel_log import parse_kernel_line
 from trainguard.detect.merge import BurstTracker, EventMerger, merge_events
 from trainguard.detect.prefilter import Lines, first_pass, scan_engine
+from trainguard.detect.searchers import Run, Span, alone, forked, threaded
 from trainguard.detect.training_log import classify_training_line
 from trainguard.errors import InputError
 from trainguard.records import Event
 
-if TYPE_CHECKING:  # a thread pool only when one searches: `logs scan` starts without it
-    from concurrent.futures import Future, ThreadPoolExecutor
+if TYPE_CHECKING:
     from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -144,7 +141,7 @@ def scan_file(
     lines = first_pass(stats.engine, info.st_size if info and stat.S_ISREG(info.st_mode) else None)
     chunk, tracker = max(chunk_size, 1 << 12), tracker or BurstTracker()
     if info and stat.S_ISREG(info.st_mode) and info.st_size > 0:  # /proc files say size 0: streamed
-        fork = info.st_size >= FORK_FROM and _alone()
+        fork = info.st_size >= FORK_FROM and alone()
         if threads is None:
             parallel = fork or stats.engine == "hyperscan"
             threads = min(len(os.sched_getaffinity(0)), 8) if parallel else 1
@@ -152,16 +149,6 @@ def scan_file(
         stats.processes = stats.threads if fork else 1
         return _scan_regular(fh, name, stats, lines, chunk, tracker)
     return _scan_stream(fh, name, stats, lines, chunk, tracker)
-
-
-def _alone() -> bool:
-    """Whether this process runs one thread, C threads counted (so a fork copies all of it)."""
-    if not hasattr(os, "fork"):
-        return False
-    try:
-        return len(os.listdir("/proc/self/task")) == 1
-    except OSError:
-        return False
 
 
 def scan_bytes(
@@ -188,22 +175,13 @@ def scan_bytes(
     return events
 
 
-@dataclasses.dataclass(frozen=True)
-class _Run:
-    """The first pass's answer for a run of whole lines, holding no reference to the buffer."""
-
-    lines: list[tuple[int, bytes | bytearray]]  # (0-based index in the run, raw line) of each candidate
-    newlines: int
-    skipped: int  # lines with garbage bytes (left out of ``lines``) or too long to be text
-
-
-def _candidates(buf: bytes | bytearray, end: int, lines: Callable[[bytes | bytearray, int], Lines]) -> _Run:
+def _candidates(buf: bytes | bytearray, end: int, lines: Callable[[bytes | bytearray, int], Lines]) -> Run:
     spans, newlines, maybe_binary = lines(buf, end)
     bad = _bad_lines(buf, end) if maybe_binary else set()
-    return _Run([(i, buf[a:b]) for i, a, b in spans if i not in bad], newlines, len(bad))
+    return Run([(i, buf[a:b]) for i, a, b in spans if i not in bad], newlines, len(bad))
 
 
-def _emit(run: _Run, name: str, line_base: int, stats: ScanStats, tracker: BurstTracker) -> Iterator[Event]:
+def _emit(run: Run, name: str, line_base: int, stats: ScanStats, tracker: BurstTracker) -> Iterator[Event]:
     stats.skipped += run.skipped
     for index, raw in run.lines:
         event = classify_line(raw.decode("utf-8", "replace").rstrip("\r"))
@@ -212,10 +190,7 @@ def _emit(run: _Run, name: str, line_base: int, stats: ScanStats, tracker: Burst
             yield tracker.observe(_at(event, name, line_base + index + 1))
 
 
-_Span = tuple[int, int, bool]
-
-
-def _runs(mm: mmap.mmap, size: int, chunk: int) -> Iterator[_Span]:
+def _runs(mm: mmap.mmap, size: int, chunk: int) -> Iterator[Span]:
     """(start, stop, too_long) of runs of about ``chunk`` bytes of whole lines; a line longer than
     MAX_LINE is a run of its own, skipped (as the streaming reader skips it)."""
     start = 0
@@ -233,114 +208,13 @@ def _runs(mm: mmap.mmap, size: int, chunk: int) -> Iterator[_Span]:
         start = stop
 
 
-def _in_order(
-    pool: ThreadPoolExecutor, work: Callable[[_Span], _Run], items: Iterable[_Span], ahead: int
-) -> Iterator[_Run]:
-    """``pool.map`` with at most ``ahead`` results waiting (a log of nothing but candidates must not
-    be held in memory whole while this thread parses it)."""
-    pending: collections.deque[Future[_Run]] = collections.deque()
-    for item in items:
-        pending.append(pool.submit(work, item))
-        if len(pending) > ahead:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
-
-
-def _threaded(work: Callable[[_Span], _Run], spans: list[_Span], threads: int) -> Generator[_Run]:
-    if threads == 1:
-        yield from map(work, spans)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool = ThreadPoolExecutor(threads, "trainguard-scan")
-    try:
-        yield from _in_order(pool, work, spans, 2 * threads)
-    finally:
-        pool.shutdown(cancel_futures=True)  # waits for the running searches
-
-
-def _forked(work: Callable[[_Span], _Run], spans: list[_Span], processes: int) -> Generator[_Run]:
-    """The runs of ``spans`` in order: the first share searched here, each other share by a child
-    forked now that sends its runs down a pipe. A child that dies (the OOM killer...) or could not
-    be forked costs only speed: what it did not send is searched here."""
+def _shares(spans: list[Span], processes: int) -> list[list[Span]]:
+    """``spans`` in ``processes`` contiguous shares of about equal bytes."""
     size = spans[-1][1]
-    shares: list[list[_Span]] = [[] for _ in range(processes)]
+    shares: list[list[Span]] = [[] for _ in range(processes)]
     for span in spans:
         shares[span[0] * processes // size].append(span)
-    children: list[tuple[int, IO[bytes]]] = []
-    try:
-        for share in shares[1:]:
-            try:
-                children.append(_fork(work, share))
-            except OSError:  # EAGAIN, ENOMEM: no process to spare, the shares left are searched here
-                break
-        yield from map(work, shares[0])
-        for (_, pipe), share in zip(children, shares[1:], strict=False):
-            sent = 0
-            for run in _received(pipe):
-                sent += 1
-                yield run
-            yield from map(work, share[sent:])
-        for share in shares[1 + len(children) :]:
-            yield from map(work, share)
-    finally:
-        for pid, pipe in children:
-            os.kill(pid, signal.SIGKILL)  # one still searching (the reader stopped early); else a no-op
-            os.waitpid(pid, 0)
-            pipe.close()
-
-
-def _fork(work: Callable[[_Span], _Run], share: list[_Span]) -> tuple[int, IO[bytes]]:
-    """(pid, pipe) of a child that sends ``work(span)`` for each span of ``share``, then exits.
-
-    It dies with this process: it stops at the next span once orphaned, or on the closed pipe.
-    Ctrl-C and SIGTERM kill it outright (blocked across the fork, so no Python handler of the
-    parent's ever runs in it, nor any of the parent's code after ``fork``)."""
-    parent, (read, write) = os.getpid(), os.pipe()
-    quit_signals = {signal.SIGINT, signal.SIGTERM}
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, quit_signals)
-    try:
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                for number in quit_signals:
-                    signal.signal(number, signal.SIG_DFL)
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-                os.close(read)
-                for span in share:
-                    if os.getppid() != parent:
-                        break
-                    run = work(span)
-                    data = marshal.dumps((run.lines, run.newlines, run.skipped))
-                    _write_all(write, len(data).to_bytes(8, "little") + data)
-                code = 0
-            finally:
-                os._exit(code)
-    except OSError:
-        os.close(read)
-        raise
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        os.close(write)
-    return pid, open(read, "rb")
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _received(pipe: IO[bytes]) -> Iterator[_Run]:
-    """The runs a child sent, up to its exit (or its death: a torn message is dropped)."""
-    while len(head := pipe.read(8)) == 8:
-        body = pipe.read(int.from_bytes(head, "little"))
-        if len(body) < int.from_bytes(head, "little"):
-            return
-        lines, newlines, skipped = marshal.loads(body)
-        yield _Run(lines, newlines, skipped)
+    return shares
 
 
 def _scan_regular(
@@ -358,10 +232,10 @@ def _scan_regular(
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
             spans, unterminated = list(_runs(mm, size, chunk)), mm[size - 1] != 0x0A
 
-        def work(span: _Span) -> _Run:
+        def work(span: Span) -> Run:
             start, stop, too_long = span
             if too_long:
-                return _Run([], int(stop < size or not unterminated), 1)
+                return Run([], int(stop < size or not unterminated), 1)
             try:
                 data = os.pread(fd, stop - start, start)
             except OSError as exc:
@@ -369,9 +243,9 @@ def _scan_regular(
             return _candidates(data, len(data), lines)
 
         runs = (
-            _forked(work, spans, stats.processes)
+            forked(work, _shares(spans, stats.processes))
             if stats.processes > 1
-            else _threaded(work, spans, stats.threads)
+            else threaded(work, spans, stats.threads)
         )
         line_base = 0
         try:
