@@ -3,15 +3,19 @@ GPU, from what the tests measure (the simulated GPU computes for real on the CPU
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from trainguard.agent import Agent
 from trainguard.clock import VirtualClock
-from trainguard.diagnose import budget_for, health_hook, open_target, preflight, run_diagnostics
+from trainguard.diagnose import budget_for, health_hook, measure, open_target, preflight, run_diagnostics
+from trainguard.diagnose.judge import ThermalTrace, judge_thermal
 from trainguard.diagnose.result import Verdict
 from trainguard.diagnose.sim_device import SimDevice
 from trainguard.diagnose.target import Target
@@ -212,3 +216,26 @@ def test_a_single_gpu_is_checked_against_the_golden_checksum_of_a_first_run():
     assert alone_with.gpu(1).test("sdc").verdict is Verdict.FAIL
     assert "golden checksum of the first run" in alone_with.gpu(1).test("sdc").reason
     assert alone_without.gpu(1).test("sdc").verdict is Verdict.FAIL  # its own rounds disagree
+
+
+class _LateDevice(SimDevice):
+    """A simulated GPU whose load thread is scheduled late, as on a busy host."""
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        time.sleep(0.5)
+        with super().busy():
+            yield
+
+
+def test_a_device_loaded_late_still_gets_the_whole_stress_and_a_reading_at_its_end():
+    # GPU 1 throttles after 0.6 s of load; the stress lasts 0.7 s. Its load thread starts 0.5 s
+    # late: counted from before the threads start, it would be read after 0.2 s of load at most.
+    fleet = SimNode(n_gpus=2, load=0.0)
+    fleet.now().hot_under_load(gpu=1, after_s=0.6)
+    devices = [SimDevice(fleet, 0), _LateDevice(fleet, 1)]
+    traces = measure.stress_all(devices, 64, seconds=0.7, every_s=0.05)
+    for trace in traces.values():
+        assert trace[-1][0] >= 0.7  # the last reading comes after the whole stress
+    verdicts = {g: judge_thermal(ThermalTrace(tuple(t))).verdict for g, t in traces.items()}
+    assert verdicts == {0: Verdict.PASS, 1: Verdict.FAIL}

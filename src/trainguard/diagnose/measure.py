@@ -173,28 +173,39 @@ def stress(dev: Device, n: int, stop: threading.Event) -> int:
 def stress_all(
     devices: Sequence[Device], n: int, seconds: float, every_s: float
 ) -> dict[int, list[tuple[float, Sample | None]]]:
-    """Load every device at once for ``seconds``, reading each one's telemetry every ``every_s``:
-    (seconds under load, reading) per device. Real GPUs heat and throttle together."""
+    """Load every device at once for ``seconds``, reading each one's telemetry every ``every_s``
+    and once more at the end: (seconds under load, reading) per device. Real GPUs heat and throttle
+    together. The time counts from when the last device took its load (a thread that starts late
+    on a busy host does not shorten its device's stress), and the last reading is taken after
+    ``seconds`` however late the reader wakes."""
     stop = threading.Event()
+    loaded = threading.Semaphore(0)  # one release per device: loaded, or failed before it was
     errors: list[BaseException] = []
 
     def load(dev: Device) -> None:
         try:
             with dev.busy():
+                loaded.release()
                 stress(dev, n, stop)
         except BaseException as exc:
             errors.append(exc)
             stop.set()
+            loaded.release()
 
     threads = [threading.Thread(target=load, args=(d,), daemon=True) for d in devices]
     traces: dict[int, list[tuple[float, Sample | None]]] = {d.index: [] for d in devices}
-    t0 = time.monotonic()
     for th in threads:
         th.start()
-    while not stop.is_set() and (elapsed := time.monotonic() - t0) < seconds:
+    for _ in threads:
+        loaded.acquire()
+    t0 = time.monotonic()
+    while not stop.is_set():
+        elapsed = time.monotonic() - t0
         for d in devices:
             traces[d.index].append((elapsed, d.reading()))
-        stop.wait(every_s)
+        if elapsed >= seconds:
+            break
+        stop.wait(min(every_s, seconds - elapsed))
     stop.set()
     for th in threads:
         th.join()
