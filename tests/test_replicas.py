@@ -9,6 +9,7 @@ from trainguard.chaos.plan import for_group, parse_plan, plan_toml
 from trainguard.errors import ConfigError
 from trainguard.supervisor.config import ExitCode
 from trainguard.supervisor.groups import ActKind, Group, GroupsView, capacity, judge
+from trainguard.supervisor.replicas import ReplicaConfig, group_hang_floor
 from trainguard.supervisor.state import RunState, job_state
 
 
@@ -85,6 +86,18 @@ def test_capacity_counts_the_time_k_of_n_groups_stepped():
     cap = capacity([a, b], 0.0, 10.0)
     assert cap["2_of_2_s"] == pytest.approx(5.0) and cap["1_of_2_s"] == pytest.approx(5.0)
     assert cap["capacity"] == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("floor", [1.0, 4.0, 10.0, 30.0, 600.0])
+def test_a_groups_hang_timeout_outlasts_its_wait_on_a_peer_and_ends_before_the_quorum_times_out(floor):
+    # A healthy group waits on a hung, healing or slow peer for up to torchft's collective timeout
+    # (then it discards the step and goes on): a group hang timeout under it restarts a healthy
+    # group for its peer's fault (seen under load with --hang-timeout-floor 4 and the 10 s timeout).
+    replicas = ReplicaConfig()
+    group = group_hang_floor(floor, replicas)
+    assert group > replicas.timeout_s
+    assert group <= replicas.quorum_timeout_s / 2  # a hung group is stopped before the quorum times out
+    assert group_hang_floor(floor, ReplicaConfig(timeout_s=2.0)) == max(min(floor, 15.0), 7.0)
 
 
 def test_a_plan_aims_faults_at_one_group_and_round_trips_through_toml():

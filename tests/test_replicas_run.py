@@ -55,6 +55,19 @@ def run_groups(tmp_path: Path, *flags: str, plan: str | None = None, steps: int 
     return result
 
 
+def group_story(result: dict, group: int) -> str:
+    """What a group's own loop recorded, and the end of its log: the message of a failed check."""
+    runs = result["groups"][group]["runs"]
+    incidents = [
+        f"{i['summary']} (rank {i['rank']}, {i['category']}, {i['action']})"
+        for r in runs
+        for i in r["incidents"]
+    ]
+    log = Path(result["run_dir"]) / "groups" / f"g{group}.log"
+    tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
+    return f"group {group}: attempts {[r['attempts'] for r in runs]}, incidents {incidents}\n{tail}"
+
+
 def same_weights(tmp_path: Path) -> bool:
     a, b = (torch.load(tmp_path / f"w{g}.pt") for g in (0, 1))
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -81,7 +94,7 @@ def test_one_group_is_killed_hung_and_loses_a_gpu_while_the_other_never_stops(tm
     # The healthy group: one start, one attempt, no incident, and its steps only ever went up.
     assert healthy["starts"] == 1 and healthy["state"] == "succeeded"
     [run] = healthy["runs"]
-    assert run["attempts"] == 1 and run["incidents"] == []
+    assert run["attempts"] == 1 and run["incidents"] == [], group_story(result, 0)
     steps = [s for _, s in healthy["steps"]]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)
     # The failing group: each fault recorded by its own loop with the rank, GPU and cause.
@@ -100,7 +113,8 @@ def test_one_group_is_killed_hung_and_loses_a_gpu_while_the_other_never_stops(tm
         )
     # The healthy group committed steps while the failing one was stopped: from the hang's start
     # (its evidence) to its detection the stopped group cannot step, and that span is at least the
-    # 4 s hang floor, past torchft's 1 s heartbeat timeout. (After the kill and the Xid the failing
+    # group's hang floor (--hang-timeout-floor 4 raised to 15 s, past torchft's 10 s collective
+    # timeout), past torchft's 1 s heartbeat timeout. (After the kill and the Xid the failing
     # group may be back within the heartbeat timeout; then torchft rightly waits for it.)
     hang = incidents[1]
     stuck_at = max(s for t, s in failing["steps"] if t <= hang["time"])  # where it was stopped

@@ -64,6 +64,20 @@ class ReplicaConfig:
     job_restarts: int = 1  # every group down: restart them all from the checkpoint this often
 
 
+PEER_WAIT_MARGIN_S = 5.0  # after a collective timeout: the vote, the next quorum, one step
+
+
+def group_hang_floor(floor: float, replicas: ReplicaConfig) -> float:
+    """A group's hang timeout floor: ``floor`` (``--hang-timeout-floor``), raised past torchft's
+    collective timeout and capped at half its quorum timeout. A healthy group waits on a hung or
+    slow peer in an all-reduce for up to the collective timeout, then discards the step and goes
+    on: below that, the healthy group would be taken for hung and restarted for its peer's fault.
+    Under the cap, a hung group is stopped before the quorum times out (the raise wins where the
+    two cross)."""
+    low = replicas.timeout_s + PEER_WAIT_MARGIN_S
+    return max(min(floor, replicas.quorum_timeout_s / 2), low)
+
+
 class ReplicaSupervisor:
     """Runs N replica groups under one Lighthouse and keeps k of N stepping."""
 
@@ -250,8 +264,8 @@ class ReplicaSupervisor:
             chaos.parent.mkdir(parents=True, exist_ok=True)
             chaos.write_text(plan_toml(g.faults))
         argv = group_argv(self.config, g, self.job_id, self.run_dir, self._result_path(g), chaos)
-        floor = min(self.config.hang_timeout_floor, self.replicas.quorum_timeout_s / 2)
-        argv[argv.index("--hang-timeout-floor") + 1] = f"{floor:g}"  # stopped before the quorum times out
+        floor = group_hang_floor(self.config.hang_timeout_floor, self.replicas)
+        argv[argv.index("--hang-timeout-floor") + 1] = f"{floor:g}"
         env = {**os.environ, **self.config.env}
         env.update(
             {
