@@ -41,3 +41,24 @@ def test_logs_follow_quits_on_sigint_when_started_with_sigint_ignored(tmp_path):
             proc.wait()
     assert code == 130  # interrupted, as with a default SIGINT
     assert b"Traceback" not in rest
+
+
+def test_logs_follow_loads_its_scan_engine_before_it_says_it_follows(tmp_path, monkeypatch):
+    # A Ctrl-C that lands in hyperscan's import (its NamedTuple is built by eval of a string) makes
+    # CPython exit by SIGINT although main returned 130: the header, which tells a user (and the
+    # test above) that Ctrl-C now quits cleanly, comes only once that import is done.
+    from trainguard.cli import logs, main
+    from trainguard.detect import prefilter
+
+    prefilter._hyperscan_db.cache_clear()
+    seen: list[int] = []
+    header = logs.emit_header
+    monkeypatch.setattr(
+        logs,
+        "emit_header",
+        lambda *a: (seen.append(prefilter._hyperscan_db.cache_info().currsize), header(*a)),
+    )
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    assert main(["logs", "follow", str(log), "--max-seconds", "0"]) == 0
+    assert seen == [1]

@@ -209,6 +209,7 @@ def run_follow(args: argparse.Namespace) -> int:
     tracker, merger, stats = BurstTracker(args.burst_window), EventMerger(), ScanStats()
     deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
     out = sys.stdout
+    scan_bytes(b"", name=args.path)  # the engine imported and compiled before we say we follow
     emit_header(args.json, out)
     try:
         while deadline is None or time.monotonic() < deadline:
