@@ -44,9 +44,9 @@ def test_logs_follow_quits_on_sigint_when_started_with_sigint_ignored(tmp_path):
 
 
 def test_logs_follow_loads_its_scan_engine_before_it_says_it_follows(tmp_path, monkeypatch):
-    # A Ctrl-C that lands in hyperscan's import (its NamedTuple is built by eval of a string) makes
-    # CPython exit by SIGINT although main returned 130: the header, which tells a user (and the
-    # test above) that Ctrl-C now quits cleanly, comes only once that import is done.
+    # A Ctrl-C that lands in hyperscan's first import makes CPython (3.11.7) exit by SIGINT although
+    # main returned 130 (cli.interrupt): the header, which tells a user (and the test above) that
+    # Ctrl-C now quits cleanly, comes only once that import is done.
     from trainguard.cli import logs, main
     from trainguard.detect import prefilter
 

@@ -18,12 +18,12 @@ their own for as long as the command runs, and put the previous one back afterwa
 exception between two writes can leave the cursor hidden); a second Ctrl-C raises
 ``KeyboardInterrupt`` at once, for a loop stuck somewhere that never looks at the flag.
 
-A CPython quirk (seen on 3.11.7): a ``KeyboardInterrupt`` raised inside ``eval``/``exec`` of a string
-(``collections.namedtuple`` and ``dataclasses`` build their methods so, at import time: hyperscan
-defines a NamedTuple) marks the interpreter "interrupted", and it ends by re-raising SIGINT at
-exit although ``cli.main`` caught the interrupt and returned 130: the shell sees 130 either way,
-a parent's ``wait`` sees -2 instead of 130. So the commands import what their loop needs before
-they announce that they run (``logs follow`` scans an empty batch before its header).
+A CPython quirk (seen on 3.11.7, not narrowed further): a Ctrl-C that lands while ``hyperscan``
+is first imported (in the NamedTuple its package builds) ends the process by SIGINT at exit although
+``cli.main`` caught the ``KeyboardInterrupt`` and returned 130: the shell sees 130 either way, a
+parent's ``wait`` sees -2 instead of 130. (Caught elsewhere, inside ``eval`` or ``exec`` of a string
+or other imports, the interrupt exits 130.) So the commands import what their loop needs before
+they announce that they run: ``logs follow`` scans an empty batch before its header.
 """
 
 from __future__ import annotations
