@@ -9,7 +9,7 @@ It never touches workers. With replica groups (`supervisor.replicas`) each group
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 from trainguard.chaos import Injected
 from trainguard.incidents import Incident, IntervalKind
 from trainguard.recover.policy import Decision, Trouble, TroubleKind, Verb
+from trainguard.rundir import Heartbeat
 from trainguard.supervisor.assess import numerics_verdicts
 from trainguard.supervisor.attempt import Attempt, History, Pending
 from trainguard.supervisor.config import ExitCode
@@ -67,6 +68,23 @@ class RunResult:
 
 
 Emit = Callable[..., None]  # emit(kind, **data)
+
+
+def redone_since(beats: Sequence[Heartbeat], failed_at: float, resume: int, step_time: float) -> float | None:
+    """When the work that a failure at ``failed_at`` makes redo (from step ``resume``) began: when
+    the last attempt that trained past ``resume`` reached it, from its heartbeats (its first beat
+    at or past the step, less the steps between at ``step_time``), never before that attempt's
+    first step. A count of steps times a step time learned earlier misplaces it on a host whose
+    pace changed, as far back as the attempt's start-up, which the ledger books already. None
+    without a beat at or past ``resume``."""
+    before = [b for b in beats if b.time <= failed_at]
+    past = [b for b in before if b.step >= resume]
+    if not past:
+        return None
+    last = max(b.attempt for b in past)
+    reached = min((b for b in past if b.attempt == last), key=lambda b: (b.step, b.time))
+    first = min(b.time for b in before if b.attempt == last)
+    return max(first, reached.time - (reached.step - resume) * step_time)
 
 
 class Bookkeeper:
@@ -203,11 +221,12 @@ class Bookkeeper:
                 continue
             known = p.step_before is not None and resume is not None  # else: not measured
             redone = max(0, (p.step_before or 0) - (resume or 0)) if known else 0
-            lost = (first_step_time - p.failed_at) + redone * step_time
-            if redone and step_time:
-                self.recorder.interval(
-                    IntervalKind.LOST, p.failed_at - redone * step_time, p.failed_at, attempt.number - 1
-                )
+            since = redone_since(self.watch.history, p.failed_at, resume or 0, step_time) if redone else None
+            if since is None and redone and step_time:  # no heartbeat past the resume step
+                since = p.failed_at - redone * step_time
+            lost = (first_step_time - p.failed_at) + (p.failed_at - since if since is not None else 0.0)
+            if since is not None and since < p.failed_at:
+                self.recorder.interval(IntervalKind.LOST, since, p.failed_at, attempt.number - 1)
             self.recorder.update(
                 p.incident,
                 time_lost_s=round(lost, 3),
