@@ -4,6 +4,8 @@ chaos drill's plan or its injection time; and a drill's faults leave the text re
 
 from __future__ import annotations
 
+import pytest
+
 from trainguard.chaos import Fault, FaultKind, Injected
 from trainguard.records import Action, Finding, Health
 from trainguard.rundir import ErrorRecord
@@ -115,13 +117,14 @@ def test_the_work_redone_after_a_failure_starts_where_the_heartbeats_reached_the
     from trainguard.rundir import Heartbeat
     from trainguard.supervisor.bookkeeping import redone_since
 
-    # Attempt 1's first step (45) is at t=48; on a loaded host (0.2 s a step) it reaches step 60 at
-    # t=51 and step 80 at t=55, and fails; attempt 2 resumes from the checkpoint at 60.
+    # Attempt 1's first step (45) is at t=48; on a loaded host (0.2 s a step) it finishes step 59 at
+    # t=50.8 and step 80 at t=55, and fails; attempt 2 resumes from the checkpoint of 60 steps done.
     beats = [Heartbeat(0, 10 + i, 10 + i * 0.05, attempt=0) for i in range(30)]  # an earlier attempt
     beats += [Heartbeat(0, 45 + i, 48.0 + i * 0.2, attempt=1) for i in range(36)]
-    # Steps 60-80 took 51-55 s: 4 s redone. The count times the step time learned on the quiet start
-    # (0.05 s) says 1 s; at 0.5 s a step it would reach back to t=45, before the attempt's first step.
-    assert redone_since(beats, 55.0, 60, 0.05) == 51.0
+    # Steps 60-80 ran from 50.8 to 55 s: 4.2 s redone. The count times the step time learned on the
+    # quiet start (0.05 s) says 1 s; at 0.5 s a step it would reach back to t=44.5, before the
+    # attempt's first step.
+    assert redone_since(beats, 55.0, 60, 0.05) == pytest.approx(50.8)
     assert redone_since(beats, 55.0, 45, 0.5) == 48.0  # never before the attempt's first step
-    assert redone_since(beats, 55.0, 62, 0.2) == 51.4
+    assert redone_since(beats, 55.0, 62, 0.2) == pytest.approx(51.2)
     assert redone_since(beats, 55.0, 90, 0.2) is None  # no beat that far: the caller estimates

@@ -71,20 +71,23 @@ Emit = Callable[..., None]  # emit(kind, **data)
 
 
 def redone_since(beats: Sequence[Heartbeat], failed_at: float, resume: int, step_time: float) -> float | None:
-    """When the work that a failure at ``failed_at`` makes redo (from step ``resume``) began: when
-    the last attempt that trained past ``resume`` reached it, from its heartbeats (its first beat
-    at or past the step, less the steps between at ``step_time``), never before that attempt's
-    first step. A count of steps times a step time learned earlier misplaces it on a host whose
-    pace changed, as far back as the attempt's start-up, which the ledger books already. None
-    without a beat at or past ``resume``."""
+    """When the work that a failure at ``failed_at`` makes redo began: when the last attempt that
+    trained past the resume checkpoint (``resume`` steps done) finished its step ``resume - 1``,
+    from its heartbeats (its first beat at or past that step, less the steps between at
+    ``step_time``), never before that attempt's first step. The step count as `lost.step_reached_at`
+    reads it for a run whose supervisor was lost, within one attempt: a step redone now may have
+    been passed by an earlier attempt too. (A count of steps times a step time learned earlier
+    misplaces it on a host whose pace changed, as far back as the attempt's start-up, which the
+    ledger books already.) None without a beat that far."""
+    kept = resume - 1  # the last step whose work the checkpoint holds (steps count from 0)
     before = [b for b in beats if b.time <= failed_at]
-    past = [b for b in before if b.step >= resume]
+    past = [b for b in before if b.step >= kept]
     if not past:
         return None
     last = max(b.attempt for b in past)
     reached = min((b for b in past if b.attempt == last), key=lambda b: (b.step, b.time))
     first = min(b.time for b in before if b.attempt == last)
-    return max(first, reached.time - (reached.step - resume) * step_time)
+    return max(first, reached.time - (reached.step - kept) * step_time)
 
 
 class Bookkeeper:
