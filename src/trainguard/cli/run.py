@@ -62,7 +62,8 @@ def register(subparsers: Any) -> None:
         type=float,
         default=30.0,
         metavar="S",
-        help="a hang is no progress for max(FLOOR, factor x slowest recent step) (default 30)",
+        help="a hang is no progress for max(FLOOR, factor x slowest recent step) (default 30); under "
+        "--replica-groups a group's floor is 15 s: past torchft's collective timeout, under half its quorum timeout",
     )
     g.add_argument("--hang-step-factor", type=float, default=5.0, metavar="K")
     g.add_argument(
