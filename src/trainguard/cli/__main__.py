@@ -1,5 +1,10 @@
 import sys
 
 from trainguard.cli import main
+from trainguard.cli.interrupt import forget_caught_interrupts
 
-sys.exit(main())
+try:
+    code = main()
+finally:
+    forget_caught_interrupts()  # a Ctrl-C main caught must not end `python -m` by SIGINT
+sys.exit(code)

@@ -18,12 +18,17 @@ their own for as long as the command runs, and put the previous one back afterwa
 exception between two writes can leave the cursor hidden); a second Ctrl-C raises
 ``KeyboardInterrupt`` at once, for a loop stuck somewhere that never looks at the flag.
 
-A CPython quirk (seen on 3.11.7, not narrowed further): a Ctrl-C that lands while ``hyperscan``
-is first imported (in the NamedTuple its package builds) ends the process by SIGINT at exit although
-``cli.main`` caught the ``KeyboardInterrupt`` and returned 130: the shell sees 130 either way, a
-parent's ``wait`` sees -2 instead of 130. (Caught elsewhere, inside ``eval`` or ``exec`` of a string
-or other imports, the interrupt exits 130.) So the commands import what their loop needs before
-they announce that they run: ``logs follow`` scans an empty batch before its header.
+A CPython defect (seen on 3.11; CPython's main branch no longer sets the mark there since
+gh-128130): a
+``KeyboardInterrupt`` that leaves an ``exec`` or ``eval`` of a *string* marks the interpreter as
+interrupted (``_Py_UnhandledKeyboardInterrupt``) even when a caller catches it, and under
+``python -m`` the interpreter ends the process by SIGINT at exit whatever status it was given: the
+shell sees 130 either way, a parent's ``wait`` sees -2, and a command that returned 0 after a
+handled Ctrl-C dies of it. Such strings run in many imports (``namedtuple``, ``dataclass``, the
+``NamedTuple`` that ``hyperscan`` builds). Any later ``exec`` of a string clears the mark, so
+``python -m trainguard.cli`` clears it with ``forget_caught_interrupts`` once ``cli.main`` has
+chosen its status (the installed ``trainguard`` script runs as a file, which exits with the
+status). ``logs follow`` also imports its scan engine before its header says it follows.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, TypeVar
 
-__all__ = ["CtrlC", "quits_on_ctrl_c"]
+__all__ = ["CtrlC", "forget_caught_interrupts", "quits_on_ctrl_c"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _SLICE_S = 0.05  # how often `sleep` looks at the flag (a handler that returns does not end a sleep)
@@ -91,3 +96,9 @@ def quits_on_ctrl_c(func: F) -> F:
             signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
     return wrapper  # type: ignore[return-value]
+
+
+def forget_caught_interrupts() -> None:
+    """Clear CPython's mark of a KeyboardInterrupt that left an ``exec`` of a string (see above),
+    so that ``python -m`` exits with the status the command chose, not by SIGINT."""
+    exec("pass", {})  # on 3.11 an exec of a string starts by clearing the mark; later, a no-op
