@@ -19,16 +19,16 @@ exception between two writes can leave the cursor hidden); a second Ctrl-C raise
 ``KeyboardInterrupt`` at once, for a loop stuck somewhere that never looks at the flag.
 
 A CPython defect (seen on 3.11; CPython's main branch no longer sets the mark there since
-gh-128130): a
-``KeyboardInterrupt`` that leaves an ``exec`` or ``eval`` of a *string* marks the interpreter as
-interrupted (``_Py_UnhandledKeyboardInterrupt``) even when a caller catches it, and under
-``python -m`` the interpreter ends the process by SIGINT at exit whatever status it was given: the
-shell sees 130 either way, a parent's ``wait`` sees -2, and a command that returned 0 after a
-handled Ctrl-C dies of it. Such strings run in many imports (``namedtuple``, ``dataclass``, the
-``NamedTuple`` that ``hyperscan`` builds). Any later ``exec`` of a string clears the mark, so
-``python -m trainguard.cli`` clears it with ``forget_caught_interrupts`` once ``cli.main`` has
-chosen its status (the installed ``trainguard`` script runs as a file, which exits with the
-status). ``logs follow`` also imports its scan engine before its header says it follows.
+gh-128130): a ``KeyboardInterrupt`` that leaves an ``exec`` or ``eval`` of a *string* marks the
+interpreter as interrupted (``_Py_UnhandledKeyboardInterrupt``) even when a caller catches it, and
+under ``python -m`` the interpreter ends the process by SIGINT at exit whatever status it was
+given: the shell sees 130 either way, a parent's ``wait`` sees -2, and a command that returned 0
+after a handled Ctrl-C dies of it. Such strings run in many imports (``namedtuple``,
+``dataclass``, the ``NamedTuple`` that ``hyperscan`` builds). Any later ``exec`` of a string
+clears the mark, so ``python -m trainguard.cli`` clears it with ``forget_caught_interrupts`` once
+``cli.main`` has chosen its status (the installed ``trainguard`` script runs as a file, which
+exits with the status). ``logs follow`` also imports its scan engine before its header says it
+follows.
 """
 
 from __future__ import annotations
