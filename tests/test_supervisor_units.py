@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 from trainguard.rundir import ErrorRecord, Heartbeat, heartbeat_path
@@ -154,6 +155,33 @@ def test_the_earliest_causal_failure_is_the_root_cause_not_the_peers_symptoms():
     assert t.rank == 1
     assert "SIGKILL" in t.summary
     assert t.signature is None  # a kill is not an application bug: no crash-loop count
+
+
+def test_a_gpu_that_fell_off_the_bus_names_its_own_rank_whichever_rank_was_seen_exiting_first():
+    # The quick demo's F2 under load (CI of stop 28): the agent's Xid 79 finding on GPU 3 came
+    # first and names no rank; rank 3 raised CUDA's error, its peer rank 2 lost the connection, and
+    # one slow poll saw both exits at once. The rank must be GPU 3's, never the first in the list.
+    from trainguard.chaos.plan import XID_CUDA_MESSAGE
+    from trainguard.records import Action, Category, Finding, Health
+    from trainguard.supervisor.logs import default_classifier
+
+    reason = "Xid 79: GPU has fallen off the bus"
+    xid = Finding("xid", Health.FAILED, Action.RESET_GPU, reason, 3, 99.9, Category.GPU_HARDWARE)
+    cuda = ErrorRecord(3, 100.0, "RuntimeError", XID_CUDA_MESSAGE[79], attempt=0)
+    peer = ErrorRecord(2, 100.1, "RuntimeError", "Connection closed by peer [127.0.0.1]:29500", attempt=0)
+    exits = [
+        Exited(rank=2, local_rank=2, code=1, seen=100.6),
+        Exited(rank=3, local_rank=3, code=1, seen=100.6),
+    ]
+    gpus, health = {r: r for r in range(4)}, {3: Health.FAILED}
+    t = exit_trouble(101.0, exits, [peer, cuda], [], [xid], gpus, health, default_classifier())
+    assert (t.rank, t.gpu, t.root_cause.value) == (3, 3, "faulty_gpu")
+    # Nothing but the failed GPU names a rank (no error files): still GPU 3's rank.
+    t = exit_trouble(101.0, exits, [], [], [xid], gpus, health)
+    assert (t.rank, t.gpu) == (3, 3)
+    # No GPU evidence: the rank whose exit came first, as before.
+    t = exit_trouble(101.0, [exits[0], replace(exits[1], seen=100.8)], [], [], [], gpus, {})
+    assert (t.rank, t.gpu) == (2, 2)
 
 
 def test_a_sigkill_is_the_hosts_only_with_oom_killer_evidence():

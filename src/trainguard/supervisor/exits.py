@@ -8,6 +8,7 @@ the exits an `Observation` shows; a GPU the node agent failed is judged here too
 
 from __future__ import annotations
 
+import math
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -80,9 +81,7 @@ def exit_trouble(
                 )
             )
     first = first_failure(items)
-    root_rank = first.rank if first is not None else None
-    if root_rank is None:
-        root_rank = min(exited, key=lambda e: e.seen).rank if exited else None
+    root_rank, gpu = culprit(first, exited, gpu_of_rank, gpu_health)
     root_err = next((r for r in errors if r.rank == root_rank), None)
     cause = first.cause if first is not None else RootCause.UNKNOWN
     notes: list[str] = []
@@ -105,11 +104,7 @@ def exit_trouble(
         kind = TroubleKind.NUMERICS
     elif WorkerExit.PREEMPTED.value in codes:
         kind = TroubleKind.MEMBERSHIP
-    gpu = gpu_of_rank.get(root_rank) if root_rank is not None else None
-    failed_gpus = [g for g in gpu_of_rank.values() if g is not None and gpu_health.get(g) is Health.FAILED]
     category = first.category if first is not None else None
-    if failed_gpus and (gpu is None or gpu not in failed_gpus):
-        gpu = failed_gpus[0]
     hw = category in HARDWARE_CATEGORIES or (gpu is not None and gpu_health.get(gpu) is Health.FAILED)
     signature = None
     if root_err is not None and not hw and (first is None or first.cause is RootCause.SOFTWARE_BUG):
@@ -136,6 +131,38 @@ def exit_trouble(
         rank=root_rank,
         evidence=tuple(evidence),
     )
+
+
+def culprit(
+    first: Evidence | None,
+    exited: list[Exited],
+    gpu_of_rank: dict[int, int | None],
+    gpu_health: dict[int, Health | None],
+) -> tuple[int | None, int | None]:
+    """The rank and GPU a failure started on, the rank always the one on that GPU.
+
+    A GPU of ours that the agent failed is the culprit (the failed GPU the first failure names or
+    whose rank it names, else the first failed one), and so is the rank on it, whichever rank the
+    evidence or the exits named first: a GPU that fell off the bus leaves an Xid that names no
+    rank, and one slow poll can see its peers' exits together with its own. Without a failed GPU:
+    the first failure's rank, else the rank whose exit was seen first."""
+    rank = first.rank if first is not None else None
+    ours = [g for g in gpu_of_rank.values() if g is not None]
+    gpu = gpu_of_rank.get(rank) if rank is not None else None
+    if first is not None and first.gpu in ours:
+        gpu = first.gpu
+    failed = [g for g in ours if gpu_health.get(g) is Health.FAILED]
+    if failed and gpu not in failed:
+        gpu = failed[0]
+    on_gpu = [r for r, g in gpu_of_rank.items() if gpu is not None and g == gpu]
+    if on_gpu and rank not in on_gpu:
+        seen = {e.rank: e.seen for e in exited}
+        rank = min(on_gpu, key=lambda r: (seen.get(r, math.inf), r))
+    if rank is None and exited:
+        rank = min(exited, key=lambda e: e.seen).rank
+    if gpu is None and rank is not None:
+        gpu = gpu_of_rank.get(rank)
+    return rank, gpu
 
 
 def gpu_trouble(now: float, gpu: int, health: Health, findings: list[Finding], rank: int | None) -> Trouble:
