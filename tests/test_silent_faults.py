@@ -116,3 +116,34 @@ def test_a_detoured_link_is_measured_slow_from_the_copies_it_really_makes():
     assert per_gpu[1] == healthy  # the pair 0-1 never touches the detour
     # Every pair with GPU 2 waits for its copies (1 direct + 4 bounces, measured, not a formula).
     assert per_gpu[2] < healthy / 2 and ring < healthy / 2
+
+
+def test_a_detoured_link_is_not_hidden_by_a_direct_copy_that_a_busy_host_slowed(monkeypatch):
+    # Beside two CPU hogs, the pair test once measured the detoured GPU at 56% of its peers (a
+    # warning, not the failure): the one direct copy its stretch was divided by had been slowed.
+    import torch
+
+    from trainguard.diagnose import sim_device
+
+    fleet = SimNode(n_gpus=2, load=0.0)
+    fleet.now().detoured_link(gpu=1, bounces=4)
+    good, bad = sim_device.SimDevice(fleet, 0), sim_device.SimDevice(fleet, 1)
+
+    class Done:  # gloo's all-reduce of two ranks, finished
+        def size(self) -> int:
+            return 2
+
+        def allreduce(self, tensors: list[torch.Tensor]) -> Done:
+            return self
+
+        def wait(self) -> bool:
+            return True
+
+    ticks = iter([0.0, 20.0, 21.0, 22.0, 23.0, 24.0])  # the thread's CPU clock: the first copy took 20 x
+    monkeypatch.setattr(sim_device.time, "thread_time", lambda: next(ticks))
+    bad.all_reduce(Done(), torch.ones(2**16))
+    good.all_reduce(Done(), torch.ones(2**16))
+    monkeypatch.undo()
+    stretch = bad.link_seconds(2**18, 2, 1.0) / good.link_seconds(2**18, 2, 1.0)
+    # 1 direct copy + 4 bounces, each one copy's cost; the direct copy as timed gave 21 / 20.
+    assert stretch == pytest.approx(5.0)
