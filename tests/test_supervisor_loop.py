@@ -136,6 +136,28 @@ def test_a_second_crash_in_a_row_waits_the_backoff_on_the_clock_and_records_it(t
     ]
 
 
+def test_the_launchers_own_slow_start_is_init_in_the_ledger_not_time_no_interval_covers(tmp_path):
+    # CI beside two hogs: a plain script's ledger left 2.1 s of 30.9 unaccounted, the launcher's
+    # rendezvous, pre-flight and worker start before the first attempt began.
+    from trainguard.incidents.goodput import goodput
+
+    clock = VirtualClock()
+    sup = supervisor(tmp_path, clock)
+
+    class SlowStart(FakeWorkers):
+        def start(self, local_world_size: int | None = None) -> None:
+            if not self.starts:
+                clock.sleep(2.0)  # a loaded host's launch
+            super().start(local_world_size)
+
+    workers = SlowStart(clock, lambda w, t: {0: 0, 1: 0} if t >= 3.0 else {0: None, 1: None}, sup.run_dir)
+    sup.started = clock.now
+    assert sup.monitor(workers) is True
+    ledger = goodput(sup.recorder.intervals, sup.started, clock.now)
+    assert ledger.init_s >= 2.0  # from the job's start, not the workers'
+    assert ledger.unaccounted_s == 0.0
+
+
 def test_steady_progress_after_a_restart_ends_the_failure_streak(tmp_path):
     clock = VirtualClock()
     sup = supervisor(tmp_path, clock)

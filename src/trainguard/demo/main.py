@@ -116,9 +116,11 @@ def assemble(
         goodput = store.goodput(job).to_dict()
         plot = _plot(store, job, workdir / "timeline.png")
         info = store.get_job(job)
-        inits = [iv.end for iv in store.intervals(job) if iv.kind is IntervalKind.INIT]
-    # Start-up before the first step: the job's own cost, no fault's.
-    startup_s = min(inits) - info.started if inits and info is not None and info.started else None
+        inits = [iv for iv in store.intervals(job) if iv.kind is IntervalKind.INIT]
+    # Start-up before the first step (the first attempt's init: the launcher's, then its workers'):
+    # the job's own cost, no fault's.
+    first = max((iv.end for iv in inits if iv.attempt == min(i.attempt for i in inits)), default=None)
+    startup_s = first - info.started if first is not None and info is not None and info.started else None
     injected = ground_truth(plan, run_dir, [i.to_dict() for i in result.injected], chaos.gpus_by_attempt)
     outcomes = match(list(plan.faults), injected, incidents)
     supervisor = {

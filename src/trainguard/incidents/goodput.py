@@ -29,7 +29,7 @@ from typing import Any
 class IntervalKind(str, Enum):
     PRODUCTIVE = "productive"  # training steps whose results were kept
     CHECKPOINT = "checkpoint"  # training blocked on a checkpoint save
-    INIT = "init"  # worker start to the first completed step (imports, rendezvous, load)
+    INIT = "init"  # (launcher, then) worker start to the first completed step (imports, rendezvous, load)
     RESTART = "restart"  # tearing down the failed attempt and launching the next
     LOST = "lost"  # work thrown away: steps since the last checkpoint, recomputed later
     DETECTION = "detection"  # from the failure to its detection (e.g. a hang until the timeout)

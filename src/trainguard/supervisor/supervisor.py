@@ -249,6 +249,10 @@ class Supervisor:
             return False
         workers.start(len(self.gpu_map.gpus))
         attempt = self._begin_attempt(workers)
+        # The launcher's own start (rendezvous, pre-flight, starting the workers) is the job's
+        # init as much as the workers' imports are; uncharged, a loaded host's slow start would
+        # show in the ledger as time no interval covers.
+        self.recorder.interval(IntervalKind.INIT, self.started, attempt.started, attempt.number, "launch")
         if self._lost is not None:
             lost = self.recorder.lost_run(self._lost, attempt.started, attempt.resume_step)
             self.history.pending.append(Pending(lost, self._lost.last_seen, self._lost.furthest_step))
