@@ -36,6 +36,21 @@ def test_with_two_gpus_only_the_slow_one_fails():
     assert results[0].verdict is Verdict.PASS and results[1].verdict is Verdict.FAIL
 
 
+def test_peers_are_compared_round_by_round_so_a_busy_moment_is_not_blamed_on_one_gpu():
+    # Beside two hogs: GPU 0's best round came before a wedged GPU's 1 s timeout, GPU 2's rounds
+    # all after it, in a busy second that slowed GPU 0 as much; best against best said 75%: warn.
+    busy = {0: [100.0, 74.0, 76.0], 2: [75.0, 75.0, 74.0]}
+    best = {g: max(v) for g, v in busy.items()}
+    assert judge_against_peers("compute", best, "TFLOPS")[2].verdict is Verdict.WARN  # the old way
+    results = judge_against_peers("compute", best, "TFLOPS", rounds=busy)
+    assert {g: r.verdict for g, r in results.items()} == {0: Verdict.PASS, 2: Verdict.PASS}
+    # A GPU at half speed fails every round, also when its peer was slowed in one of them.
+    slow = {0: [100.0, 50.0, 100.0], 2: [50.0, 50.0, 50.0]}
+    results = judge_against_peers("compute", {g: max(v) for g, v in slow.items()}, "TFLOPS", rounds=slow)
+    assert results[2].verdict is Verdict.FAIL and "50% of peers (100 TFLOPS)" in results[2].reason
+    assert results[0].verdict is Verdict.PASS
+
+
 def test_the_model_table_fails_a_gpu_its_peers_would_pass():
     # Every GPU equally slow: the peers agree, the datasheet does not.
     results = judge_against_peers(

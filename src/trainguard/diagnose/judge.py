@@ -47,16 +47,27 @@ def judge_against_peers(
     peak_floor: tuple[float, float] = PEAK_FLOOR["fp32"],
     own_reference: float | None = None,
     detail: dict[int, str] | None = None,
+    rounds: dict[int, list[float]] | None = None,
 ) -> dict[int, TestResult]:
     """Each GPU's figure against the median of the others, the model's peak (when known) and,
-    with a single device, ``own_reference`` (the same figure from a plain loop on this machine)."""
+    with a single device, ``own_reference`` (the same figure from a plain loop on this machine).
+
+    ``rounds``: each GPU's figure in every round-robin pass. Then the ratio to the peers is the
+    median over the rounds of the GPU's figure over its peers' in the same round: devices are
+    measured one after another, and a host that is busier for a while (another process thrashing
+    the caches a simulated GPU computes in) slows the devices measured then, which a comparison
+    of best figures taken at different moments would blame on one GPU."""
     out: dict[int, TestResult] = {}
     for gpu, value in values.items():
         others = [v for g, v in values.items() if g != gpu]
         verdicts, reasons, expected = [Verdict.PASS], [], None
         if others:
-            ref = statistics.median(others)
-            ratio = value / ref if ref > 0 else 1.0
+            ratio = _peer_ratio(gpu, rounds) if rounds else None
+            if ratio is None:
+                ref = statistics.median(others)
+                ratio = value / ref if ref > 0 else 1.0
+            else:
+                ref = value / ratio if ratio > 0 else statistics.median(others)
             verdicts.append(_grade(ratio, PEER_FLOOR[name]))
             reasons.append(f"{ratio:.0%} of peers ({ref:.4g} {unit})")
             expected = ref
@@ -76,6 +87,19 @@ def judge_against_peers(
             reasons.append(detail[gpu])
         out[gpu] = TestResult(name, worst_verdict(verdicts), value, expected, unit, "; ".join(reasons))
     return out
+
+
+def _peer_ratio(gpu: int, rounds: dict[int, list[float]]) -> float | None:
+    """The median over the rounds of ``gpu``'s figure / the median of its peers' in that round
+    (None: the rounds do not line up)."""
+    n = len(rounds.get(gpu, []))
+    if n == 0 or any(len(v) != n for v in rounds.values()):
+        return None
+    ratios = []
+    for k in range(n):
+        ref = statistics.median(v[k] for g, v in rounds.items() if g != gpu)
+        ratios.append(rounds[gpu][k] / ref if ref > 0 else 1.0)
+    return statistics.median(ratios)
 
 
 def sdc_reference(digests: dict[int, list[str]], keys: dict[int, str]) -> dict[str, str]:

@@ -44,8 +44,16 @@ def compute(run: _Run) -> None:
         figures = {g: v[dtype] for g, v in values.items()}
         peaks = {d.index: peak_of(d.kind, d.name, dtype) for d in run.devices}
         detail = {g: f"{b.matmul_n}x{b.matmul_n} {dtype}" for g in figures}
+        per_round = {g: [r[dtype] for r in rs] for g, rs in rounds.items()}
         results = judge.judge_against_peers(
-            "compute", figures, "TFLOPS", peaks, floor_of(dtype), reference if k == 0 else None, detail
+            "compute",
+            figures,
+            "TFLOPS",
+            peaks,
+            floor_of(dtype),
+            reference if k == 0 else None,
+            detail,
+            per_round,
         )
         results = {
             g: TestResult(name, r.verdict, r.value, r.expected, r.unit, r.reason) for g, r in results.items()
@@ -86,8 +94,9 @@ def memory_bandwidth(run: _Run) -> None:
     size = f"{b.copy_bytes / 2**20:g} MiB" if b.copy_bytes >= 2**20 else f"{b.copy_bytes / 2**10:g} KiB"
     detail = {g: f"copy of {size}; write {v[1]:.4g} GB/s" for g, v in values.items()}
     peaks = {d.index: peak_of(d.kind, d.name, "memory") for d in run.devices}
+    per_round = {g: [r[0] for r in rs] for g, rs in rounds.items()}
     results = judge.judge_against_peers(
-        "memory_bandwidth", copy, "GB/s", peaks, floor_of("memory"), reference, detail
+        "memory_bandwidth", copy, "GB/s", peaks, floor_of("memory"), reference, detail, per_round
     )
     run.record({**results, **decided})
 
