@@ -93,7 +93,7 @@ def _peer_ratio(gpu: int, rounds: dict[int, list[float]]) -> float | None:
     """The median over the rounds of ``gpu``'s figure / the median of its peers' in that round
     (None: the rounds do not line up)."""
     n = len(rounds.get(gpu, []))
-    if n == 0 or any(len(v) != n for v in rounds.values()):
+    if n == 0 or len(rounds) < 2 or any(len(v) != n for v in rounds.values()):
         return None
     ratios = []
     for k in range(n):
