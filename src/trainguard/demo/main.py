@@ -119,7 +119,8 @@ def assemble(
         inits = [iv for iv in store.intervals(job) if iv.kind is IntervalKind.INIT]
     # Start-up before the first step (the first attempt's init: the launcher's, then its workers'):
     # the job's own cost, no fault's.
-    first = max((iv.end for iv in inits if iv.attempt == min(i.attempt for i in inits)), default=None)
+    first_attempt = min((iv.attempt for iv in inits), default=None)
+    first = max((iv.end for iv in inits if iv.attempt == first_attempt), default=None)
     startup_s = first - info.started if first is not None and info is not None and info.started else None
     injected = ground_truth(plan, run_dir, [i.to_dict() for i in result.injected], chaos.gpus_by_attempt)
     outcomes = match(list(plan.faults), injected, incidents)
