@@ -106,6 +106,67 @@ def test_health_hook_has_the_supervisors_signature_and_names_a_straggler():
     assert "of peers" in seen[0].gpu(1).test("compute").reason
 
 
+def test_a_busy_moment_on_the_host_is_not_device_time(monkeypatch):
+    # Beside two CPU hogs and two test runs, the straggler above (half clock) once measured as a
+    # warning, not a failure: a product's CPU time grows while other processes share the host's
+    # caches, and its peers had been measured in such a moment.
+    import torch
+
+    from trainguard.diagnose import sim_device
+
+    fleet = SimNode(n_gpus=3, load=0.0)
+    fleet.now().straggler(gpu=1)
+    target = open_target("sim", fleet=fleet)
+    cpu = [0.0]  # the thread's CPU clock
+
+    class Operand:  # a product of these takes ``each`` s of CPU time
+        shape, dtype = (8, 8), torch.float32
+
+        def __init__(self, each: float) -> None:
+            self.each = each
+
+        def __matmul__(self, other: Any) -> torch.Tensor:
+            cpu[0] += self.each
+            return torch.ones(8, 8)
+
+    def three_products(dev: Any, each: float) -> float:
+        monkeypatch.setattr(sim_device.time, "thread_time", lambda: cpu[0])
+        with dev.busy():
+            start = dev.clock()
+            for _ in range(3):
+                dev.matmul(Operand(each), Operand(each))
+            took = dev.clock() - start
+        monkeypatch.undo()
+        return took
+
+    try:
+        quiet, straggler, busy = (three_products(target.devices[g], s) for g, s in ((0, 1), (1, 20), (2, 20)))
+    finally:
+        target.close()
+    # Each product at the least cost on the host, at the GPU's clock (a healthy one's dithers a few
+    # bins below its max under load).
+    assert quiet == pytest.approx(3.0, rel=0.1) and busy == pytest.approx(3.0, rel=0.1)
+    assert straggler == pytest.approx(6.0, rel=0.1)
+
+
+def test_a_slow_product_that_starts_midway_is_not_hidden_by_the_fast_ones_before():
+    import torch
+
+    fleet = SimNode(n_gpus=1, load=0.0)
+    dev = SimDevice(fleet, 0)
+    a = torch.randn(256, 256)
+
+    def one() -> float:
+        start = dev.clock()
+        dev.matmul(a, a)
+        return dev.clock() - start
+
+    before = min(one() for _ in range(5))
+    fleet.now().slow_products(gpu=0, fraction=0.25)
+    after = min(one() for _ in range(5))
+    assert after > 2 * before  # four products' work each, really done
+
+
 class _Wedged(SimDevice):
     """A GPU whose matrix products never return (a wedged device)."""
 

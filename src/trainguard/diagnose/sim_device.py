@@ -3,8 +3,10 @@
 It does the real work on the CPU, then does to it what the fleet's faults do to silicon:
 
 - its SM clock (the fleet's reading under load) sets its speed: a straggler's half clock or a
-  thermal slowdown makes every product take twice as long on the device's clock, which counts
-  the CPU time of the work (``clock()``), so other load on the host does not skew it;
+  thermal slowdown makes every product take twice as long on the device's clock (``clock()``),
+  which counts the CPU time of the work, each product at the least CPU time a product of its
+  shape took on the host: a GPU is not slowed by other processes on its host, and a host busy
+  elsewhere (sharing its caches, taking its time slices) does not skew one GPU against another;
 - ``SlowProducts`` (clocks read normal) makes it really do more work per product: the compute
   test sees the time it took, telemetry sees nothing;
 - ``WrongProducts`` flips a bit in that share of its matrix products;
@@ -55,14 +57,17 @@ LINK_EFFICIENCY = 0.8
 
 
 class SimDevice(TorchDevice):
-    def __init__(self, fleet: SimNode, index: int) -> None:
+    def __init__(self, fleet: SimNode, index: int, least: dict[tuple[Any, ...], float] | None = None) -> None:
+        """``least``: the least CPU time a product of each shape took, shared by the devices of one
+        target (the host does every device's work, so one figure prices every device's products)."""
         super().__init__(index, "cpu", fleet.identity(index).name or "simulated GPU", "sim")
         self.fleet = fleet
         self._rng = fleet.rng("sim-device", index)
         self._lock = threading.Lock()
         self._busy_depth = 0
         self._ratio, self._ratio_at = 1.0, float("-inf")
-        self._added_s = 0.0  # device time the faults added (a slow clock)
+        self._added_s = 0.0  # device time the faults added (a slow clock), less what the host took
+        self._least = {} if least is None else least
         self._before: float | None = None  # the GPU's own load before busy()
         self._link_direct_s = 0.0  # CPU time of the direct copies of a detoured link's transfers
         self._link_total_s = 0.0  # ... and of those copies with the detour's bounces
@@ -116,14 +121,16 @@ class SimDevice(TorchDevice):
 
     # -- Device -----------------------------------------------------------------------------
     def clock(self) -> float:
-        """The CPU time of the calling thread plus the time the faults added: a simulated GPU is not
-        slowed by other processes sharing the host's CPU, as a real GPU is not."""
+        """The CPU time of the calling thread plus the time the faults added, less what a busy host
+        added to products: a simulated GPU is not slowed by other processes, as a real GPU is not."""
         return time.thread_time() + self._added_s
 
     def matmul(self, a: Any, b: Any) -> Any:
         t0 = time.thread_time()
+        slow, wrong = self._active(state.SlowProducts), self._active(state.WrongProducts)
+        ratio = self._clock_ratio()
+        t1 = time.thread_time()
         c = a @ b
-        slow = self._active(state.SlowProducts)
         if slow is not None and slow.fraction > 0:
             # The work a GPU at this fraction of its rate spends on one product, really done.
             extra = 1 / slow.fraction - 1
@@ -132,13 +139,16 @@ class SimDevice(TorchDevice):
             rows = round(a.shape[-2] * (extra - int(extra)))
             if rows:
                 a[..., :rows, :] @ b
-        ratio = self._clock_ratio()
-        if ratio < 0.999:
-            self._added_s += (time.thread_time() - t0) * (1 / ratio - 1)
-        wrong = self._active(state.WrongProducts)
+        key = (a.shape, b.shape, a.dtype, torch.get_float32_matmul_precision(), slow)
+        least = self._least[key] = min(time.thread_time() - t1, self._least.get(key, float("inf")))
         with self._lock:
             if wrong is not None and self._rng.random() < wrong.rate:
                 self._flip_bits(c, 1)
+        # On the device a product costs the least one of its shape took on the host, at the clock's
+        # rate: neither a
+        # moment when the host was busy elsewhere nor the simulator's bookkeeping is device time
+        # (the extra work of a slow product is).
+        self._added_s += least / ratio - (time.thread_time() - t0)
         return c
 
     def write(self, dst: Any, src: Any) -> None:

@@ -117,7 +117,8 @@ def _open_sim(gpus: Sequence[int] | None, fleet: Any, n_sim: int, seed: int) -> 
         fleet = SimNode(n_gpus=n_sim, seed=seed, load=0.0)  # idle until a test loads a GPU
         owned.append(fleet)
     chosen = _select(range(fleet.n_gpus), gpus)
-    devices: list[Device] = [SimDevice(fleet, i) for i in chosen]
+    least: dict[tuple[Any, ...], float] = {}  # what a product costs: one host does every GPU's work
+    devices: list[Device] = [SimDevice(fleet, i, least) for i in chosen]
     owned.append(_OneThread())
     return Target(
         "sim",
