@@ -121,7 +121,8 @@ def run_kills(
         time.sleep(rng.uniform(0.0, max_delay_s))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        torn += any(p.name.startswith(".tmp-") for p in directory.iterdir())
+        # A saver killed before it made its folder (a loaded host) tore nothing.
+        torn += directory.exists() and any(p.name.startswith(".tmp-") for p in directory.iterdir())
         reported = start
         with os.fdopen(read_fd, "rb") as pipe:
             data = pipe.read()
