@@ -6,6 +6,7 @@ its judges the outcomes a broken GPU path would produce.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -149,3 +150,44 @@ def test_the_wheelhouse_the_makefile_downloads_is_what_the_check_expects():
     requirements = re.findall(r'"([^"]+)"', line)
     by_requirement = {req: name for name, (req, _) in gpu_check.NEEDED.items()}
     assert {by_requirement.get(r) for r in requirements} == gpu_check.WHEELHOUSE, requirements
+
+
+def test_a_stopped_check_stops_the_command_its_stage_started(tmp_path):
+    # A stage's command runs in its own session (so a timeout can kill its whole group); SIGTERM to
+    # the check (a CI job's timeout) used to end the check alone and leave that command running.
+    import os
+    import signal
+    import subprocess
+    import time
+
+    pidfile = tmp_path / "pid"
+    sleeper = f"import os, pathlib, time; pathlib.Path({str(pidfile)!r}).write_text(str(os.getpid())); time.sleep(600)"
+    script = "\n".join(
+        [
+            "import importlib.util, sys",
+            f"spec = importlib.util.spec_from_file_location('gpu_check', {str(_PATH)!r})",
+            "g = importlib.util.module_from_spec(spec)",
+            "sys.modules['gpu_check'] = g",
+            "spec.loader.exec_module(g)",
+            f"g.STAGES['sleep'] = lambda check, stage: check.run(stage, [sys.executable, '-c', {sleeper!r}], 600)",
+            f"g.main(['--dry', '--stages', 'sleep', '--out', {str(tmp_path / 'out')!r}])",
+        ]
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    pid = None
+    try:
+        deadline = time.monotonic() + 300  # a ceiling: the loop waits for the command to start
+        while not (pidfile.exists() and pidfile.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the stage's command never started"
+            time.sleep(0.05)
+        pid = int(pidfile.read_text())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 128 + signal.SIGTERM
+        with pytest.raises(ProcessLookupError):  # killed and reaped by the check
+            os.kill(pid, 0)
+    finally:
+        proc.kill()
+        proc.wait()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -140,6 +140,10 @@ class Check:
                 stdout, _ = proc.communicate()
                 fh.write(f"\n[gpu_check] killed after {timeout:.0f} s\n")
                 return subprocess.CompletedProcess(argv, 124, stdout, "")
+            except BaseException:  # the check was stopped (SIGTERM, Ctrl-C): so is what it started
+                _kill_group(proc)
+                proc.wait()
+                raise
             fh.write(stdout[-20000:])
             fh.write(f"\n[gpu_check] exit {proc.returncode}\n")
         return subprocess.CompletedProcess(argv, proc.returncode, stdout, "")
@@ -204,6 +208,16 @@ def missing_for(stage: str, missing: dict[str, str]) -> str | None:
         else "the GPU image should have it"
     )
     return f"missing module(s) {', '.join(lacking)} ({missing[lacking[0]]}): {fix}, or pip install {wanted}"
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (a CI job's timeout, ``kill``) ends the check as Ctrl-C does: through its ``finally``
+    clauses, which stop the commands its stages started in their own sessions."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _kill_group(proc: subprocess.Popen[Any]) -> None:
@@ -676,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-s", type=float, default=None, help="the whole check's time (default 480; dry: 900)"
     )
     args = p.parse_args(argv)
+    stop_on_sigterm()
     unknown = [x for x in args.stages.split(",") if x not in STAGES]
     if unknown:
         p.error(f"unknown stage(s) {unknown}: choose from {', '.join(STAGES)}")
