@@ -145,9 +145,8 @@ class SimDevice(TorchDevice):
             if wrong is not None and self._rng.random() < wrong.rate:
                 self._flip_bits(c, 1)
         # On the device a product costs the least one of its shape took on the host, at the clock's
-        # rate: neither a
-        # moment when the host was busy elsewhere nor the simulator's bookkeeping is device time
-        # (the extra work of a slow product is).
+        # rate: neither a moment when the host was busy elsewhere nor the simulator's bookkeeping
+        # is device time (the extra work of a slow product is).
         self._added_s += least / ratio - (time.thread_time() - t0)
         return c
 
