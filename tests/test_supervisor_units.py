@@ -8,7 +8,7 @@ import signal
 from dataclasses import replace
 from pathlib import Path
 
-from trainguard.rundir import ErrorRecord, Heartbeat, heartbeat_path
+from trainguard.rundir import ErrorRecord, Heartbeat, append_discarded, heartbeat_path
 from trainguard.supervisor.config import checkpoint_dir_from_cmd
 from trainguard.supervisor.exits import Exited, aborted_after_finishing, exit_trouble
 from trainguard.supervisor.hang import analyze
@@ -51,6 +51,24 @@ def test_hang_timeout_is_learned_from_step_times_with_a_floor(tmp_path):
     assert watch.poll(now=21.5).hung  # last progress at t=19, timeout 2 s
     beat(tmp_path, 0, 10, 22, step_time=1.0)
     assert watch.poll(now=23.0).timeout == 5.0  # 5 x the slowest recent step
+
+
+def test_a_replica_group_that_discards_a_step_is_alive_until_it_tries_the_same_step_too_long(tmp_path):
+    # A healthy group waits on its hung peer in the all-reduce, discards the step, steps on
+    # without it: no new step for a while, but the discard is progress. A group that discards
+    # the same step again and again is not (and a hung group discards nothing).
+    watch = ProgressWatch(tmp_path, hang_timeout_floor=2.0, startup_timeout=100)
+    watch.begin_attempt(0, [0, 1], started=5.0)
+    append_discarded(tmp_path, 0, 3, 3.0, 4.0)  # an earlier attempt's: no progress of this one
+    for i in range(10):
+        beat(tmp_path, 0, i, 10 + i)
+        beat(tmp_path, 1, i, 10 + i)
+    assert not watch.poll(now=20.0).hung
+    append_discarded(tmp_path, 0, 10, 19.0, 21.0)
+    view = watch.poll(now=22.5)
+    assert not view.hung and view.last_progress == 21.0
+    append_discarded(tmp_path, 0, 10, 21.0, 22.8)  # the same step again: no new progress
+    assert watch.poll(now=23.5).hung
 
 
 def test_before_the_first_step_the_startup_timeout_applies(tmp_path):

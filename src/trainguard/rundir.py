@@ -136,15 +136,17 @@ def read_discarded(run_dir: Path, rank: int = 0) -> list[tuple[int, float, float
         data = discarded_path(run_dir, rank).read_bytes()
     except OSError:
         return []
-    out: list[tuple[int, float, float]] = []
-    for line in data.split(b"\n"):
-        r = _parse(line)
-        try:
-            if r is not None:
-                out.append((int(r["step"]), float(r["start"]), float(r["end"])))
-        except (KeyError, TypeError, ValueError):
-            continue
+    out = [d for d in map(parse_discarded, data.split(b"\n")) if d is not None]
     return sorted(out, key=lambda t: t[1])
+
+
+def parse_discarded(line: bytes) -> tuple[int, float, float] | None:
+    """One line of a discarded-steps file as (step, start, end); None for a bad line."""
+    r = _parse(line)
+    try:
+        return None if r is None else (int(r["step"]), float(r["start"]), float(r["end"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def read_findings(run_dir: Path) -> list[tuple[int, int | None, Finding]]:

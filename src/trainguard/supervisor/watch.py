@@ -7,6 +7,11 @@ sub-second steps, where NCCL's default watchdog waits ten minutes. Before the fi
 attempt (start, rendezvous, checkpoint load) the longer ``startup_timeout`` applies, once this
 run has shown heartbeats at all: a script without the Guard never writes one, and its hangs are
 judged from process state (`supervisor.idle`).
+
+A step that a replica group tried and discarded (``rundir.append_discarded``: its all-reduce
+timed out on a hung peer, its quorum failed) is progress too: the group is alive and steps on
+without the peer. Each step counts once, so a group that discards the same step over and over
+is hung one timeout after its first try at it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainguard.rundir import Heartbeat, heartbeat_path
+from trainguard.rundir import Heartbeat, discarded_path, heartbeat_path, parse_discarded
 
 if TYPE_CHECKING:
     from trainguard.supervisor.config import SupervisorConfig
@@ -35,6 +40,7 @@ class RankProgress:
     ckpt_step: int | None = None  # step of this rank's last checkpoint in this attempt
     ckpt_since: float | None = None  # when this rank reported a checkpoint in progress
     nan_reported: bool = False
+    discarded: tuple[int, float] | None = None  # (step, when) of the last step it discarded
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +71,7 @@ class ProgressWatch:
         self.floor = hang_timeout_floor
         self.factor = hang_step_factor
         self.startup_timeout = startup_timeout
-        self._offsets: dict[int, int] = {}
+        self._offsets: dict[Path, int] = {}
         self._ranks: dict[int, RankProgress] = {}
         self._attempt = 0
         self._started = 0.0
@@ -82,13 +88,14 @@ class ProgressWatch:
     def begin_attempt(self, attempt: int, ranks: list[int], started: float) -> None:
         self._attempt, self._started = attempt, started
         self._ranks = {r: RankProgress() for r in ranks}
-        for r in ranks:
-            self._offsets.setdefault(r, 0)
 
     def poll(self, now: float) -> ProgressView:
         nan_ranks: list[int] = []
         for rank, prog in self._ranks.items():
-            for beat in self._read_new(rank):
+            for step, end in self._read_discards(rank):
+                if end >= self._started and (prog.discarded is None or step != prog.discarded[0]):
+                    prog.discarded = (step, end)
+            for beat in self._read_beats(rank):
                 self.heartbeats_seen = True
                 if beat.attempt != self._attempt:
                     continue
@@ -129,6 +136,7 @@ class ProgressWatch:
     def _view(self, now: float, nan_ranks: tuple[int, ...]) -> ProgressView:
         steps = [p.last.step for p in self._ranks.values() if p.last is not None and p.last.phase == "train"]
         since = [p.step_since for p in self._ranks.values() if p.step_since is not None]
+        since += [p.discarded[1] for p in self._ranks.values() if p.discarded is not None]
         firsts = [p.first_train_time for p in self._ranks.values() if p.first_train_time is not None]
         trained = bool(firsts)
         last_progress = max(since, default=self._started) if trained else self._started
@@ -176,22 +184,27 @@ class ProgressWatch:
         """Per rank, this attempt's step times outside warm-up and checkpoints, oldest first."""
         return {r: list(p.step_times) for r, p in self._ranks.items()}
 
-    def _read_new(self, rank: int) -> list[Heartbeat]:
-        path = heartbeat_path(self.run_dir, rank)
+    def _read_beats(self, rank: int) -> list[Heartbeat]:
+        beats = (_parse_beat(line) for line in self._read_lines(heartbeat_path(self.run_dir, rank)))
+        return [b for b in beats if b is not None]
+
+    def _read_discards(self, rank: int) -> list[tuple[int, float]]:
+        """(step, end) of the steps rank R newly wrote it discarded; bad lines are skipped."""
+        found = map(parse_discarded, self._read_lines(discarded_path(self.run_dir, rank)))
+        return [(d[0], d[2]) for d in found if d is not None]
+
+    def _read_lines(self, path: Path) -> list[bytes]:
+        """The whole lines appended to ``path`` since the last read (a half-written last line
+        waits for the next)."""
         try:
             with open(path, "rb") as f:
-                f.seek(self._offsets[rank])
+                f.seek(self._offsets.get(path, 0))
                 data = f.read()
         except OSError:
             return []
-        end = data.rfind(b"\n") + 1  # keep a half-written last line for the next poll
-        self._offsets[rank] += end
-        beats: list[Heartbeat] = []
-        for line in data[:end].split(b"\n"):
-            beat = _parse_beat(line)
-            if beat is not None:
-                beats.append(beat)
-        return beats
+        end = data.rfind(b"\n") + 1
+        self._offsets[path] = self._offsets.get(path, 0) + end
+        return data[:end].split(b"\n")
 
 
 WARMUP_STEPS = 5  # after a (re)start: caches, allocator, DDP buckets; not a step to judge
