@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,9 +63,16 @@ def start(tmp_path: Path, lh: Lighthouse, group: int, *args: str) -> subprocess.
 
 
 def healthy_and_faulty(
-    tmp_path: Path, lh: Lighthouse, fault: str, *healthy_args: str
+    tmp_path: Path, lh: Lighthouse, fault: str, *healthy_args: str, ahead: int = 0
 ) -> tuple[int, str, dict]:
-    healthy = start(tmp_path, lh, 0, "--steps", "1000", *healthy_args)
+    """Run a healthy group and a faulty one to the healthy one's end; with ``ahead``, the faulty
+    one starts once the healthy one has committed that many steps (it joins, and heals from it)."""
+    progress = tmp_path / "g0.progress"
+    healthy = start(tmp_path, lh, 0, "--steps", "1000", "--progress", str(progress), *healthy_args)
+    deadline = time.monotonic() + 120
+    while ahead and int(progress.read_text() if progress.exists() else 0) < ahead:
+        assert healthy.poll() is None and time.monotonic() < deadline, "the healthy group never stepped"
+        time.sleep(0.05)
     faulty = start(tmp_path, lh, 1, "--steps", "1000", "--fault", fault)
     try:
         output, _ = healthy.communicate(timeout=300)
@@ -90,6 +98,24 @@ def test_a_peer_lost_mid_all_reduce_discards_the_step_and_the_healthy_group_trai
     # ... and the Manager wrote each discarded step into the run directory, for the job's ledger.
     recorded = read_discarded(tmp_path / "run0", 0)
     assert len(recorded) == result["discarded"] and all(end >= start for _, start, end in recorded)
+
+
+def test_a_peer_that_hangs_in_the_quorum_it_joined_holds_the_healthy_group_no_longer_than_an_all_reduce(
+    tmp_path, lighthouse
+):
+    # The peer joins the healthy group's quorum and stops before its process group's rendezvous:
+    # the healthy group, reconfiguring for that quorum, waits for it in the rendezvous. torchft's process groups wait
+    # 60 s there by default, whatever the Manager's timeout; trainguard's give up after the
+    # Manager's (TORCHFT_TIMEOUT_SEC, 3 s here), as the all-reduce does. A hang detector tuned to
+    # the collective timeout (a replica group's hang floor) would otherwise restart the healthy one.
+    code, output, result = healthy_and_faulty(tmp_path, lighthouse, "stop-in-quorum", ahead=5)
+    assert code == 0, output[-3000:]
+    # The quorum with the peer failed in its rendezvous: that step was discarded, and the group
+    # trained on alone (a few steps, then done: far short of its 1,000).
+    assert result["discarded"] >= 1 and result["committed"] < 1000
+    recorded = read_discarded(tmp_path / "run0", 0)
+    longest = max(end - start for _, start, end in recorded)
+    assert longest < 30, f"the healthy group waited {longest:.1f}s in the quorum for its stopped peer"
 
 
 def test_torchfts_own_hook_takes_the_healthy_group_down_when_a_peer_dies_mid_all_reduce(tmp_path, lighthouse):

@@ -1,5 +1,7 @@
 """One replica group of one rank for tests/test_ft_ddp.py: torchft's Manager and a DDP wrapper
-(trainguard's, or torchft's own with --upstream), and a peer that dies or stops mid-all-reduce.
+(trainguard's, or torchft's own with --upstream), and a peer that dies or stops mid-all-reduce,
+or stops in the quorum it just joined (``--fault stop-in-quorum``: before its process group's
+rendezvous with the healthy peer).
 
     REPLICA_GROUP_ID=1 TORCHFT_LIGHTHOUSE=http://127.0.0.1:PORT MASTER_ADDR=127.0.0.1 MASTER_PORT=P \\
         RANK=0 WORLD_SIZE=1 python ft_worker.py --steps 300 --fault kill --out r.json
@@ -25,12 +27,13 @@ from trainguard.torch.ft import DistributedDataParallel, manager
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--fault", choices=["none", "kill", "stop"], default="none")
+    p.add_argument("--fault", choices=["none", "kill", "stop", "stop-in-quorum"], default="none")
     p.add_argument("--fault-after", type=int, default=5, help="all-reduces made beside a peer first")
     p.add_argument("--alone-steps", type=int, default=10, help="after a peer is lost: steps, then stop")
     p.add_argument("--upstream", action="store_true", help="torchft's own DistributedDataParallel")
     p.add_argument("--step-delay", type=float, default=0.05)
     p.add_argument("--out", required=True)
+    p.add_argument("--progress", help="write the steps committed so far here, each step")
     args = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -43,7 +46,16 @@ def main() -> None:
         ddp: Any = Upstream(mgr, model)
     else:
         ddp = DistributedDataParallel(mgr, model)
-    if args.fault != "none":
+    if args.fault == "stop-in-quorum":
+        configure = mgr._pg.configure
+
+        def stop_in_quorum(*a: Any, **k: Any) -> None:
+            if a[3] > 1:  # a quorum with the peer: stop before meeting it in the rendezvous
+                os.kill(os.getpid(), signal.SIGSTOP)
+            configure(*a, **k)
+
+        mgr._pg.configure = stop_in_quorum  # type: ignore[method-assign]
+    elif args.fault != "none":
         reduce = mgr.allreduce
         beside = [0]
 
@@ -69,7 +81,11 @@ def main() -> None:
         else:
             discarded += 1
         peers = max(peers, mgr.num_participants())
-        if peers > 1 and mgr.num_participants() == 1 and alone_since is None:
+        if args.progress:
+            with open(args.progress + ".tmp", "w") as f:
+                f.write(str(mgr.current_step()))
+            os.replace(args.progress + ".tmp", args.progress)
+        if (peers > 1 or discarded) and mgr.num_participants() == 1 and alone_since is None:
             alone_since = mgr.current_step()  # the peer is gone: a few steps alone, then done
         time.sleep(args.step_delay)
     with open(args.out, "w") as f:

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 try:
     from torchft import ddp as _ft_ddp
-    from torchft.manager import Manager
+    from torchft.manager import TIMEOUT_SEC_ENV, Manager, get_timeout
     from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 except ImportError:  # pragma: no cover - exercised without the extra
     raise ImportError("trainguard.torch.ft needs torchft: pip install 'trainguard[ft]'") from None
@@ -75,7 +75,7 @@ def manager(
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
     group, _ = replica_group()
-    pg = ProcessGroupNCCL() if torch.cuda.is_available() else ProcessGroupGloo()
+    pg = process_group(timeout_s)
     job = os.environ.get("TRAINGUARD_JOB_ID", "train")
     opts: dict[str, Any] = {}
     if timeout_s is not None:
@@ -93,6 +93,18 @@ def manager(
         **opts,
         **kwargs,
     )
+
+
+def process_group(timeout_s: float | None = None) -> ProcessGroupGloo | ProcessGroupNCCL:
+    """torchft's reconfigurable process group with the Manager's collective timeout (``timeout_s``,
+    else ``TORCHFT_TIMEOUT_SEC``, which wins as it does in the Manager; else 60 s). torchft's own
+    default is 60 s whatever the Manager's timeout, and the group waits that long in each quorum's
+    reconfiguration too (the store and gloo's rendezvous with every member): a peer that joined
+    the quorum and then hung held a healthy group there for a minute, where its all-reduce gives
+    up on the peer after the collective timeout."""
+    default = timedelta(seconds=60 if timeout_s is None else timeout_s)
+    timeout = get_timeout(os.environ.get(TIMEOUT_SEC_ENV), default)
+    return ProcessGroupNCCL(timeout) if torch.cuda.is_available() else ProcessGroupGloo(timeout)
 
 
 class _Manager(Manager):
