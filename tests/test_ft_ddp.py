@@ -69,16 +69,18 @@ def healthy_and_faulty(
     one starts once the healthy one has committed that many steps (it joins, and heals from it)."""
     progress = tmp_path / "g0.progress"
     healthy = start(tmp_path, lh, 0, "--steps", "1000", "--progress", str(progress), *healthy_args)
-    deadline = time.monotonic() + 120
-    while ahead and int(progress.read_text() if progress.exists() else 0) < ahead:
-        assert healthy.poll() is None and time.monotonic() < deadline, "the healthy group never stepped"
-        time.sleep(0.05)
-    faulty = start(tmp_path, lh, 1, "--steps", "1000", "--fault", fault)
+    faulty = None
     try:
+        deadline = time.monotonic() + 120
+        while ahead and int(progress.read_text() if progress.exists() else 0) < ahead:
+            assert healthy.poll() is None and time.monotonic() < deadline, "the healthy group never stepped"
+            time.sleep(0.05)
+        faulty = start(tmp_path, lh, 1, "--steps", "1000", "--fault", fault)
         output, _ = healthy.communicate(timeout=300)
     finally:
-        faulty.kill()  # a stopped peer stays stopped until killed
-        faulty.communicate(timeout=60)
+        if faulty is not None:
+            faulty.kill()  # a stopped peer stays stopped until killed
+            faulty.communicate(timeout=60)
         if healthy.poll() is None:
             healthy.kill()
             healthy.communicate(timeout=60)
@@ -104,8 +106,8 @@ def test_a_peer_that_hangs_in_the_quorum_it_joined_holds_the_healthy_group_no_lo
     tmp_path, lighthouse
 ):
     # The peer joins the healthy group's quorum and stops before its process group's rendezvous:
-    # the healthy group, reconfiguring for that quorum, waits for it in the rendezvous. torchft's process groups wait
-    # 60 s there by default, whatever the Manager's timeout; trainguard's give up after the
+    # the healthy group, reconfiguring for that quorum, waits for it there. torchft's process
+    # groups wait 60 s by default, whatever the Manager's timeout; trainguard's give up after the
     # Manager's (TORCHFT_TIMEOUT_SEC, 3 s here), as the all-reduce does. A hang detector tuned to
     # the collective timeout (a replica group's hang floor) would otherwise restart the healthy one.
     code, output, result = healthy_and_faulty(tmp_path, lighthouse, "stop-in-quorum", ahead=5)
