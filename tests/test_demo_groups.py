@@ -74,6 +74,19 @@ def test_a_healthy_group_that_paused_fails_the_self_test():
     assert failed(result, report) == ["group 0 kept stepping"]
 
 
+def test_a_faulty_group_first_seen_at_its_faults_step_is_out_from_the_fault():
+    # Beside two CPU hogs the faulty group joined late: healed to the live step, it fired the
+    # fault on its first step, and the loop saw that step only after the fault. It was out from
+    # the fault until its restart (step 0), and the healthy group kept stepping meanwhile.
+    result, report = good_run()
+    failing = result["groups"][1]
+    failing["steps"] = [(2.6, 30), (18.0, 0), (19.0, 190)]
+    assert failed(result, report) == []
+    healthy = result["groups"][0]
+    healthy["steps"] = [(t, s) for t, s in healthy["steps"] if t <= 2.5] + [(18.5, 26), (19.0, 31)]
+    assert failed(result, report) == ["group 0 kept stepping"]
+
+
 def test_a_healthy_group_that_was_restarted_fails_the_self_test():
     result, report = good_run()
     result["groups"][0]["starts"] = 2

@@ -94,9 +94,12 @@ def check_groups(
             )
         )
         # Out from the fault until the failed group's workers are seen again (restarted: a step
-        # below the one it had reached; heartbeats of its dying workers do not count).
+        # below the one it had reached; heartbeats of its dying workers do not count). It reached
+        # the fault's step at least: a group that joined late may be seen first at that step,
+        # after the fault.
         out_from = inj.get("time", 0.0)
-        reached = max((s for t, s in bad.get("steps", []) if t <= out_from), default=0)
+        seen = [s for t, s in bad.get("steps", []) if t <= out_from]
+        reached = max([inj.get("step") or 0, *seen])
         back = [t for t, s in bad.get("steps", []) if t > out_from and s < reached]
         during = sorted({s for t, s in g.get("steps", []) if back and out_from < t < back[0]})
         checks.append(
