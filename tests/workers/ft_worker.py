@@ -34,6 +34,12 @@ def main() -> None:
     p.add_argument("--step-delay", type=float, default=0.05)
     p.add_argument("--out", required=True)
     p.add_argument("--progress", help="write the steps committed so far here, each step")
+    p.add_argument(
+        "--reconfigure-delay",
+        type=float,
+        default=0.0,
+        help="reach a quorum with a peer this late (a loaded host)",
+    )
     args = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -46,8 +52,16 @@ def main() -> None:
         ddp: Any = Upstream(mgr, model)
     else:
         ddp = DistributedDataParallel(mgr, model)
+    configure = mgr._pg.configure
+    if args.reconfigure_delay:
+
+        def late(*a: Any, **k: Any) -> None:
+            if a[3] > 1:
+                time.sleep(args.reconfigure_delay)
+            configure(*a, **k)
+
+        mgr._pg.configure = late  # type: ignore[method-assign]
     if args.fault == "stop-in-quorum":
-        configure = mgr._pg.configure
 
         def stop_in_quorum(*a: Any, **k: Any) -> None:
             if a[3] > 1:  # a quorum with the peer: stop before meeting it in the rendezvous

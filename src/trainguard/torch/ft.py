@@ -22,11 +22,17 @@ reports the error to the Manager and returns without building the future chain, 
 assertion raises inside the reducer and takes the *healthy* group down. Ours returns the bucket
 as it is instead: the Manager has the error, ``should_commit`` says False, and the step is
 discarded as torchft intends (docs/no-restart.md has the upstream reproduction).
+
+And the store: each quorum's reconfiguration connects to the quorum's TCPStore, and PyTorch's
+client waits for a stopped store's answer with no deadline; ours gives up after torchft's timeout
+(`_store_client_within`; docs/no-restart.md).
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as objects.
 import logging
 import os
+import queue
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -36,6 +42,7 @@ import torch.distributed as dist
 
 try:
     from torchft import ddp as _ft_ddp
+    from torchft import process_group as _ft_pg
     from torchft.manager import TIMEOUT_SEC_ENV, Manager, get_timeout
     from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 except ImportError:  # pragma: no cover - exercised without the extra
@@ -105,6 +112,41 @@ def process_group(timeout_s: float | None = None) -> ProcessGroupGloo | ProcessG
     default = timedelta(seconds=60 if timeout_s is None else timeout_s)
     timeout = get_timeout(os.environ.get(TIMEOUT_SEC_ENV), default)
     return ProcessGroupNCCL(timeout) if torch.cuda.is_available() else ProcessGroupGloo(timeout)
+
+
+def _store_client_within(store_addr: str, timeout: timedelta) -> dist.Store:
+    """torchft's store client (``torchft.process_group.create_store_client``), given up on after
+    ``timeout``. PyTorch's TCPStore client pings the server once connected and waits for the
+    answer with no deadline (torch 2.13: a server whose process is stopped accepts the connection
+    and never answers), so a group that joined a quorum behind a peer that then hung waited in its
+    reconfiguration for good, where torchft meant ``timeout``. The client is built on a daemon
+    thread; one that comes too late is dropped, and the thread ends when the peer's process does."""
+    built: queue.Queue[Any] = queue.Queue(maxsize=1)
+
+    def build() -> None:
+        try:
+            built.put(_create_store_client(store_addr, timeout))
+        except Exception as e:  # handed to the caller
+            built.put(e)
+
+    threading.Thread(target=build, name=f"store-client {store_addr}", daemon=True).start()
+    try:
+        store = built.get(timeout=timeout.total_seconds())
+    except queue.Empty:
+        raise TimeoutError(
+            f"the quorum's store at {store_addr} did not answer in {timeout.total_seconds():g}s "
+            "(its process is stopped or hung)"
+        ) from None
+    if isinstance(store, Exception):
+        raise store
+    return store
+
+
+# torchft's process groups call the module's function by name (ProcessGroupWrapper.configure);
+# a reload of this module wraps torchft's own again, not the wrapper.
+_create_store_client = getattr(_ft_pg.create_store_client, "__wrapped__", _ft_pg.create_store_client)
+_store_client_within.__wrapped__ = _create_store_client  # type: ignore[attr-defined]
+_ft_pg.create_store_client = _store_client_within
 
 
 class _Manager(Manager):
