@@ -53,23 +53,16 @@ def main() -> None:
     else:
         ddp = DistributedDataParallel(mgr, model)
     configure = mgr._pg.configure
-    if args.reconfigure_delay:
 
-        def late(*a: Any, **k: Any) -> None:
-            if a[3] > 1:
-                time.sleep(args.reconfigure_delay)
-            configure(*a, **k)
-
-        mgr._pg.configure = late  # type: ignore[method-assign]
-    if args.fault == "stop-in-quorum":
-
-        def stop_in_quorum(*a: Any, **k: Any) -> None:
-            if a[3] > 1:  # a quorum with the peer: stop before meeting it in the rendezvous
+    def reconfigure(*a: Any, **k: Any) -> None:
+        if a[3] > 1:  # a quorum with the peer: reach it late, or stop before meeting it there
+            time.sleep(args.reconfigure_delay)
+            if args.fault == "stop-in-quorum":
                 os.kill(os.getpid(), signal.SIGSTOP)
-            configure(*a, **k)
+        configure(*a, **k)
 
-        mgr._pg.configure = stop_in_quorum  # type: ignore[method-assign]
-    elif args.fault != "none":
+    mgr._pg.configure = reconfigure  # type: ignore[method-assign]
+    if args.fault in ("kill", "stop"):
         reduce = mgr.allreduce
         beside = [0]
 
