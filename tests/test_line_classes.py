@@ -221,3 +221,18 @@ def test_the_docstring_examples_run(module):
 
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_every_needle_makes_its_line_a_candidate_and_a_cut_needle_does_not():
+    from trainguard.detect import prefilter
+
+    engines = [prefilter.hits_stdlib]
+    if prefilter.scan_engine() == "hyperscan":
+        engines.append(prefilter.hits_hyperscan)
+    anchors = [a for a in prefilter.anchors() if a.decode() not in prefilter.NEEDLE_CONTEXT]
+    for anchor in anchors:
+        line, cut = b"x " + anchor + b" y\n", b"x " + anchor[:-1] + b"\n"
+        for hits in engines:
+            assert hits(line, len(line))[0], (hits.__name__, anchor)
+            if not any(a in cut for a in prefilter.anchors()):
+                assert hits(cut, len(cut))[0] == [], (hits.__name__, anchor)
