@@ -190,7 +190,7 @@ def test_a_driver_error_beside_an_illegal_address_makes_it_the_drivers():
     assert any("the driver's or a CUDA library's fault" in line for line in ex.evidence)
 
 
-def test_horovod_shutting_down_is_never_the_root_line_and_a_restart_follows():
+def test_horovod_shutting_down_is_never_the_root_line_and_only_a_symptom():
     assert (
         root_line([HOROVOD_SHUTDOWN, "ValueError: bad batch at step 40"])
         == "ValueError: bad batch at step 40"
