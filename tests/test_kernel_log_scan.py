@@ -135,7 +135,7 @@ def test_last_line_without_newline_and_crlf_endings_are_handled(tmp_path):
     path = tmp_path / "crlf.log"
     path.write_bytes(b"a\r\nRuntimeError: CUDA error: an illegal memory access was encountered\r\nKilled")
     events = list(scan_file(path))
-    assert [(e.line_no, e.category.value) for e in events] == [(2, "application_bug"), (3, "node_host")]
+    assert [(e.line_no, e.category.value) for e in events] == [(2, "unknown"), (3, "node_host")]
     assert not events[0].text.endswith("\r")
 
 

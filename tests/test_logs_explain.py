@@ -117,13 +117,14 @@ def test_explain_table_names_rank_gpu_and_action(tmp_path, capsys):
     assert "nccl_timeout_hang      3 rank(s): 0-1, 3" in out  # every other rank, as ranges
 
 
-def test_illegal_address_without_hardware_evidence_is_the_programs(tmp_path, capsys):
+def test_illegal_address_without_hardware_or_driver_evidence_is_unknown_with_suspects(tmp_path, capsys):
     paths = _job(tmp_path, "slurm", fault="ima")
     assert main(["logs", "explain", "--json", *map(str, paths)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["root_cause"]["rank"] == CAUSAL and out["root_cause"]["category"] == "application_bug"
-    assert out["cause"] == "software_bug" and out["confidence"] == "medium"
-    assert any("no Xid or ECC event on GPU 0000:5e:00" in line for line in out["evidence"])
+    assert out["root_cause"]["rank"] == CAUSAL and out["root_cause"]["category"] == "unknown"
+    assert out["cause"] == "unknown" and out["confidence"] == "medium"
+    note = next(line for line in out["evidence"] if "no Xid or ECC event on GPU 0000:5e:00" in line)
+    assert "unknown; suspects: software_bug (the driver" in note and "faulty_gpu" in note
 
 
 def test_illegal_address_with_an_xid_on_that_gpu_is_the_gpus(tmp_path, capsys):

@@ -37,7 +37,7 @@ def test_golden_training_log_classifies_exactly_the_failure_lines():
 def test_every_training_category_is_covered_by_the_golden_log():
     _, expected = _golden()
     wanted = {"gpu_hardware", "gpu_memory_ecc", "nccl_network", "nccl_timeout_hang", "cuda_oom",
-              "application_bug", "driver_software", "node_host"}  # fmt: skip
+              "application_bug", "driver_software", "node_host", "unknown"}  # fmt: skip
     assert {category for category, _ in expected.values()} == wanted
 
 
@@ -112,9 +112,25 @@ def test_every_rule_needle_contains_a_scanner_anchor():
 # --- real-format details (issue #14 point 8, issue #10 fidelity) ------------------------------
 
 
-def test_illegal_memory_access_without_hardware_evidence_is_the_programs():
-    event = classify_training_line("RuntimeError: CUDA error: an illegal memory access was encountered")
-    assert event is not None and event.category is Category.APPLICATION_BUG
+@pytest.mark.parametrize(
+    "line",
+    [
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, m, n, k)`",
+        "RuntimeError: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",
+        "E tensorflow/stream_executor/cuda/cuda_event.cc:29] Error polling for event status: failed to query event: "
+        "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered",
+    ],
+)
+def test_a_cuda_failure_the_driver_or_the_gpu_can_cause_is_unknown_with_both_suspects(line):
+    from trainguard.incidents.taxonomy import RootCause, as_evidence
+
+    event = classify_training_line(line)
+    assert event is not None and event.category is Category.UNKNOWN and event.action is Action.RESTART_APP
+    evidence = as_evidence(event)
+    assert evidence is not None and evidence.cause is RootCause.UNKNOWN and not evidence.symptom
+    assert {cause for cause, _ in evidence.suspects} == {RootCause.SOFTWARE_BUG, RootCause.FAULTY_GPU}
+    assert "driver" in dict(evidence.suspects)[RootCause.SOFTWARE_BUG]
 
 
 def test_torch_dsa_hint_is_not_a_finding():

@@ -14,7 +14,8 @@ never reach Python. Two engines find the same lines:
   ``buf == 10``, about 3x faster per byte than ``bytes.count``) for inputs of ``NUMPY_FROM``
   bytes or more; below that numpy's import (0.1-0.3 s on a loaded host) costs more than it saves,
   and ``bytes.count`` does it;
-- ``stdlib``: one ``re`` alternation and ``bytes.find`` passes; several times slower.
+- ``stdlib``: one ``re`` pattern (the needles as a trie) and ``bytes.find`` passes; several times
+  slower.
 
 ``first_pass(engine)`` returns the candidate lines with their line indexes, and the newline count.
 """
@@ -177,7 +178,26 @@ def _stdlib_search() -> tuple[re.Pattern[bytes], tuple[bytes, ...]]:
     # positions can start a match) and slow otherwise, so the other anchors get one
     # bytes.find pass each instead.
     upper = tuple(a for a in anchors() if a[:1].isupper())
-    return re.compile(b"|".join(map(re.escape, upper))), tuple(a for a in anchors() if a not in upper)
+    return re.compile(_trie(upper)), tuple(a for a in anchors() if a not in upper)
+
+
+def _trie(needles: tuple[bytes, ...]) -> bytes:
+    """The needles as one regex with their common prefixes factored out (``CUDA_ERROR_``, ``NCCL
+    WARN``...): at each position ``re`` tries an alternation's branches one by one, a trie one
+    branch per distinct next byte. No needle is a prefix of another (``anchors`` drops those)."""
+    root: dict[int, dict[int, Any]] = {}
+    for needle in needles:
+        node = root
+        for byte in needle:
+            node = node.setdefault(byte, {})
+
+    def emit(node: dict[int, Any]) -> bytes:
+        branches = [re.escape(bytes([byte])) + emit(child) for byte, child in sorted(node.items())]
+        if len(branches) <= 1:
+            return b"".join(branches)  # the end of a needle, or one way on
+        return b"(?:" + b"|".join(branches) + b")"
+
+    return emit(root)
 
 
 def hits_stdlib(buf: bytes | bytearray, end: int) -> Hits:

@@ -10,16 +10,24 @@ Stop only on proof of a workload bug, which a restart cannot fix:
   not match the model, import/syntax error) in the root-cause line;
 - the same exception at the same step in two attempts in a row.
 
+Stop too, for a person rather than the program, when the root-cause line says storage is full
+(`ENVIRONMENT`: no space left, quota exceeded, a read-only file system): every restart would die
+at its next checkpoint write. A failing disk's "Input/output error" restarts (shared file systems
+recover).
+
 Cascade lines (`CASCADE`: a communicator aborted after another rank's error, CUDA's "might be
-asynchronously reported", a peer closing the connection, the elastic agent's child-failed
-summary) are never root causes: `root_line` skips them. Everything else restarts: without the GPU
-or node the evidence names when it names one, and within a retry budget that follows progress:
+asynchronously reported", a peer closing the connection or gone (gloo, NCCL's
+``ncclRemoteError``, Open MPI, PMIx), Horovod shutting down after another rank's error, the
+elastic agent's child-failed summary) are never root causes: `root_line` skips them. Everything
+else restarts: without the GPU or node the evidence names when it names one (a node the launcher
+reported lost, `incidents.nodes`), and within a retry budget that follows progress:
 ``max_stalled`` attempts in a row with the same root cause and no step gained stop (the budget);
 any step gained resets it.
 
 Exit codes (`EXIT`): 0 no failure; 75 restart (requeue; EX_TEMPFAIL); 76 restart without the
 named GPU/node (requeue excluding it); 3 stop, workload bug (do not requeue, like ``trainguard
-run``'s CRASH_LOOP); 1 stop, retry budget spent without progress (a person should look).
+run``'s CRASH_LOOP); 1 stop, retry budget spent without progress or storage full (a person should
+look).
 
 >>> o = AttemptOutcome(1, "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x3 and 5x2)", step=0)
 >>> recommend([o]).verb, recommend([o]).exit_code
@@ -34,10 +42,12 @@ from dataclasses import dataclass
 
 __all__ = [
     "CASCADE",
+    "ENVIRONMENT",
     "EXIT",
     "WORKLOAD",
     "AttemptOutcome",
     "Recommendation",
+    "environment_fault",
     "recommend",
     "root_line",
     "workload_bug",
@@ -74,18 +84,35 @@ WORKLOAD: tuple[Signature, ...] = (
          r"IndentationError: ", "the program cannot even load"),
 )  # fmt: skip
 
+# Faults of the machine that a restart meets again and only a person clears.
+ENVIRONMENT: tuple[Signature, ...] = (
+    _sig("storage_full", r"No space left on device|Disk quota exceeded|Read-only file system",
+         "storage is full or read-only: a restart dies at its next checkpoint write; free space, then requeue"),
+)  # fmt: skip
+
 # Lines that only report another rank's or another layer's failure.
 CASCADE = re.compile(
     r"NCCL communicator was aborted|CUDA kernel errors might be asynchronously reported|"
     r"Compile with `TORCH_USE_CUDA_DSA`|For debugging consider passing CUDA_LAUNCH_BLOCKING|"
     r"Connection (?:closed|reset) by peer|Broken pipe|ChildFailedError|"
+    # a peer gone, as the survivors' transports (NCCL, TCPStore, Open MPI, PMIx) and Horovod say it
+    r"ncclRemoteError|remote process exited or there was a network error|recvValue failed|"
+    r"peer process has unexpectedly disconnected|PMIX ERROR: UNREACHABLE|Horovod has been shut down|"
+    r"HorovodInternalError|"
     r"Some NCCL operations have failed or timed out|To avoid data inconsistency, we are taking the entire process|"
     r"Signal \d+ \(SIG\w+\) received by PID|failed \(exitcode: -?\d+\) local_rank|"
     r"Watchdog caught collective operation timeout|Process group watchdog thread terminated|"
     r"DistNetworkError: .*(?:recvValue|Connection)|barrier\(\) timed out|"
     r"another rank|terminate called after throwing|Aborted \(core dumped\)"
 )
-EXIT = {"none": 0, "restart": 75, "restart_without": 76, "stop_workload": 3, "stop_budget": 1}
+EXIT = {
+    "none": 0,
+    "restart": 75,
+    "restart_without": 76,
+    "stop_workload": 3,
+    "stop_budget": 1,
+    "stop_environment": 1,
+}
 _ERRORISH = re.compile(r"\b\w*(?:Error|Exception)\b[:(]|\bFATAL\b|\b[Ee]rror: ")
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _NUM = re.compile(r"\d+")
@@ -96,6 +123,13 @@ def workload_bug(text: str) -> Signature | None:
     if CASCADE.search(text):
         return None
     return next((s for s in WORKLOAD if s.pattern.search(text)), None)
+
+
+def environment_fault(text: str) -> Signature | None:
+    """The machine's fault a root-cause line names that only a person clears (storage full), if any."""
+    if CASCADE.search(text):
+        return None
+    return next((s for s in ENVIRONMENT if s.pattern.search(text)), None)
 
 
 def root_line(lines: Iterable[str]) -> str | None:
@@ -134,6 +168,10 @@ def recommend(history: Sequence[AttemptOutcome], max_stalled: int = 3) -> Recomm
     if sig := workload_bug(last.root):
         return Recommendation(last.number, "stop", f"workload bug ({sig.name}): {sig.why}", EXIT["stop_workload"],
                               0, sig.name)  # fmt: skip
+    if env := environment_fault(last.root):
+        return Recommendation(
+            last.number, "stop", f"{env.name}: {env.why}", EXIT["stop_environment"], 0, env.name
+        )
     if len(history) >= 2:
         prev = history[-2]
         if _key(prev.root) == _key(last.root) and prev.step is not None and prev.step == last.step:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from trainguard.incidents.taxonomy import Evidence, EvidenceLike, RootCause, as_evidence
+from trainguard.detect.training_log import ambiguous_cuda
+from trainguard.incidents.taxonomy import Evidence, EvidenceLike, RootCause, as_evidence, suspects
 from trainguard.records import Action, Category, Event, EventKind
 
 __all__ = ["Consequence", "Explanation", "JobFinding", "explain_job", "first_failure", "first_failure_index",
@@ -45,14 +46,15 @@ _SPECIFICITY = [
     RootCause.NCCL_WATCHDOG_TIMEOUT,
     RootCause.UNKNOWN,
 ]
-_HARDWARE = {
+_HARDWARE_CAUSES = {
     RootCause.GPU_SRAM,
     RootCause.GPU_HBM_MEMORY,
     RootCause.GPU_SYSTEM_PROCESSOR,
     RootCause.FAULTY_GPU,
 }
-# A CUDA error that hardware can cause as well as a bug: which one is told by the GPU's own log.
-_AMBIGUOUS_CUDA = ("illegal memory access", "illegal address", "unspecified launch failure")
+# A launch failure is hardware's until told otherwise; the GPU's own log tells (the illegal
+# addresses and EXECUTION_FAILED that the driver or a library causes as often: ``ambiguous_cuda``).
+_LAUNCH_FAILURE = "unspecified launch failure"
 _SEQ = re.compile(r"SeqNum=(\d+)")
 
 
@@ -61,7 +63,9 @@ def first_failure_index(items: Sequence[EvidenceLike], burst_s: float = 2.0) -> 
     `burst_s` of it, the most specific), else the earliest symptom, else None. Untimed evidence
     counts last; ties keep the order of `items`."""
     found = [(i, e) for i, e in enumerate(map(as_evidence, items)) if e is not None]
-    causal = [(i, e) for i, e in found if not e.symptom and e.cause is not RootCause.UNKNOWN]
+    # an unknown cause with suspects (a CUDA failure the driver or the GPU can cause) is a failure
+    # of its own, not a bystander's complaint: it can be the first causal one
+    causal = [(i, e) for i, e in found if not e.symptom and (e.cause is not RootCause.UNKNOWN or e.suspects)]
     pool = causal or [(i, e) for i, e in found if e.cause is not RootCause.UNKNOWN] or found
     if not pool:
         return None
@@ -131,19 +135,30 @@ def explain_job(
     if index is None:
         return Explanation(None, RootCause.UNKNOWN, (), Action.NONE, "low", ("no finding in the logs",))
     root, cause, notes, unconfirmed = findings[index], evidence[index].cause, [], False
-    if any(s in root.event.text for s in _AMBIGUOUS_CUDA):
-        hardware = _corroborating(root, findings, evidence, corroborate_s)
-        if hardware is None:
-            unconfirmed = True
-            where = f"GPU {root.pci}" if root.pci else "this rank's GPU"
-            notes.append(f"no Xid or ECC event on {where}: a program bug unless it recurs on that GPU "
-                         "(then run `trainguard diagnose` on it)")  # fmt: skip
-        else:
+    if _LAUNCH_FAILURE in root.event.text or ambiguous_cuda(root.event.text):
+        hardware = _corroborating(root, findings, evidence, corroborate_s, _is_hardware)
+        driver = None if hardware else _corroborating(root, findings, evidence, corroborate_s, _is_driver)
+        where = f"GPU {root.pci}" if root.pci else "this rank's GPU"
+        if hardware is not None:
             notes.append(f"GPU {root.pci or hardware.pci or '(PCI unknown)'} logged {hardware.event.text.strip()[:160]!r} "
                          "around it: the GPU's fault")  # fmt: skip
             cause = _evidence(hardware).cause
             rank = root.rank if hardware.rank is None else hardware.rank
             root = replace(hardware, rank=rank, host=hardware.host or root.host)
+        elif driver is not None:
+            notes.append(f"rank {_r(driver.rank)} logged {driver.event.text.strip()[:160]!r} around it: the driver's "
+                         "or a CUDA library's fault")  # fmt: skip
+            cause = RootCause.SOFTWARE_BUG
+        elif evidence[index].suspects:
+            unconfirmed = True
+            notes.append(f"no Xid or ECC event on {where} and no driver error: "
+                         + suspects(*evidence[index].suspects))  # fmt: skip
+        else:
+            unconfirmed = True
+            notes.append(f"no Xid or ECC event on {where}: a program bug unless it recurs on that GPU "
+                         "(then run `trainguard diagnose` on it)")  # fmt: skip
+    elif evidence[index].suspects:
+        notes.append(suspects(*evidence[index].suspects))
     counts = Counter(
         (f.rank, f.event.category.value) for f in findings if f.rank != root.rank or root.rank is None
     )
@@ -180,12 +195,25 @@ def _evidence(finding: JobFinding) -> Evidence:
     return replace(e, rank=finding.rank, node=finding.host)
 
 
+def _is_hardware(f: JobFinding, e: Evidence) -> bool:
+    return e.cause in _HARDWARE_CAUSES or f.event.category is Category.GPU_MEMORY_ECC
+
+
+def _is_driver(f: JobFinding, e: Evidence) -> bool:
+    return f.event.category is Category.DRIVER_SOFTWARE
+
+
 def _corroborating(
-    root: JobFinding, findings: Sequence[JobFinding], evidence: Sequence[Evidence], window_s: float
+    root: JobFinding,
+    findings: Sequence[JobFinding],
+    evidence: Sequence[Evidence],
+    window_s: float,
+    kind: Callable[[JobFinding, Evidence], bool],
 ) -> JobFinding | None:
-    """A hardware Xid/ECC finding on the root's GPU around the root's time."""
+    """A finding of ``kind`` (an Xid/ECC error, a driver error) on the root's GPU or rank around the
+    root's time."""
     for f, e in zip(findings, evidence, strict=True):
-        if e.cause not in _HARDWARE and f.event.category is not Category.GPU_MEMORY_ECC:
+        if not kind(f, e):
             continue
         same_gpu = f.pci is not None and f.pci == root.pci and (f.host is None or root.host in (None, f.host))
         same_rank = f.event.kind is EventKind.TRAINING and f.rank == root.rank
@@ -219,7 +247,7 @@ def _hang_suspects(findings: Sequence[JobFinding], ranks: Iterable[int]) -> list
 
 
 def _confidence(root_ev: Evidence, root: JobFinding, causal_ranks: set[int], unconfirmed: bool) -> str:
-    if root_ev.symptom or root_ev.cause is RootCause.UNKNOWN:
+    if root_ev.symptom or (root_ev.cause is RootCause.UNKNOWN and not root_ev.suspects):
         return "low"  # only symptoms: every rank waited on someone
     if root.event.time is None or causal_ranks or unconfirmed:
         return "medium"

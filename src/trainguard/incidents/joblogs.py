@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainguard.detect.scan import EventMerger, scan_file
-from trainguard.detect.training_log import line_rank
+from trainguard.detect.training_log import line_node, line_rank
 from trainguard.incidents.correlate import JobFinding
 from trainguard.records import EventKind, normalize_pci
 
@@ -130,6 +130,7 @@ def job_findings(
                 rank = line_rank(event.text)
                 rank = file_rank if rank is None else rank
                 host, pci = identities.get(rank, (None, None)) if rank is not None else (None, None)
+                host = host or line_node(event.text)  # mpirun, srun: "rank 3 ... on node X"
             else:  # a kernel line names a GPU: it is the rank's whose GPU it is, when only one has it
                 owners = ranks_of_gpu.get(event.pci, [])
                 rank = owners[0] if len(owners) == 1 else None
@@ -232,5 +233,5 @@ def node_lines(
 
 _NODE_WORDS = re.compile(
     r"Detected dead node|Connection (?:closed|reset)|Call to (?:recv|send)|recvValue failed|Broken pipe|"
-    r"Watchdog caught|timed out"
+    r"Watchdog caught|timed out|Remote daemon|Node failure on|NODE FAILURE|marked dead"
 )

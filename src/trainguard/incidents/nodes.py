@@ -8,7 +8,10 @@ every survivor of a dead node prints.
 
 Evidence, strongest first:
 
-1. torch elastic's ``Detected dead node '<host>_<pid>_<n>'`` (the rendezvous removed it);
+1. torch elastic's ``Detected dead node '<host>_<pid>_<n>'`` (the rendezvous removed it), and the
+   launchers' and schedulers' own word on a lost node (Open MPI/PRRTE's ``Remote daemon: ... on
+   node <host>``, Slurm's ``Node failure on <host>``, Ray's ``... ip: <addr> has been marked dead``:
+   ``detect.culprit.lost_node``);
 2. survivors naming a peer's address in a reset/closed connection (gloo ``Connection closed by
    peer [addr]:port``, NCCL ``Call to recv from addr<port> failed``, ``Connection closed by remote
    peer host<port>``, TCPStore ``remote=[host]:port``), mapped to a host by NCCL's bootstrap lines
@@ -30,6 +33,8 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from trainguard.detect.culprit import lost_node
 
 __all__ = ["NodeLine", "NodeVerdict", "bootstrap_addresses", "lone_rank", "node_failure"]
 
@@ -103,6 +108,11 @@ def node_failure(
             host = _host_of(host, addresses, hosts) or host
             dead[host] += 1
             why.setdefault(host, []).append(f"elastic removed dead node {m['node']!r}")
+            continue
+        if (lost := lost_node(ln.text)) is not None:
+            host = _host_of(lost, addresses, hosts) or lost
+            dead[host] += 1
+            why.setdefault(host, []).append(f"reported lost: {ln.text.strip()[:200]}")
             continue
         if not _FAIL.search(ln.text):
             continue

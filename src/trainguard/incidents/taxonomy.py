@@ -7,7 +7,10 @@ interruptions of its Llama 3 405B pre-training run (faulty GPU 30%, HBM 17%, sof
 
 Each observation is reduced to ``Evidence``: the cause it points to, and whether it is a
 symptom (sympathetic Xid 45 / 154, NCCL watchdog timeouts, "connection reset by peer" on the
-survivors) rather than a cause. ``incidents.correlate`` picks the root cause among them::
+survivors) rather than a cause. Where one line cannot decide, the cause is UNKNOWN with
+``suspects``: a peer lost by the survivors' transport (its node, its process, the link), a CUDA
+failure the driver, a library or the GPU can cause (``EXECUTION_FAILED``, an illegal address).
+``incidents.correlate`` picks the root cause among them::
 
     >>> from trainguard.records import Event, EventKind, Category
     >>> hang = Event(EventKind.TRAINING, "Watchdog caught collective operation timeout",
@@ -23,6 +26,7 @@ import re
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from trainguard.detect.training_log import ambiguous_cuda
 from trainguard.detect.xid import xid_info
 from trainguard.records import Category, Event, EventKind, Finding
 from trainguard.rundir import ErrorRecord
@@ -81,6 +85,11 @@ _DEPENDENCY_TEXT = re.compile(
     r"DataLoader worker .* (?:killed|exited)|quota exceeded",
     re.I,
 )
+# A full or failing file system: storage's (a dependency), unless it is /dev/shm (the host's memory).
+_STORAGE_TEXT = re.compile(
+    r"no space left on device|input/output error|disk quota exceeded|read-only file system|stale file handle",
+    re.I,
+)
 _HOST_TEXT = re.compile(r"out of memory: kill|oom-kill|MemoryError|machine check|segmentation fault", re.I)
 _CUDA_OOM_TEXT = re.compile(r"CUDA out of memory|OutOfMemoryError", re.I)
 
@@ -103,6 +112,26 @@ class Evidence:
     gpu: int | None = None
     rank: int | None = None
     node: str | None = None
+    suspects: tuple[tuple[RootCause, str], ...] = ()  # a cause UNKNOWN to this line: what it may be
+
+
+# What a line that cannot decide points at (``Evidence.suspects``; ``suspects()`` words them).
+CUDA_SUSPECTS = (
+    (
+        RootCause.SOFTWARE_BUG,
+        "the driver or a CUDA library (cuBLAS, cuDNN) at odds with it, or the program's kernel",
+    ),
+    (RootCause.FAULTY_GPU, "the GPU, when an Xid or ECC error on it comes with the line"),
+)
+PEER_SUSPECTS = (
+    (RootCause.HOST, "the peer's node: killed, rebooted, out of memory or power"),
+    (RootCause.SOFTWARE_BUG, "the peer's process crashed: its own log says why"),
+    (RootCause.NETWORK_SWITCH_CABLE, "the link between the two"),
+)
+CONSEQUENCE_SUSPECTS = (
+    (RootCause.SOFTWARE_BUG, "another rank's error, printed before this line"),
+    (RootCause.HOST, "another rank's node went away"),
+)
 
 
 EvidenceLike = Evidence | Event | Finding | ErrorRecord
@@ -156,6 +185,12 @@ def _from_event(ev: Event) -> Evidence | None:
         return replace(base, cause=RootCause(named))
     if ev.category is Category.INFO:
         return None
+    if ev.category is Category.UNKNOWN and ambiguous_cuda(ev.text):
+        return replace(base, symptom=ev.sympathetic, suspects=CUDA_SUSPECTS)
+    if ev.sympathetic and ev.category is Category.NCCL_NETWORK:  # a survivor's transport lost its peer
+        return replace(base, symptom=True, suspects=PEER_SUSPECTS)
+    if ev.sympathetic and ev.category is Category.UNKNOWN:
+        return replace(base, symptom=True, suspects=CONSEQUENCE_SUSPECTS)
     cause = _category_cause(ev.category, ev.text)
     peer = cause is RootCause.NCCL_WATCHDOG_TIMEOUT or bool(_PEER_TEXT.search(ev.text))
     return replace(base, cause=cause, symptom=ev.sympathetic or peer)
@@ -190,5 +225,7 @@ def _category_cause(category: Category, text: str) -> RootCause:
     if cause is RootCause.NETWORK_SWITCH_CABLE and _NIC_TEXT.search(text):
         return RootCause.NIC
     if cause is RootCause.SOFTWARE_BUG and _DEPENDENCY_TEXT.search(text):
+        return RootCause.DEPENDENCY
+    if cause is RootCause.HOST and _STORAGE_TEXT.search(text) and "/dev/shm" not in text:
         return RootCause.DEPENDENCY
     return cause
