@@ -297,6 +297,7 @@ def test_kmsg_resumes_after_the_last_sequence_number_of_the_same_boot(tmp_path: 
         "trainguard.agent.node",
         "trainguard.agent.tick",
         "trainguard.agent.verdicts",
+        "trainguard.tokens",
         "trainguard.telemetry.lines",
     ],
 )

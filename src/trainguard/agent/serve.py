@@ -21,11 +21,12 @@ from typing import Any
 
 from trainguard.agent import AgentConfig, AgentDaemon
 from trainguard.agent.api import Api
-from trainguard.agent.auth import RateLimiter, TokenCheck, create_token_file
 from trainguard.agent.config import host_port
+from trainguard.agent.ratelimit import RateLimiter
 from trainguard.agent.server import HttpServer, Limits
 from trainguard.detect.thresholds import Thresholds
 from trainguard.errors import ConfigError
+from trainguard.tokens import TokenCheck, create_token_file
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The agent API's remediation routes (the HTTP layer calls these; they hold no HTTP code).
+"""The agent's one write route, and the remediation status it guards (agent/api.py routes here;
+no HTTP code: a status and a JSON value come back).
 
     GET  /api/v1/remediation            the read token: enforcing?, breaker state, action counts
     POST /api/v1/breaker/reset[?job=J]  the ADMIN token only: a person closes the breaker
@@ -16,11 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainguard.agent.auth import TokenCheck, create_token_file
 from trainguard.errors import StoreError
 from trainguard.incidents import Incident
 from trainguard.remediate.breaker import reset
 from trainguard.remediate.fleetlog import reset_events
+from trainguard.tokens import TokenCheck, create_token_file
 
 log = logging.getLogger(__name__)
 
