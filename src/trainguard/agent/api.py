@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from trainguard.agent import fleet_views, views
-from trainguard.agent.admin import ADMIN_PATHS, breaker_reset
+from trainguard.agent.admin import ADMIN_PATHS, breaker_reset, remediation_status
 from trainguard.agent.messages import Request, Response
 
 if TYPE_CHECKING:
@@ -96,7 +96,8 @@ class Api:
             )
             return Response(code, json.dumps(answer).encode(), JSON)
         if path == "/api/v1/remediation":
-            return self._json(self.daemon.remediation.status())
+            code, answer = remediation_status(self.daemon)
+            return Response(code, json.dumps(answer).encode(), JSON)
         if path == "/api/v1/openapi.json":
             from trainguard.agent.openapi import spec_bytes
 

@@ -1,9 +1,14 @@
-"""The node agent's loop, one ``step()`` per interval: look -> judge -> act -> record.
+"""The node agent's loop, one ``step()`` per interval: look -> judge -> record -> act.
 
     look    ``Agent.tick``: every GPU sampled, the new kernel-log lines read, a NodeVerdict
     judge   ``onsets``/``incidents_for`` (pure): the findings new this tick and their incidents
-    act     ``self.act(judged)``: the one seam for remediation (``Act``; default ``no_action``)
     record  the incident store (a bounded retry queue in front of it), counters, state, snapshot
+    act     ``self.act(judged)``: the one seam for remediation (``Act``; default ``no_action``)
+
+Record comes before act: an action is taken on an incident already stored (remediation's own
+record names it), so a crash between the two leaves an incident with no action yet, never an
+action with no incident to say why (and remediation takes no action it cannot record). ``assemble()``
+(agent/assemble.py) builds the daemon as ``trainguard agent`` runs it, remediation as its act::
 
     >>> from trainguard.agent import AgentConfig, AgentDaemon
     >>> import tempfile
@@ -30,7 +35,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.judge import FindingKey, all_findings, incidents_for, onsets
@@ -51,7 +56,7 @@ MAX_PENDING = 10_000  # incidents waiting for the store; beyond this the oldest 
 
 @dataclass(frozen=True, slots=True)
 class Judged:
-    """One tick, looked at and judged: what ``act`` receives."""
+    """One tick, looked at, judged and recorded: what ``act`` receives."""
 
     time: float  # the agent's clock
     hostname: str
@@ -59,17 +64,23 @@ class Judged:
     samples: tuple[Sample, ...]
     events: tuple[Event, ...]  # kernel-log events read this tick
     new: tuple[Finding, ...]  # findings that appeared this tick
-    incidents: tuple[Incident, ...]  # what the new findings are, about to be recorded
+    incidents: tuple[Incident, ...]  # what the new findings are: stored (or queued for the store)
 
 
 class Act(Protocol):
-    """The agent's act step: called once per tick with the judged tick, before it is recorded.
+    """The agent's act step: called once per tick with the judged tick, after it is recorded.
 
     It must not raise (a failure is logged and counted as ``trainguard_agent_errors_total
-    {source="act"}``) and should return quickly: the next tick waits for it.
+    {source="act"}``) and should return quickly: the next tick waits for it. An act with a
+    ``close()`` (a worker thread, say) is closed with the daemon, before its store.
     """
 
     def __call__(self, judged: Judged) -> None: ...
+
+
+@runtime_checkable
+class _Closes(Protocol):
+    def close(self) -> None: ...
 
 
 def no_action(judged: Judged) -> None:
@@ -88,8 +99,9 @@ class AgentDaemon:
         store: Any = None,
     ) -> None:
         """``backend``: a ready ``TelemetryBackend`` instead of the one ``config`` names;
-        ``act``: the act step (remediation); ``store``: where incidents are recorded (anything
-        with ``add(incident)``; default the incident store at ``config.db``, opened lazily)."""
+        ``act``: the act step (``assemble()`` sets remediation here); ``store``: where incidents
+        are recorded (anything with ``add(incident)``; default the incident store at
+        ``config.db``, opened lazily)."""
         self.config = config
         self.clock: Clock = clock or RealClock()
         self.hostname = config.hostname or socket.gethostname()
@@ -107,15 +119,7 @@ class AgentDaemon:
         self._pending: deque[Incident] = deque()
         self._store: Any = store
         self._fleet: Any = None  # FleetWriter: verdict changes, remediation actions, breaker events
-        self._fleet_lock = threading.RLock()  # the tick and the remediation worker both open them
-        from trainguard.remediate.hook import AgentRemediation
-
-        # Remediation acts on what was recorded (its records name the incidents): after record.
-        self.remediation = AgentRemediation(
-            node=self.hostname, state_dir=self.state_dir, store=self._open_store, backend=self.node.backend,
-            policy_path=config.policy, enforce=config.enforce, fleet=self.sim,
-            on_reset=self.agent.gpu_was_reset, clock=self.clock.time, fleet_writer=self.fleet_writer,
-        )  # fmt: skip
+        self._fleet_lock = threading.RLock()  # the tick and an act's worker thread both open them
         self.tally = Tally()
         self.history = History(config.history_s, config.interval_s)
         self.snapshot = Snapshot(
@@ -221,11 +225,11 @@ class AgentDaemon:
         new, self._active = onsets(self._active, all_findings(verdict))
         incidents = incidents_for(new, self.hostname, now)
         judged = Judged(now, self.hostname, verdict, samples, events, tuple(new), tuple(incidents))
-        # act
-        self._act(judged)
         # record
         problems: list[str] = []
         self._record(judged, problems)
+        # act
+        self._act(judged)
         if not samples:
             problems.append("no telemetry: every GPU is unknown")
         self.history.add(samples)
@@ -266,7 +270,6 @@ class AgentDaemon:
             with self.tally.lock:
                 self.tally.incidents_dropped += dropped
         self._flush(problems)
-        self.remediation.step(list(judged.new), judged.time)
         self._record_fleet(judged.verdict, judged.time, problems)
         if not self._pending:  # only then is everything before the cursor safely stored
             self._save_state(problems)
@@ -369,7 +372,8 @@ class AgentDaemon:
         return time.monotonic() - self.last_tick_monotonic > max(5.0, 3 * self.config.interval_s)
 
     def close(self) -> None:
-        self.remediation.close()
+        if isinstance(self.act, _Closes):  # its worker may still be writing to the store
+            self.act.close()
         self.agent.close()
         if self._store is not None:
             self._store.close()

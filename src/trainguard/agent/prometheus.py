@@ -299,8 +299,14 @@ class _Collector:
 
 
 def _remediation(daemon: AgentDaemon) -> Iterator[Metric]:
-    """The breaker and the remediation counts (trainguard.remediate.hook says what they are)."""
-    for name, kind, doc, samples in daemon.remediation.metrics():
+    """The breaker and the remediation counts (trainguard.remediate.hook says what they are);
+    none when the daemon runs no remediation."""
+    from trainguard.agent.assemble import remediation_of
+
+    remediation = remediation_of(daemon)
+    if remediation is None:
+        return
+    for name, kind, doc, samples in remediation.metrics():
         m = Metric(name, doc, kind)
         for labels, value in samples:
             m.add_sample(name + ("_total" if kind == "counter" else ""), labels, value)
