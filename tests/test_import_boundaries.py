@@ -227,3 +227,25 @@ def test_only_the_agents_server_imports_aiohttp():
         if any(n.split(".")[0] == "aiohttp" for n in _imports(p))
     }
     assert importers == {"agent/server.py"}
+
+
+# Names of records.py's nouns that another module also gives a class, each with why it may. Empty
+# is the goal: supervisor/idle.py's Sample is a rank's process reading (CPU time, output bytes),
+# not a GPU's, and takes its own name with the supervisor's next change.
+SAME_NAME = {("supervisor/idle.py", "Sample")}
+
+
+def _classes(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+
+
+def test_each_shared_noun_is_defined_once():
+    nouns = _classes(SRC / "records.py")
+    again = {
+        (str(p.relative_to(SRC)), name)
+        for p in _modules(SRC)
+        if p != SRC / "records.py"
+        for name in _classes(p) & nouns
+    }
+    assert sorted(again - SAME_NAME) == []

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["NodeLine", "NodeVerdict", "bootstrap_addresses", "lone_rank", "node_failure"]
+__all__ = ["LostNode", "NodeLine", "bootstrap_addresses", "lone_rank", "node_failure"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,9 @@ class NodeLine:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeVerdict:
+class LostNode:
+    """The node a multi-node job lost, as its survivors' lines tell it."""
+
     host: str | None  # the failed node; None when the evidence cannot decide
     ranks: tuple[int, ...]
     category: str  # node_failure | unknown
@@ -83,7 +85,7 @@ def node_failure(
     host_of_rank: dict[int, str],
     addresses: dict[str, str],
     last_seen: dict[int, float] | None = None,
-) -> NodeVerdict | None:
+) -> LostNode | None:
     """The node the job lost, or None when nothing points at a node (see the module docstring).
 
     ``last_seen``: rank -> time of its last stamped line (for ranks whose output stops)."""
@@ -135,9 +137,9 @@ def node_failure(
         return None
     if len(candidates) != 1:
         evidence = tuple(e for h in sorted(candidates) for e in why.get(h, []))
-        return NodeVerdict(None, (), "unknown", evidence, tuple(sorted(candidates)))
+        return LostNode(None, (), "unknown", evidence, tuple(sorted(candidates)))
     host = candidates.pop()
-    return NodeVerdict(host, tuple(sorted(ranks_of.get(host, []))), "node_failure", tuple(why.get(host, [])))
+    return LostNode(host, tuple(sorted(ranks_of.get(host, []))), "node_failure", tuple(why.get(host, [])))
 
 
 def _silent_hosts(
