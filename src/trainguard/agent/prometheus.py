@@ -239,10 +239,10 @@ class _Collector:
         yield events
         errors = _counter(
             "trainguard_agent_errors",
-            "Agent errors by source (telemetry, kernel_log, store, state, act, tick).",
+            "Agent errors by source (telemetry, kernel_log, detector, store, series, state, act, tick).",
             ["source"],
         )
-        for source in ("telemetry", "kernel_log", "store", "state", "act", "tick"):
+        for source in ("telemetry", "kernel_log", "detector", "store", "series", "state", "act", "tick"):
             errors.add_sample("trainguard_agent_errors_total", {"source": source}, tally.errors[source])
         yield errors
         refusals = _counter("trainguard_http_refusals", "HTTP requests refused, by reason.", ["reason"])
