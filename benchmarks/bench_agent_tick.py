@@ -14,8 +14,8 @@ each arm back to back, the order reversed every other round; the whole tick is t
 rules, store, series), as wall time and as the process's CPU time.
 
 Keys (each with _ci95 and _repeats, benchmarks/paired.py): tick_cpu_us and baseline_tick_cpu_us
-(CPU per tick), cpu_ratio (with / without, geometric mean of the rounds' ratios; target <= 1.10:
-the work the series adds), extra_cpu_us (paired difference per tick); tick_us, baseline_tick_us,
+(CPU per tick), extra_cpu_us (the paired difference per tick, the work the series adds; target
+<= 150 us), cpu_ratio (with / without, geometric mean of the rounds' ratios); tick_us, baseline_tick_us,
 ratio and extra_us, the same in wall time (which adds the one commit per step: SQLite waits for
 the disk, so on a loaded disk this is mostly its fsync); fold_us (CPU per tick of Series.add
 alone over real simulated readings, its step closes amortized: the series' own work, free of the
@@ -37,7 +37,9 @@ from typing import Any
 
 from paired import diff_ci, interleave, mean_ci, missed, ratio_ci, targets_json
 
-TARGETS = {"cpu_ratio": ("<=", 1.10), "series_kib": ("<=", 8192.0)}
+# The agent ticks at 1 Hz: what the series adds is bounded in CPU per tick (150 us: 0.015% of a
+# core), not as a ratio, which depends on how cheap the rest of the tick is (the simulator's is).
+TARGETS = {"extra_cpu_us": ("<=", 150.0), "series_kib": ("<=", 8192.0)}
 
 
 class Arm:
