@@ -40,7 +40,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.judge import FindingKey, all_findings, incidents_for, onsets
-from trainguard.agent.node import Node, open_node
+from trainguard.agent.node import Node, driver_version, open_node
 from trainguard.agent.series_record import SeriesRecorder
 from trainguard.agent.snapshot import History, Snapshot, Tally
 from trainguard.agent.state import SavedState, load_state, save_state
@@ -127,7 +127,7 @@ class AgentDaemon:
         self.series_record = SeriesRecorder(
             config.series_keep_days * 86400.0, max_pending=max(1, config.series_points) * 64
         )
-        self.driver_version = _driver_version(self.node.backend)
+        self.driver_version = driver_version(self.node.backend)
         self.act: Act = act
         self._active: Counter[FindingKey] = saved.active
         self._failed = 0  # detector failures seen so far (agent.failures)
@@ -384,18 +384,6 @@ class AgentDaemon:
         self.agent.close()
         if self._store is not None:
             self._store.close()
-
-
-def _driver_version(backend: Any) -> str:
-    """The NVIDIA driver version (a label on every GPU series); "" when the backend cannot say."""
-    info = getattr(backend, "driver_info", None)
-    if info is None:
-        return ""
-    try:
-        return info().driver or ""
-    except Exception:  # a label is not worth failing the start
-        log.debug("driver version unreadable", exc_info=True)
-        return ""
 
 
 def default_state_dir(environ: dict[str, str] | None = None) -> Path:
