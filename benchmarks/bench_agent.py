@@ -199,11 +199,12 @@ def scrape_ms(rounds: int = 50) -> tuple[float, float]:
     """Median (CPU, wall) milliseconds to render /metrics for a simulated 8-GPU node, cache
     defeated each round. CPU time of this thread is the cost; wall time adds the waits of a
     shared machine."""
-    from trainguard.agent import AgentConfig, AgentDaemon
+    from trainguard.agent import AgentConfig
+    from trainguard.agent.assemble import assemble
     from trainguard.agent.prometheus import MetricsView
 
     with tempfile.TemporaryDirectory() as d:
-        daemon = AgentDaemon(AgentConfig(backend="sim", gpus=8, db=f"{d}/tg.db", state_dir=d))
+        daemon = assemble(AgentConfig(backend="sim", gpus=8, db=f"{d}/tg.db", state_dir=d))
         try:
             daemon.step()
             daemon.sim.now().xid(79, gpu=3)

@@ -14,7 +14,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from trainguard.agent import AgentConfig, AgentDaemon
+from trainguard.agent import AgentConfig
+from trainguard.agent.assemble import assemble
 from trainguard.agent.serve import AgentService
 
 TOKEN = "test-token-0123456789abcdef"
@@ -57,7 +58,7 @@ def sim_config(tmp: Path, **kw: Any) -> AgentConfig:
 
 class Running:
     def __init__(self, config: AgentConfig, **kw: Any) -> None:
-        self.daemon = AgentDaemon(config, **kw)
+        self.daemon = assemble(config, **kw)  # as `trainguard agent` runs it: remediation is its act
         self.service = AgentService(self.daemon)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)

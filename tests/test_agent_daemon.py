@@ -297,6 +297,11 @@ def test_kmsg_resumes_after_the_last_sequence_number_of_the_same_boot(tmp_path: 
         "trainguard.agent.node",
         "trainguard.agent.tick",
         "trainguard.agent.verdicts",
+        "trainguard.agent.assemble",
+        "trainguard.detect.detector",
+        "trainguard.detect.gpu_index",
+        "trainguard.telemetry.series",
+        "trainguard.tokens",
         "trainguard.telemetry.lines",
     ],
 )
@@ -325,15 +330,16 @@ def test_reloaded_thresholds_judge_the_next_tick(tmp_path: Path) -> None:
         daemon.close()
 
 
-def test_the_act_step_gets_each_judged_tick_before_it_is_recorded(tmp_path: Path) -> None:
+def test_the_act_step_gets_each_judged_tick_after_its_incidents_are_stored(tmp_path: Path) -> None:
     from trainguard.agent import Judged
 
-    seen: list[tuple[Judged, int]] = []
+    seen: list[tuple[Judged, int, list[int | None]]] = []
     daemon: AgentDaemon | None = None
 
     def act(judged: Judged) -> None:
-        assert daemon is not None
-        seen.append((judged, daemon.tally.copy().ticks))  # before record counts the tick
+        assert daemon is not None  # what record left behind, as the act sees it
+        stored = [i.gpu for i in daemon.store().incidents()]
+        seen.append((judged, daemon.tally.copy().ticks, stored))
 
     daemon = AgentDaemon(sim_config(tmp_path), act=act)
     try:
@@ -343,10 +349,29 @@ def test_the_act_step_gets_each_judged_tick_before_it_is_recorded(tmp_path: Path
         daemon.step()
     finally:
         daemon.close()
-    (first, ticks0), (second, ticks1) = seen
-    assert first.new == () and first.incidents == () and ticks0 == 0
-    assert second.verdict.health.value == "failed" and ticks1 == 1
+    (first, ticks0, stored0), (second, ticks1, stored1) = seen
+    assert first.new == () and first.incidents == () and ticks0 == 1 and stored0 == []
+    assert second.verdict.health.value == "failed" and ticks1 == 2
     assert [i.gpu for i in second.incidents] == [3] and second.hostname == "node-a"
+    assert stored1 == [3]  # the incident the act acts on is already in the store
+
+
+def test_an_act_with_a_close_is_closed_with_the_daemon(tmp_path: Path) -> None:
+    class Worker:
+        def __init__(self) -> None:
+            self.calls, self.closed = 0, False
+
+        def __call__(self, judged: object) -> None:
+            self.calls += 1
+
+        def close(self) -> None:
+            self.closed = True
+
+    worker = Worker()
+    daemon = AgentDaemon(sim_config(tmp_path), act=worker)
+    daemon.step()
+    daemon.close()
+    assert worker.calls == 1 and worker.closed
 
 
 def test_an_act_that_raises_is_counted_and_the_tick_is_still_recorded(tmp_path: Path) -> None:

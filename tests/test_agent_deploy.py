@@ -13,7 +13,7 @@ import pytest
 
 from agent_service import sim_config
 from real_parts import require_real
-from trainguard.agent import AgentDaemon
+from trainguard.agent.assemble import assemble
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 UNIT = DEPLOY / "systemd" / "trainguard-agent.service"
@@ -28,7 +28,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     """Every metric name in /metrics once the agent has seen a fault of each kind."""
     from trainguard.agent.prometheus import MetricsView
 
-    daemon = AgentDaemon(sim_config(tmp_path_factory.mktemp("agent")))
+    daemon = assemble(sim_config(tmp_path_factory.mktemp("agent")))  # as `trainguard agent` runs it
     try:
         daemon.step()
         daemon.sim.now().xid(79, gpu=3).dbe(gpu=2)

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from agent_service import TOKEN, Running, self_signed_cert, sim_config, write_token
-from trainguard.agent.auth import RateLimiter, TokenCheck
+from trainguard.agent.ratelimit import RateLimiter
 from trainguard.errors import ConfigError
+from trainguard.tokens import TokenCheck
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import pytest
 
 from agent_service import TOKEN, Running, sim_config, write_token
 from pgserver import PgServer, pg_url, postgres  # noqa: F401 - fixtures
+from trainguard.agent.assemble import remediation_of
 from trainguard.cli import main
 from trainguard.incidents import IncidentStore
 from trainguard.incidents import fleet_read as fr
@@ -177,7 +178,7 @@ def test_the_api_reset_needs_the_admin_token_and_is_a_reset_event(target: str, t
         agent.daemon.step()
         agent.daemon.sim.now().xid(79, gpu=2)
         agent.daemon.step()
-        agent.daemon.remediation.flush()
+        remediation_of(agent.daemon).flush()  # type: ignore[union-attr]
         store = agent.daemon.store()
         assert [a["outcome"] for a in store.read("SELECT outcome FROM remediation_actions")] == ["held"]
         assert agent.get("/api/v1/breaker/reset", token=TOKEN, method="POST")[0] == 403  # the read token

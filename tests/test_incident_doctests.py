@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["taxonomy", "correlate", "incident", "goodput", "store"]
+MODULES = ["taxonomy", "correlate", "incident", "goodput", "store", "series"]
 
 
 @pytest.mark.parametrize("name", MODULES)

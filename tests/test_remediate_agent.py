@@ -9,10 +9,19 @@ import pytest
 
 from agent_service import TOKEN, Running, sim_config, write_token
 from trainguard.agent import AgentDaemon
+from trainguard.agent.assemble import assemble, remediation_of
 from trainguard.agent.prometheus import MetricsView
 from trainguard.incidents.store import IncidentStore
+from trainguard.remediate.hook import AgentRemediation
 
 ADMIN = "admin-token-0123456789abcdef"
+
+
+def remediation(daemon: AgentDaemon) -> AgentRemediation:
+    """The daemon's act, which `assemble` made its remediation."""
+    found = remediation_of(daemon)
+    assert found is not None
+    return found
 
 
 def _policy(tmp_path: Path, text: str) -> str:
@@ -22,15 +31,15 @@ def _policy(tmp_path: Path, text: str) -> str:
 
 
 def test_default_agent_decides_but_does_not_act(tmp_path: Path) -> None:
-    daemon = AgentDaemon(sim_config(tmp_path))
+    daemon = assemble(sim_config(tmp_path))
     try:
         daemon.step()
         daemon.sim.now().xid(79, gpu=3)
         daemon.step()
-        daemon.remediation.flush()
-        assert daemon.remediation.counts[("reboot_node", "dry_run")] == 1
-        assert daemon.remediation.enforcing is False
-        node = daemon.remediation.remediator.providers.get("node")
+        remediation(daemon).flush()
+        assert remediation(daemon).counts[("reboot_node", "dry_run")] == 1
+        assert remediation(daemon).enforcing is False
+        node = remediation(daemon).remediator.providers.get("node")
         assert node is None  # nothing that could act was even built
     finally:
         daemon.close()
@@ -40,13 +49,13 @@ def test_enforcing_agent_acts_records_and_exports(tmp_path: Path) -> None:
     policy = _policy(
         tmp_path, '[remediation]\nenforce = true\n[remediation.actions]\nxid = "drain"\ngpu_lost = "drain"\n'
     )
-    daemon = AgentDaemon(sim_config(tmp_path, policy=policy))
+    daemon = assemble(sim_config(tmp_path, policy=policy))
     try:
         daemon.step()
         daemon.sim.now().xid(79, gpu=3)
         daemon.step()
-        daemon.remediation.flush()
-        sched = daemon.remediation.remediator.providers["node"]
+        remediation(daemon).flush()
+        sched = remediation(daemon).remediator.providers["node"]
         assert sched.state("node-a")[0] == "drained"  # type: ignore[attr-defined]
         with IncidentStore(tmp_path / "tg.db") as store:
             acts = [i for i in store.incidents() if i.detected_by == "remediation"]
@@ -60,13 +69,13 @@ def test_enforcing_agent_acts_records_and_exports(tmp_path: Path) -> None:
 
 
 def test_agent_reports_a_stranger_process_once(tmp_path: Path) -> None:
-    daemon = AgentDaemon(sim_config(tmp_path, policy=_policy(tmp_path, "[remediation]\n")))
+    daemon = assemble(sim_config(tmp_path, policy=_policy(tmp_path, "[remediation]\n")))
     try:
         daemon.sim.start_process(1, 1001, "python train.py", user="alice", job="77")
         daemon.sim.start_process(5, 4242, "xmrig -o pool", user="mallory")
         for _ in range(3):
             daemon.step()
-        daemon.remediation.flush()
+        remediation(daemon).flush()
         with IncidentStore(tmp_path / "tg.db") as store:
             (rec,) = [i for i in store.incidents() if i.detected_by == "remediation"]
         assert (
@@ -84,7 +93,7 @@ def test_breaker_reset_needs_the_admin_token(tmp_path: Path) -> None:
         agent.daemon.step()
         agent.daemon.sim.now().xid(79, gpu=2)
         agent.daemon.step()
-        agent.daemon.remediation.flush()
+        remediation(agent.daemon).flush()
         status = agent.json("/api/v1/remediation")
         assert status["breaker"]["open"] is True and status["breaker"]["held"] == 1
         assert agent.get("/api/v1/breaker/reset", token=TOKEN, method="POST")[0] == 403  # read token
@@ -99,13 +108,13 @@ def test_breaker_reset_needs_the_admin_token(tmp_path: Path) -> None:
 def test_enforcing_agent_resets_a_gpu_and_the_next_tick_sees_it_healthy(tmp_path: Path) -> None:
     from trainguard.records import Health
 
-    daemon = AgentDaemon(sim_config(tmp_path, enforce=True))  # --enforce with the built-in defaults
+    daemon = assemble(sim_config(tmp_path, enforce=True))  # --enforce with the built-in defaults
     try:
         daemon.step()
         daemon.sim.now().dbe(gpu=2)
         assert daemon.step().verdict.gpus[2].health is Health.FAILED  # type: ignore[union-attr]
-        daemon.remediation.flush()
-        assert daemon.remediation.counts[("reset_gpu", "done")] == 1
+        remediation(daemon).flush()
+        assert remediation(daemon).counts[("reset_gpu", "done")] == 1
         daemon.step()  # its act step tells the agent (on the tick's thread) that GPU 2 was reset
         snap = daemon.step()
         assert snap.verdict.gpus[2].health is Health.OK  # type: ignore[union-attr]
@@ -135,7 +144,7 @@ def test_dashboard_shows_an_open_breaker(tmp_path: Path) -> None:
             agent.daemon.step()
             agent.daemon.sim.now().xid(79, gpu=2)
             agent.daemon.step()
-            agent.daemon.remediation.flush()
+            remediation(agent.daemon).flush()
             driver.get(f"http://viewer:{TOKEN}@127.0.0.1:{agent.port}/")
             deadline, box = time.monotonic() + 30, {}
             while time.monotonic() < deadline:
@@ -149,3 +158,22 @@ def test_dashboard_shows_an_open_breaker(tmp_path: Path) -> None:
             assert "breaker OPEN" in box["t"] and "1 held" in box["t"] and "enforcing" in box["t"]
         finally:
             driver.quit()
+
+
+def test_an_agent_whose_act_is_not_remediation_serves_no_remediation(tmp_path: Path) -> None:
+    seen: list[object] = []
+    admin = write_token(tmp_path / "admin", ADMIN)
+    with Running(sim_config(tmp_path, admin_token_file=str(admin)), act=seen.append) as agent:
+        agent.daemon.step()
+        assert remediation_of(agent.daemon) is None and len(seen) == 2  # start() ticks once too
+        assert agent.get("/api/v1/remediation")[0] == 404
+        assert agent.get("/api/v1/breaker/reset", token=ADMIN, method="POST")[0] == 404
+        assert "trainguard_remediation_" not in agent.get("/metrics")[2].decode()
+
+
+def test_trainguard_agent_runs_remediation_as_its_act(tmp_path: Path) -> None:
+    with Running(sim_config(tmp_path)) as agent:
+        agent.daemon.step()
+        assert remediation_of(agent.daemon) is not None
+        assert agent.json("/api/v1/remediation")["enforcing"] is False
+        assert "trainguard_remediation_enforcing 0.0" in agent.get("/metrics")[2].decode()

@@ -4,8 +4,9 @@ Its loop reads like the supervisor's (``daemon.AgentDaemon.step``)::
 
     look    tick.Agent.tick: telemetry (NVML or a SimNode) + kernel-log lines -> a NodeVerdict
     judge   judge.onsets / incidents_for: which findings are new, the incidents they are (pure)
-    act     AgentDaemon(act=...): an ``Act`` receiving the judged tick (default: nothing)
     record  the incident store, the counters, the snapshot the HTTP side serves
+    act     the daemon's ``Act``, receiving the judged, recorded tick: remediation, which
+            ``assemble.assemble`` (how ``trainguard agent`` builds the daemon) sets there
 
 ``node.open_node`` opens a node once (backend + kernel-log source + simulated node) for every
 command; ``verdicts`` is how a supervisor on the same node reads the agent's verdict instead of
@@ -15,6 +16,7 @@ opening NVML a second time. The HTTP side (``serve``, ``server``, ``api``) and t
 
 from __future__ import annotations
 
+from trainguard.agent.assemble import assemble
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.daemon import Act, AgentDaemon, Judged
 from trainguard.agent.node import Node, open_node
@@ -31,5 +33,6 @@ __all__ = [
     "LocalVerdicts",
     "Node",
     "VerdictSource",
+    "assemble",
     "open_node",
 ]

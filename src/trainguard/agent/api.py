@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from trainguard.agent import fleet_views, views
+from trainguard.agent.admin import ADMIN_PATHS, breaker_reset, remediation_status
 from trainguard.agent.messages import Request, Response
-from trainguard.remediate.api import ADMIN_PATHS, breaker_reset
 
 if TYPE_CHECKING:
-    from trainguard.agent.auth import RateLimiter, TokenCheck
     from trainguard.agent.daemon import AgentDaemon
     from trainguard.agent.prometheus import MetricsView
+    from trainguard.agent.ratelimit import RateLimiter
+    from trainguard.tokens import TokenCheck
 
 JSON = "application/json"
 TOKEN_PARAMS = frozenset({"token", "access_token", "auth", "bearer", "api_key", "apikey", "key"})
@@ -95,7 +96,8 @@ class Api:
             )
             return Response(code, json.dumps(answer).encode(), JSON)
         if path == "/api/v1/remediation":
-            return self._json(self.daemon.remediation.status())
+            code, answer = remediation_status(self.daemon)
+            return Response(code, json.dumps(answer).encode(), JSON)
         if path == "/api/v1/openapi.json":
             from trainguard.agent.openapi import spec_bytes
 

@@ -51,6 +51,9 @@ class AgentConfig:
     policy: str = ""  # remediation policy file (docs/remediation.md); "" = built-in defaults, dry run
     enforce: bool = False  # act on the policy's decisions (default: dry run, every decision recorded)
     admin_token_file: str = ""  # for remediation endpoints; "" = <state_dir>/admin.token
+    series_step_s: float = 60.0  # seconds per point of the telemetry series (docs/agent.md)
+    series_points: int = 360  # series points kept in memory per GPU (6 h at 60 s); 0 = no series
+    series_keep_days: float = 7.0  # series points older than this leave the store; 0 = never stored
 
     def __post_init__(self) -> None:
         host_port(self.listen)
@@ -73,6 +76,15 @@ class AgentConfig:
         for name in ("max_connections", "max_connections_per_client", "max_header_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"agent {name} must be at least 1 (got {getattr(self, name)})")
+        if not 0 < self.series_step_s < math.inf:
+            raise ConfigError(
+                f"agent series_step_s must be a finite number of seconds > 0 (got {self.series_step_s})"
+            )
+        if self.series_points < 0 or not 0 <= self.series_keep_days < math.inf:
+            raise ConfigError(
+                "agent series_points must be >= 0 and series_keep_days a finite number >= 0 "
+                f"(got {self.series_points}, {self.series_keep_days})"
+            )
 
     @property
     def sim(self) -> bool:

@@ -1,9 +1,14 @@
-"""The node agent's loop, one ``step()`` per interval: look -> judge -> act -> record.
+"""The node agent's loop, one ``step()`` per interval: look -> judge -> record -> act.
 
     look    ``Agent.tick``: every GPU sampled, the new kernel-log lines read, a NodeVerdict
     judge   ``onsets``/``incidents_for`` (pure): the findings new this tick and their incidents
-    act     ``self.act(judged)``: the one seam for remediation (``Act``; default ``no_action``)
     record  the incident store (a bounded retry queue in front of it), counters, state, snapshot
+    act     ``self.act(judged)``: the one seam for remediation (``Act``; default ``no_action``)
+
+Record comes before act: an action is taken on an incident already stored (remediation's own
+record names it), so a crash between the two leaves an incident with no action yet, never an
+action with no incident to say why (and remediation takes no action it cannot record). ``assemble()``
+(agent/assemble.py) builds the daemon as ``trainguard agent`` runs it, remediation as its act::
 
     >>> from trainguard.agent import AgentConfig, AgentDaemon
     >>> import tempfile
@@ -28,21 +33,25 @@ import socket
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.judge import FindingKey, all_findings, incidents_for, onsets
-from trainguard.agent.node import Node, open_node
-from trainguard.agent.snapshot import LATENCY_BUCKETS, History, Snapshot, Tally
+from trainguard.agent.node import Node, driver_version, open_node
+from trainguard.agent.series_record import SeriesRecorder
+from trainguard.agent.snapshot import History, Snapshot, Tally
 from trainguard.agent.state import SavedState, load_state, save_state
 from trainguard.agent.tick import Agent
 from trainguard.clock import Clock, RealClock
+from trainguard.detect.detector import Detector
 from trainguard.detect.thresholds import Thresholds
 from trainguard.errors import StoreError
 from trainguard.incidents import Incident
 from trainguard.records import Event, Finding, Health, NodeVerdict, Sample
+from trainguard.telemetry.series import Series
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +60,7 @@ MAX_PENDING = 10_000  # incidents waiting for the store; beyond this the oldest 
 
 @dataclass(frozen=True, slots=True)
 class Judged:
-    """One tick, looked at and judged: what ``act`` receives."""
+    """One tick, looked at, judged and recorded: what ``act`` receives."""
 
     time: float  # the agent's clock
     hostname: str
@@ -59,17 +68,23 @@ class Judged:
     samples: tuple[Sample, ...]
     events: tuple[Event, ...]  # kernel-log events read this tick
     new: tuple[Finding, ...]  # findings that appeared this tick
-    incidents: tuple[Incident, ...]  # what the new findings are, about to be recorded
+    incidents: tuple[Incident, ...]  # what the new findings are: stored (or queued for the store)
 
 
 class Act(Protocol):
-    """The agent's act step: called once per tick with the judged tick, before it is recorded.
+    """The agent's act step: called once per tick with the judged tick, after it is recorded.
 
     It must not raise (a failure is logged and counted as ``trainguard_agent_errors_total
-    {source="act"}``) and should return quickly: the next tick waits for it.
+    {source="act"}``) and should return quickly: the next tick waits for it. An act with a
+    ``close()`` (a worker thread, say) is closed with the daemon, before its store.
     """
 
     def __call__(self, judged: Judged) -> None: ...
+
+
+@runtime_checkable
+class _Closes(Protocol):
+    def close(self) -> None: ...
 
 
 def no_action(judged: Judged) -> None:
@@ -86,10 +101,12 @@ class AgentDaemon:
         backend: Any = None,
         act: Act = no_action,
         store: Any = None,
+        detectors: Iterable[Detector] | None = None,
     ) -> None:
         """``backend``: a ready ``TelemetryBackend`` instead of the one ``config`` names;
-        ``act``: the act step (remediation); ``store``: where incidents are recorded (anything
-        with ``add(incident)``; default the incident store at ``config.db``, opened lazily)."""
+        ``act``: the act step (``assemble()`` sets remediation here); ``store``: where incidents
+        are recorded (an `IncidentStore`; default the one at ``config.db``, opened lazily);
+        ``detectors``: what judges each tick (default the fixed rules, detect/detector.py)."""
         self.config = config
         self.clock: Clock = clock or RealClock()
         self.hostname = config.hostname or socket.gethostname()
@@ -99,23 +116,26 @@ class AgentDaemon:
         self.node: Node = self._open_node(backend, saved)
         self.sim = self.node.sim  # the SimNode when simulated: fault injection for drills and tests
         self.fleet = self.sim  # deprecated name of ``sim`` (code written before the rename reads it)
-        self.agent = Agent.of(self.node, clock=self.clock, thresholds=thresholds)
-        self.driver_version = _driver_version(self.node.backend)
+        self.series = (
+            Series(config.series_step_s, config.series_points, host=self.hostname)
+            if config.series_points
+            else None
+        )  # the telemetry series a model reads (telemetry/series.py); the agent folds each tick in
+        self.agent = Agent.of(
+            self.node, clock=self.clock, thresholds=thresholds, detectors=detectors, series=self.series
+        )
+        self.series_record = SeriesRecorder(
+            config.series_keep_days * 86400.0, max_pending=max(1, config.series_points) * 64
+        )
+        self.driver_version = driver_version(self.node.backend)
         self.act: Act = act
         self._active: Counter[FindingKey] = saved.active
+        self._failed = 0  # detector failures seen so far (agent.failures)
         self._saved = saved
         self._pending: deque[Incident] = deque()
         self._store: Any = store
         self._fleet: Any = None  # FleetWriter: verdict changes, remediation actions, breaker events
-        self._fleet_lock = threading.RLock()  # the tick and the remediation worker both open them
-        from trainguard.remediate.hook import AgentRemediation
-
-        # Remediation acts on what was recorded (its records name the incidents): after record.
-        self.remediation = AgentRemediation(
-            node=self.hostname, state_dir=self.state_dir, store=self._open_store, backend=self.node.backend,
-            policy_path=config.policy, enforce=config.enforce, fleet=self.sim,
-            on_reset=self.agent.gpu_was_reset, clock=self.clock.time, fleet_writer=self.fleet_writer,
-        )  # fmt: skip
+        self._fleet_lock = threading.RLock()  # the tick and an act's worker thread both open them
         self.tally = Tally()
         self.history = History(config.history_s, config.interval_s)
         self.snapshot = Snapshot(
@@ -221,16 +241,16 @@ class AgentDaemon:
         new, self._active = onsets(self._active, all_findings(verdict))
         incidents = incidents_for(new, self.hostname, now)
         judged = Judged(now, self.hostname, verdict, samples, events, tuple(new), tuple(incidents))
-        # act
-        self._act(judged)
         # record
         problems: list[str] = []
         self._record(judged, problems)
+        # act
+        self._act(judged)
         if not samples:
             problems.append("no telemetry: every GPU is unknown")
         self.history.add(samples)
         published = time.time()
-        self._observe_latency(new, published, t0)
+        self.tally.observe_latency(new, published, time.monotonic() - t0)
         health = Health.DEGRADED if problems else Health.OK
         self.snapshot = Snapshot(
             seq=self.snapshot.seq + 1,
@@ -257,7 +277,11 @@ class AgentDaemon:
 
     def _record(self, judged: Judged, problems: list[str]) -> None:
         """Counters, the store (through the retry queue) and the kernel-log cursor."""
-        self._count(list(judged.new), list(judged.events))
+        failed = sum(self.agent.failures.values())
+        self.tally.count_tick(judged.new, judged.events, self.agent.gpu_of, failed - self._failed)
+        if failed > self._failed:
+            problems.append(f"a detector failed: {', '.join(sorted(self.agent.failures))} (see the log)")
+        self._failed = failed
         self._pending.extend(judged.incidents)
         dropped = len(self._pending) - MAX_PENDING
         for _ in range(max(0, dropped)):
@@ -266,40 +290,23 @@ class AgentDaemon:
             with self.tally.lock:
                 self.tally.incidents_dropped += dropped
         self._flush(problems)
-        self.remediation.step(list(judged.new), judged.time)
+        self._record_series(judged.time, problems)
         self._record_fleet(judged.verdict, judged.time, problems)
         if not self._pending:  # only then is everything before the cursor safely stored
             self._save_state(problems)
 
-    def _count(self, new: list[Any], events: list[Any]) -> None:
-        t = self.tally
-        with t.lock:
-            t.ticks += 1
-            for f in new:
-                t.findings[(f.category.value if f.category else "", f.action.value, f.health.value)] += 1
-            for ev in events:
-                t.kernel_events[(ev.kind.value, ev.category.value)] += 1
-                if ev.xid is not None:
-                    gpu = self.agent.gpu_of(ev)
-                    if gpu is not None:
-                        t.xids[(gpu, ev.xid)] += 1
-                        t.last_xid[gpu] = ev.xid
-            if any(f.rule == "telemetry" for f in new):
-                t.errors["telemetry"] += 1
-            if any(f.rule == "kernel_log" for f in new):
-                t.errors["kernel_log"] += 1
-
-    def _observe_latency(self, new: list[Any], published: float, t0: float) -> None:
-        tick_s = time.monotonic() - t0
-        with self.tally.lock:
-            for f in new:
-                # Real clock: from the evidence's own time; otherwise from the start of the tick.
-                lat = published - f.time if f.time is not None and 0 <= published - f.time < 3600 else tick_s
-                self.tally.latency_sum += lat
-                self.tally.latency_count += 1
-                for b in LATENCY_BUCKETS:
-                    if lat <= b:
-                        self.tally.latency_buckets[b] += 1
+    def _record_series(self, now: float, problems: list[str]) -> None:
+        """The series points closed this tick into the store; a failure keeps them to retry."""
+        if self.series is None:
+            return
+        try:
+            self.series_record.record(self._open_store, self.series.take_closed(), now)
+        except StoreError as exc:
+            with self.tally.lock:
+                self.tally.errors["series"] += 1
+            problems.append(
+                f"telemetry series not stored: {exc} ({self.series_record.pending} point(s) kept)"
+            )
 
     def _flush(self, problems: list[str]) -> None:
         if not self._pending:
@@ -348,9 +355,12 @@ class AgentDaemon:
                 "state_dir",
                 "policy",
                 "enforce",
+                "series_step_s",
+                "series_points",
             )
             if getattr(config, name) != getattr(self.config, name)
         ]
+        self.series_record.keep_s = config.series_keep_days * 86400.0
         if config.interval_s != self.config.interval_s:
             self.history.resize(config.interval_s)
         self.config = config
@@ -369,22 +379,11 @@ class AgentDaemon:
         return time.monotonic() - self.last_tick_monotonic > max(5.0, 3 * self.config.interval_s)
 
     def close(self) -> None:
-        self.remediation.close()
+        if isinstance(self.act, _Closes):  # its worker may still be writing to the store
+            self.act.close()
         self.agent.close()
         if self._store is not None:
             self._store.close()
-
-
-def _driver_version(backend: Any) -> str:
-    """The NVIDIA driver version (a label on every GPU series); "" when the backend cannot say."""
-    info = getattr(backend, "driver_info", None)
-    if info is None:
-        return ""
-    try:
-        return info().driver or ""
-    except Exception:  # a label is not worth failing the start
-        log.debug("driver version unreadable", exc_info=True)
-        return ""
 
 
 def default_state_dir(environ: dict[str, str] | None = None) -> Path:

@@ -15,6 +15,7 @@ A simulated node writes its kernel log to ``kernel_log`` (a temporary file, remo
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -30,7 +31,9 @@ if TYPE_CHECKING:
     from trainguard.telemetry.resume import Cursor
     from trainguard.telemetry.sim import SimNode
 
-__all__ = ["Node", "open_node"]
+log = logging.getLogger(__name__)
+
+__all__ = ["Node", "driver_version", "open_node"]
 
 
 @dataclass(slots=True)
@@ -131,3 +134,15 @@ def _sim_node(
     node = SimNode(n_gpus=n_gpus, seed=seed, clock=clock, kmsg_path=log_path, hostname=hostname, **kw)
     spec.script(node)
     return node, tmp, log_path
+
+
+def driver_version(backend: Any) -> str:
+    """The NVIDIA driver version (a label on every GPU series); "" when the backend cannot say."""
+    info = getattr(backend, "driver_info", None)
+    if info is None:
+        return ""
+    try:
+        return info().driver or ""
+    except Exception:  # a label is not worth failing the start
+        log.debug("driver version unreadable", exc_info=True)
+        return ""

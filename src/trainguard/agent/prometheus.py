@@ -239,10 +239,10 @@ class _Collector:
         yield events
         errors = _counter(
             "trainguard_agent_errors",
-            "Agent errors by source (telemetry, kernel_log, store, state, act, tick).",
+            "Agent errors by source (telemetry, kernel_log, detector, store, series, state, act, tick).",
             ["source"],
         )
-        for source in ("telemetry", "kernel_log", "store", "state", "act", "tick"):
+        for source in ("telemetry", "kernel_log", "detector", "store", "series", "state", "act", "tick"):
             errors.add_sample("trainguard_agent_errors_total", {"source": source}, tally.errors[source])
         yield errors
         refusals = _counter("trainguard_http_refusals", "HTTP requests refused, by reason.", ["reason"])
@@ -299,8 +299,14 @@ class _Collector:
 
 
 def _remediation(daemon: AgentDaemon) -> Iterator[Metric]:
-    """The breaker and the remediation counts (trainguard.remediate.hook says what they are)."""
-    for name, kind, doc, samples in daemon.remediation.metrics():
+    """The breaker and the remediation counts (trainguard.remediate.hook says what they are);
+    none when the daemon runs no remediation."""
+    from trainguard.agent.assemble import remediation_of
+
+    remediation = remediation_of(daemon)
+    if remediation is None:
+        return
+    for name, kind, doc, samples in remediation.metrics():
         m = Metric(name, doc, kind)
         for labels, value in samples:
             m.add_sample(name + ("_total" if kind == "counter" else ""), labels, value)

@@ -21,11 +21,13 @@ from typing import Any
 
 from trainguard.agent import AgentConfig, AgentDaemon
 from trainguard.agent.api import Api
-from trainguard.agent.auth import RateLimiter, TokenCheck, create_token_file
+from trainguard.agent.assemble import assemble
 from trainguard.agent.config import host_port
+from trainguard.agent.ratelimit import RateLimiter
 from trainguard.agent.server import HttpServer, Limits
 from trainguard.detect.thresholds import Thresholds
 from trainguard.errors import ConfigError
+from trainguard.tokens import TokenCheck, create_token_file
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +137,7 @@ def run_agent(
     """Serve until SIGTERM/SIGINT; returns the exit code."""
     if not config.loopback:
         log.warning("listening beyond loopback on %s (as configured)", config.listen)
-    daemon = AgentDaemon(config, thresholds, **kw)
+    daemon = assemble(config, thresholds, **kw)
     try:
         service = AgentService(daemon)
     except BaseException:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from trainguard.records import Health, NodeVerdict, Sample
+from trainguard.records import Event, Finding, Health, NodeVerdict, Sample
 
 # One chart point: time and the readings the dashboard draws, None when unreadable.
 CHART_FIELDS = ("temperature_c", "power_w", "sm_clock_mhz", "mem_used_pct", "util_gpu_pct", "ecc_errors")
@@ -42,7 +43,9 @@ class Tally:
     kernel_events: Counter[tuple[str, str]] = field(default_factory=Counter)  # kind, category
     xids: Counter[tuple[int, int]] = field(default_factory=Counter)  # gpu, xid
     last_xid: dict[int, int] = field(default_factory=dict)  # gpu -> latest Xid (dcgm-exporter's gauge)
-    errors: Counter[str] = field(default_factory=Counter)  # telemetry | kernel_log | store | state
+    errors: Counter[str] = field(
+        default_factory=Counter
+    )  # telemetry | kernel_log | detector | store | series | state | act
     refusals: Counter[str] = field(default_factory=Counter)  # HTTP refusals by reason
     incidents_dropped: int = 0
     ticks: int = 0
@@ -71,6 +74,46 @@ class Tally:
     def refuse(self, reason: str) -> None:
         with self.lock:
             self.refusals[reason] += 1
+
+    def count_tick(
+        self,
+        new: Iterable[Finding],
+        events: Iterable[Event],
+        gpu_of: Callable[[Event], int | None],
+        detector_failures: int = 0,
+    ) -> None:
+        """One tick recorded: its new findings, its kernel-log events (each Xid by GPU) and the
+        failures it had (telemetry, kernel log, detectors)."""
+        new = list(new)
+        with self.lock:
+            self.ticks += 1
+            for f in new:
+                self.findings[(f.category.value if f.category else "", f.action.value, f.health.value)] += 1
+            for ev in events:
+                self.kernel_events[(ev.kind.value, ev.category.value)] += 1
+                if ev.xid is not None:
+                    gpu = gpu_of(ev)
+                    if gpu is not None:
+                        self.xids[(gpu, ev.xid)] += 1
+                        self.last_xid[gpu] = ev.xid
+            if any(f.rule == "telemetry" for f in new):
+                self.errors["telemetry"] += 1
+            if any(f.rule == "kernel_log" for f in new):
+                self.errors["kernel_log"] += 1
+            if detector_failures:
+                self.errors["detector"] += detector_failures
+
+    def observe_latency(self, new: Iterable[Finding], published: float, tick_s: float) -> None:
+        """Detection latency of each new finding: from its evidence's own time when that is a
+        real clock's, else the tick's duration."""
+        with self.lock:
+            for f in new:
+                lat = published - f.time if f.time is not None and 0 <= published - f.time < 3600 else tick_s
+                self.latency_sum += lat
+                self.latency_count += 1
+                for b in LATENCY_BUCKETS:
+                    if lat <= b:
+                        self.latency_buckets[b] += 1
 
 
 # Why the HTTP side refuses a request (trainguard_http_refusals_total{reason}); all exported from 0.

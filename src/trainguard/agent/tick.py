@@ -1,8 +1,10 @@
 """The agent's look and judge: one pass of the spine per ``tick()`` (telemetry -> detect -> verdict).
 
-``tick()`` samples every GPU, reads the kernel-log lines written since the last tick, runs the
-health rules and folds the findings into a ``NodeVerdict``. The loop around it (a real 1 Hz loop,
-or a simulator's virtual clock) belongs to the caller::
+``tick()`` samples every GPU, reads the kernel-log lines written since the last tick, adds both to
+the telemetry series (when the agent keeps one), runs its detectors over the ``Window`` of what it
+saw (detect/detector.py; by default the fixed rules) and folds their findings into a
+``NodeVerdict``. The loop around it (a real 1 Hz loop, or a simulator's virtual clock) belongs to
+the caller::
 
     >>> from trainguard.clock import VirtualClock
     >>> from trainguard.agent.node import open_node
@@ -13,19 +15,22 @@ or a simulator's virtual clock) belongs to the caller::
     >>> agent.close()
 
 The agent owns no thread and never raises because of what it reads: a backend that cannot serve
-or a kernel log that cannot be read becomes an UNKNOWN finding for the node.
+or a kernel log that cannot be read becomes an UNKNOWN finding for the node, and a detector that
+raises (a bug) is logged and counted in ``failures``, its findings of that tick missing.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainguard.detect.rules import RuleState
+from trainguard.detect.detector import Detector, Window, fixed_rules
+from trainguard.detect.gpu_index import GpuIndex
 from trainguard.detect.thresholds import Thresholds
 from trainguard.detect.verdict import node_verdict
-from trainguard.detect.xid_rules import XidState
 from trainguard.errors import TrainguardError
 from trainguard.records import Action, Category, Event, Finding, Gpu, Health, NodeVerdict, Sample
 
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
     from trainguard.clock import Clock
     from trainguard.telemetry import TelemetryBackend
     from trainguard.telemetry.lines import LineSource
+    from trainguard.telemetry.series import Series
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +51,8 @@ class Agent:
     or a path that ``open_lines`` opens). ``Agent.of(node)`` watches an opened ``Node``.
 
     After each ``tick()``: ``samples`` holds the readings of that tick, ``events`` the kernel-log
-    events read in it, and ``verdict`` the verdict returned.
+    events read in it, and ``verdict`` the verdict returned. ``detectors``: what judges each
+    window (default `fixed_rules`); ``series``: the telemetry series to keep (default none).
     """
 
     def __init__(
@@ -55,6 +62,9 @@ class Agent:
         clock: Clock | None = None,
         thresholds: Thresholds | None = None,
         lines: LineSource | None = None,
+        *,
+        detectors: Iterable[Detector] | None = None,
+        series: Series | None = None,
     ) -> None:
         if clock is None:
             from trainguard.clock import RealClock
@@ -63,8 +73,12 @@ class Agent:
         self.backend, self.clock = backend, clock
         self.thresholds = thresholds or Thresholds()
         self.kernel_log = Path(kernel_log) if kernel_log is not None else None
-        self._rules = RuleState(self.thresholds)
-        self._xids = XidState(self.thresholds)
+        self.detectors: list[Detector] = (
+            fixed_rules(self.thresholds) if detectors is None else list(detectors)
+        )
+        self.series = series
+        self.failures: Counter[str] = Counter()  # detector name -> ticks on which it raised
+        self._index = GpuIndex()  # which GPU a kernel-log event is about
         self.node: Node | None = None  # closed with the agent when it came from Agent.of
         self._lines: Any = lines
         if lines is None and self.kernel_log is not None:
@@ -78,9 +92,25 @@ class Agent:
         self.ticks = 0
 
     @classmethod
-    def of(cls, node: Node, *, clock: Clock | None = None, thresholds: Thresholds | None = None) -> Agent:
+    def of(
+        cls,
+        node: Node,
+        *,
+        clock: Clock | None = None,
+        thresholds: Thresholds | None = None,
+        detectors: Iterable[Detector] | None = None,
+        series: Series | None = None,
+    ) -> Agent:
         """The agent of an opened node; closing the agent closes the node."""
-        agent = cls(node.backend, node.kernel_log, clock, thresholds, lines=node.lines)
+        agent = cls(
+            node.backend,
+            node.kernel_log,
+            clock,
+            thresholds,
+            lines=node.lines,
+            detectors=detectors,
+            series=series,
+        )
         agent.node = node
         return agent
 
@@ -98,15 +128,30 @@ class Agent:
                 findings.append(_unknown("telemetry", why, now))
         if self.samples:
             self._gpus = [s.gpu for s in self.samples]
-            self._xids.set_gpus(self._gpus)
-        findings.extend(self._rules.evaluate(self.samples))
-        self.events = self._read_kernel_log(now, findings)
+            self._index.set_gpus(self._gpus)
+        unreadable: list[Finding] = []
+        self.events = self._read_kernel_log(now, unreadable)
         for ev in self.events:
-            self._xids.observe(ev, now)
-        findings.extend(self._xids.findings(now))
+            self._index.learn(ev)
+        if self.series is not None:
+            self.series.add(now, self.samples, self.events, self._index.gpu_of)
+        window = Window(
+            now, tuple(self._gpus), tuple(self.samples), tuple(self.events), self.thresholds, self.series
+        )
+        for detector in self.detectors:
+            findings.extend(self._detect(detector, window))
+        findings.extend(unreadable)
         self.verdict = node_verdict(self._gpus, findings)
         self.ticks += 1
         return self.verdict
+
+    def _detect(self, detector: Detector, window: Window) -> list[Finding]:
+        try:
+            return detector.detect(window)
+        except Exception:  # a detector's bug must not blind the others
+            log.exception("detector %s failed", detector.name)
+            self.failures[detector.name] += 1
+            return []
 
     def _read_kernel_log(self, now: float, findings: list[Finding]) -> list[Event]:
         if self._lines is None:
@@ -130,23 +175,21 @@ class Agent:
 
         The driver's own re-initialisation line does this too, when the kernel log has one.
         """
-        self._xids.clear(index)
-        self._rules.clear(index)
+        for detector in self.detectors:
+            detector.forget(index)
 
     def set_thresholds(self, thresholds: Thresholds) -> None:
         """Judge with new thresholds from now on (a config reload); rate windows start afresh."""
         self.thresholds = thresholds
-        self._rules = RuleState(thresholds)
-        self._xids.th = thresholds
 
     def gpu_of(self, event: Event) -> int | None:
         """The GPU index a kernel-log event is about (by PCI address or UUID); None when unknown."""
-        return self._xids.gpu_of(event)
+        return self._index.gpu_of(event)
 
     @property
-    def skipped_events(self) -> int:
-        """Kernel-log events the Xid rules could not use."""
-        return self._xids.skipped
+    def skipped(self) -> dict[str, int]:
+        """Inputs each detector could not use, by its name."""
+        return {d.name: d.skipped for d in self.detectors}
 
     def close(self) -> None:
         if self.node is not None:

@@ -25,13 +25,13 @@ if TYPE_CHECKING:  # imported where used: `trainguard logs scan` starts without 
     from trainguard.incidents.advice import AttemptOutcome, Recommendation
     from trainguard.incidents.correlate import Explanation, JobFinding
     from trainguard.incidents.flight import FlightVerdict
-    from trainguard.incidents.nodes import NodeVerdict
+    from trainguard.incidents.nodes import LostNode
 
 
 def explanation_json(
     ex: Explanation,
     flight: FlightVerdict | None = None,
-    node: NodeVerdict | None = None,
+    node: LostNode | None = None,
     lone: int | None = None,
 ) -> dict[str, Any]:
     root: dict[str, Any] | None = None
@@ -108,7 +108,7 @@ def render_flight(v: FlightVerdict, out: TextIO) -> None:
         out.write(f"  note: {note}\n")
 
 
-def render_node(v: NodeVerdict, out: TextIO) -> None:
+def render_node(v: LostNode, out: TextIO) -> None:
     if v.host:
         out.write(f"node failure: {v.host} ({len(v.ranks)} rank(s): {_ranges(list(v.ranks))}) left the job\n")
     else:
@@ -200,7 +200,7 @@ def lone_origin(ex: Explanation, findings: list[JobFinding], ranks: set[int]) ->
     return lone if lone is not None and lone not in {f.rank for f in findings} else None
 
 
-def job_node(files: list[Path]) -> NodeVerdict | None:
+def job_node(files: list[Path]) -> LostNode | None:
     """The node a multi-node job lost (``incidents.nodes``), None when nothing points at one."""
     from trainguard.incidents.joblogs import job_hosts, node_lines
     from trainguard.incidents.nodes import node_failure

@@ -19,9 +19,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from trainguard.detect.thresholds import Thresholds
 from trainguard.records import Action, Category, Finding, Health, RecoveryAction, Sample, Throttle
+
+if TYPE_CHECKING:
+    from trainguard.detect.detector import Window
 
 Rule = Callable[[Sample, "Sample | None", Thresholds], "Finding | None"]
 
@@ -318,14 +322,28 @@ class RuleState:
     """The imperative shell around the pure rules: remembers each GPU's recent readings.
 
     Rates are measured against the oldest reading of the last ``rate_window_s``; page retirements
-    are timed as they appear, for DCGM's "more than one a week once past 15" limit.
+    are timed as they appear, for DCGM's "more than one a week once past 15" limit. A `Detector`
+    (detect/detector.py): ``detect(window)`` judges the window's readings.
     """
+
+    name = "sample_rules"
 
     def __init__(self, thresholds: Thresholds | None = None) -> None:
         self.th = thresholds or Thresholds()
         self._recent: dict[int, deque[Sample]] = {}
         self._retired: dict[int, int] = {}  # last seen total of retired pages
         self._retired_at: dict[int, list[float]] = {}  # when new retirements were first seen
+        self.skipped = 0  # readings that could not be evaluated (each also a bad_reading finding)
+
+    def detect(self, window: Window) -> list[Finding]:
+        if window.thresholds is not self.th and window.thresholds != self.th:
+            self.th = window.thresholds  # a reload: judged by the new ones, rate windows afresh
+            self._recent.clear()
+            self._retired.clear()
+            self._retired_at.clear()
+        found = self.evaluate(window.samples)
+        self.skipped += sum(f.rule == "bad_reading" for f in found)
+        return found
 
     def evaluate(self, samples: Iterable[Sample]) -> list[Finding]:
         out: list[Finding] = []
@@ -351,6 +369,8 @@ class RuleState:
     def clear(self, index: int) -> None:
         """Forget a GPU's recent readings (after a reset its counters start over)."""
         self._recent.pop(index, None)
+
+    forget = clear
 
     def previous(self, index: int) -> Sample | None:
         """The newest reading kept for a GPU (None before the first)."""

@@ -23,7 +23,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from trainguard.detect.gpu_index import GpuIndex
 from trainguard.detect.kernel_log import recovery_action_of
 from trainguard.detect.rules import RECOVERY_VERDICTS
 from trainguard.detect.thresholds import Thresholds
@@ -39,6 +41,9 @@ from trainguard.records import (
     RecoveryAction,
     Severity,
 )
+
+if TYPE_CHECKING:
+    from trainguard.detect.detector import Window
 
 _EPOCH_2001 = 978_307_200.0  # any later time is wall-clock time, not an uptime
 _MAX_KEPT = 256  # records per GPU; a log storm must not grow memory without bound
@@ -63,38 +68,40 @@ def _message(ev: Event) -> str:
 
 
 class XidState:
-    """Remembers kernel-log events per GPU and derives the Xid findings that hold at a given time."""
+    """Remembers kernel-log events per GPU and derives the Xid findings that hold at a given time.
+
+    A `Detector` (detect/detector.py): ``detect(window)`` observes the window's events and
+    returns the findings that hold at its time.
+    """
+
+    name = "xid_rules"
 
     def __init__(self, thresholds: Thresholds | None = None) -> None:
         self.th = thresholds or Thresholds()
-        self._by_pci: dict[str, int] = {}
-        self._by_uuid: dict[str, int] = {}
-        self._pci_uuid: dict[str, str] = {}  # from the driver's "GPU at PCI:... : GPU-<uuid>" lines
+        self.index = GpuIndex()
         self._recs: dict[int | None, list[_Rec]] = {}  # None: node-scoped (SXid, unmapped GPUs)
         self._fatal_times: dict[int, list[tuple[float, float]]] = {}  # (t, seen); survives re-init
         self.skipped = 0  # events that could not be used
 
+    def detect(self, window: Window) -> list[Finding]:
+        self.th = window.thresholds  # a reload: judged by the new thresholds from now on
+        self.index.set_gpus(window.gpus)
+        for ev in window.events:
+            self.observe(ev, window.time)
+        return self.findings(window.time)
+
     def set_gpus(self, gpus: Iterable[Gpu]) -> None:
-        for g in gpus:
-            if g.pci:
-                self._by_pci[g.pci] = g.index
-            if g.uuid:
-                self._by_uuid[g.uuid] = g.index
+        self.index.set_gpus(gpus)
 
     def clear(self, index: int) -> None:
         """Forget a GPU's kernel-log history after a reset we know of (the 24 h burst count stays)."""
         self._recs.pop(index, None)
 
+    forget = clear
+
     def gpu_of(self, ev: Event) -> int | None:
         """The GPU index an event is about, from its PCI address or UUID; None when unknown."""
-        if ev.pci is not None:
-            index = self._by_pci.get(ev.pci)
-            if index is not None:
-                return index
-            uuid = self._pci_uuid.get(ev.pci)
-            if uuid is not None:
-                return self._by_uuid.get(uuid)
-        return self._by_uuid.get(ev.uuid) if ev.uuid else None
+        return self.index.gpu_of(ev)
 
     def observe(self, ev: Event, now: float) -> None:
         """Remember one event. Never raises: an event that makes no sense is counted and skipped."""
@@ -106,8 +113,7 @@ class XidState:
     def _observe(self, ev: Event, now: float) -> None:
         t = ev.time if ev.time is not None else now
         if ev.kind is EventKind.GPU_MAP:
-            if ev.pci and ev.uuid:
-                self._pci_uuid[ev.pci] = ev.uuid
+            self.index.learn(ev)
             index = self.gpu_of(ev)
             if index is not None:
                 self._recs.pop(index, None)  # the GPU (re)initialised: earlier errors are behind it

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from trainguard.detect.culprit import lost_node
 
-__all__ = ["NodeLine", "NodeVerdict", "bootstrap_addresses", "lone_rank", "node_failure"]
+__all__ = ["LostNode", "NodeLine", "bootstrap_addresses", "lone_rank", "node_failure"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,9 @@ class NodeLine:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeVerdict:
+class LostNode:
+    """The node a multi-node job lost, as its survivors' lines tell it."""
+
     host: str | None  # the failed node; None when the evidence cannot decide
     ranks: tuple[int, ...]
     category: str  # node_failure | unknown
@@ -88,7 +90,7 @@ def node_failure(
     host_of_rank: dict[int, str],
     addresses: dict[str, str],
     last_seen: dict[int, float] | None = None,
-) -> NodeVerdict | None:
+) -> LostNode | None:
     """The node the job lost, or None when nothing points at a node (see the module docstring).
 
     ``last_seen``: rank -> time of its last stamped line (for ranks whose output stops)."""
@@ -145,9 +147,9 @@ def node_failure(
         return None
     if len(candidates) != 1:
         evidence = tuple(e for h in sorted(candidates) for e in why.get(h, []))
-        return NodeVerdict(None, (), "unknown", evidence, tuple(sorted(candidates)))
+        return LostNode(None, (), "unknown", evidence, tuple(sorted(candidates)))
     host = candidates.pop()
-    return NodeVerdict(host, tuple(sorted(ranks_of.get(host, []))), "node_failure", tuple(why.get(host, [])))
+    return LostNode(host, tuple(sorted(ranks_of.get(host, []))), "node_failure", tuple(why.get(host, [])))
 
 
 def _silent_hosts(

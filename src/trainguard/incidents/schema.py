@@ -26,6 +26,9 @@ PostgreSQL gets DOUBLE PRECISION for REAL (unix times need 53 bits) and BIGINT f
                         target, outcome, detail, incident_key, source)
     breaker_events(id PK, key UNIQUE, time, host, rack, node_group, gpu, gpu_uuid, breaker,
                    state, reason, source)
+    -- 3: the telemetry series the node agents keep (incidents/series.py)
+    series(host, gpu (-1: the node), t, step_s, n, gpu_uuid, rack, node_group, data JSON;
+           PK host, gpu, t)                                  one row per GPU and step
 
 ``key`` is the idempotency key of a written row (`incidents.fleet.row_key`): inserting a row
 twice (a retry, a spool replay) keeps one. Rows from before migration 2 have no key.
@@ -195,6 +198,22 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX breaker_events_time ON breaker_events (time);
     CREATE INDEX breaker_events_breaker ON breaker_events (breaker, time)
+    """,
+    # 3: the telemetry series: per GPU and step, down-sampled readings and event counts
+    """
+    CREATE TABLE series (
+        host TEXT NOT NULL,
+        gpu INTEGER NOT NULL,
+        t REAL NOT NULL,
+        step_s REAL NOT NULL,
+        n INTEGER NOT NULL,
+        gpu_uuid TEXT,
+        rack TEXT,
+        node_group TEXT,
+        data TEXT NOT NULL,
+        PRIMARY KEY (host, gpu, t)
+    );
+    CREATE INDEX series_t ON series (t)
     """,
 )
 

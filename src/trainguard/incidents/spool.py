@@ -9,11 +9,12 @@
     ([2, 9], 2)
 
 One JSON object per line, appended and fsynced (an incident in the spool survives a crash of
-the writer). Past ``max_entries`` the oldest verdicts are dropped first (a later verdict says
-more than an earlier one); incidents, job records and remediation events are never dropped, so
-a spool full of them grows past the bound. Entries are replayed in order; each replayed batch
-is cut from the file atomically (temp file, fsync, rename). A crash between a replay and the
-cut replays that batch again: every write is idempotent, so it lands once.
+the writer). Past ``max_entries`` the oldest verdicts and telemetry-series points are dropped
+first (a later verdict says more than an earlier one; a series may have gaps); incidents, job
+records and remediation events are never dropped, so a spool full of them grows past the bound.
+Entries are replayed in order; each replayed batch is cut from the file atomically (temp file,
+fsync, rename). A crash between a replay and the cut replays that batch again: every write is
+idempotent, so it lands once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-DROPPABLE = frozenset({"verdicts"})  # ops the spool may drop when full, oldest first
+DROPPABLE = frozenset({"verdicts", "series"})  # ops the spool may drop when full, oldest first
 DEFAULT_MAX_ENTRIES = 50_000
 
 
@@ -32,7 +33,7 @@ class Spool:
     def __init__(self, path: str | os.PathLike[str], max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self.path = Path(path)
         self.max_entries = max_entries
-        self.dropped = 0  # verdict entries dropped because the spool was full
+        self.dropped = 0  # verdict and series entries dropped because the spool was full
         self._entries: deque[dict[str, Any]] = deque(self._load())
 
     def _load(self) -> list[dict[str, Any]]:

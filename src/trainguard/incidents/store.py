@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import StoreError, StoreUnavailable
+from trainguard.incidents import series as _series
 from trainguard.incidents.backend import Backend, Row, Tx, is_url, open_backend
 from trainguard.incidents.goodput import GoodputSummary, Interval, JobInfo, ProgressPoint, goodput
 from trainguard.incidents.identity import NodeIdentity, row_key
@@ -38,6 +39,7 @@ from trainguard.incidents.schema import migrate
 from trainguard.incidents.spool import Spool
 from trainguard.incidents.stats import IncidentStats, incident_stats
 from trainguard.incidents.taxonomy import RootCause
+from trainguard.telemetry.series import SeriesPoint
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +144,7 @@ class IncidentStore:
 
     @property
     def spool_dropped(self) -> int:
-        """Verdict changes the full spool dropped (oldest first)."""
+        """Verdict changes and series points the full spool dropped (oldest first)."""
         return self._spool.dropped if self._spool is not None else 0
 
     def _submit(self, op: str, payload: dict[str, Any]) -> Any:
@@ -214,6 +216,8 @@ class IncidentStore:
             return self._insert_rows("progress", [p["row"]])
         if op == "attempts":
             return self._upsert_attempts(p["rows"])
+        if op == "series":
+            return _series.insert(self.backend, p["rows"])
         from trainguard.incidents import fleet
 
         return fleet.apply(self.backend, op, p)
@@ -448,6 +452,32 @@ class IncidentStore:
             "SELECT job, time, step, loss, attempt FROM progress WHERE job = ? ORDER BY time", (job,)
         )
         return [ProgressPoint(**r) for r in rows]
+
+    # -- the telemetry series (incidents/series.py) ---------------------------------------------
+
+    def add_series(self, points: Iterable[SeriesPoint]) -> None:
+        """Write closed series points (spooled, and the first dropped, when the database is away)."""
+        rows = _series.rows_of(points, self.node_columns())
+        if rows:
+            self._submit("series", {"rows": rows})
+
+    def series(
+        self,
+        host: str | None = None,
+        gpu: int | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[SeriesPoint]:
+        """The series points of ``host`` (every host: None), one GPU or all, ``since`` <= t <
+        ``until``, ordered by host, GPU and time: what a failure model trains on."""
+        sql, params = _series.query(host, gpu, since, until)
+        return [_series.point_of(r) for r in self.read(sql, params)]
+
+    def prune_series(self, before: float) -> int:
+        """Delete series points older than ``before`` (retention); the number deleted."""
+        self._ensure_ready()
+        with self.backend.transaction() as tx:  # once an hour: a count worth the wait
+            return tx.run("DELETE FROM series WHERE t < ?", (before,))
 
     def goodput(self, job: str, now: float | None = None) -> GoodputSummary:
         """The job's summary over its wall time: started .. ended (or `now`, or the last interval)."""

@@ -1,6 +1,7 @@
-"""The node agent's remediation step: one object the daemon builds once and calls once per tick.
+"""The node agent's remediation: one object, built once where the agent is assembled, called once
+per tick as the daemon's act (agent/assemble.py wraps it in the daemon's ``Act`` seam).
 
-    daemon.step():  look (Agent.tick)  ->  judge (onsets)  ->  act: store incidents, remediation.step(new)
+    daemon.step():  look (Agent.tick) -> judge (onsets) -> record (incidents stored) -> act: remediation.step(new)
 
 It adds intrusion findings (GPU processes of no job), hands the tick's new findings to the
 ``Remediator``, and serves the breaker's state to ``/metrics`` and the API. Providers follow the

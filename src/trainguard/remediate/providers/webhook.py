@@ -51,7 +51,7 @@ class WebhookProvider:
 
     @classmethod
     def from_secret_file(cls, url: str, path: str | Path) -> WebhookProvider:
-        from trainguard.agent.auth import read_token  # same rules: mode 0600, long enough
+        from trainguard.tokens import read_token  # same rules: mode 0600, long enough
 
         return cls(url, read_token(Path(path)).encode())
 

@@ -1,4 +1,5 @@
-"""The agent API's remediation routes (the HTTP layer calls these; they hold no HTTP code).
+"""The agent's one write route, and the remediation status it guards (agent/api.py routes here;
+no HTTP code: a status and a JSON value come back).
 
     GET  /api/v1/remediation            the read token: enforcing?, breaker state, action counts
     POST /api/v1/breaker/reset[?job=J]  the ADMIN token only: a person closes the breaker
@@ -14,29 +15,44 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainguard.agent.auth import TokenCheck, create_token_file
+from trainguard.agent.assemble import remediation_of
 from trainguard.errors import StoreError
 from trainguard.incidents import Incident
 from trainguard.remediate.breaker import reset
 from trainguard.remediate.fleetlog import reset_events
+from trainguard.tokens import TokenCheck, create_token_file
+
+if TYPE_CHECKING:
+    from trainguard.agent.daemon import AgentDaemon
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ADMIN_PATHS", "admin_token_path", "breaker_reset"]
+__all__ = ["ADMIN_PATHS", "admin_token_path", "breaker_reset", "remediation_status"]
 
 ADMIN_PATHS = frozenset({"/api/v1/breaker/reset"})
 
 
-def admin_token_path(daemon: Any) -> Path:
+def admin_token_path(daemon: AgentDaemon) -> Path:
     return Path(daemon.config.admin_token_file or Path(daemon.state_dir) / "admin.token")
 
 
+def remediation_status(daemon: AgentDaemon) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, JSON body) of ``GET /api/v1/remediation``."""
+    remediation = remediation_of(daemon)
+    if remediation is None:
+        return 404, {
+            "error": "this agent runs no remediation (its act step is another)",
+            "reason": "not_found",
+        }
+    return 200, remediation.status()
+
+
 def breaker_reset(
-    daemon: Any, method: str, authorization: str | None, query: dict[str, list[str]], client: str
+    daemon: AgentDaemon, method: str, authorization: str | None, query: dict[str, list[str]], client: str
 ) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, JSON body)."""
+    """(HTTP status, JSON body) of ``POST /api/v1/breaker/reset``."""
     if method != "POST":
         return 405, {"error": "POST with the admin token resets the breaker", "reason": "method"}
     path = admin_token_path(daemon)
@@ -45,9 +61,12 @@ def breaker_reset(
     if not ok:
         return 403, {"error": f"remediation needs the admin token ({path}); the read token cannot act",
                      "reason": "not_admin"}  # fmt: skip
+    remediation = remediation_of(daemon)
+    if remediation is None:
+        return 404, {"error": "this agent runs no remediation: there is no breaker", "reason": "not_found"}
     jobs = query.get("job")
     job = jobs[0] if jobs else None
-    breaker = daemon.remediation.remediator.breaker
+    breaker = remediation.remediator.breaker
     with breaker.update() as box:
         before = box[0]
         box[0] = reset(before, job=job)

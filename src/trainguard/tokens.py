@@ -1,9 +1,18 @@
-"""Who may ask the agent anything: the bearer token and the per-client rate limit.
+"""Bearer tokens in files: created mode 0600, refused when others can read them, compared in
+constant time.
 
-The token lives in a file only its owner can read (the agent refuses to start otherwise). It is
-compared in constant time, as SHA-256 digests so not even its length leaks, and never logged.
-Browsers send it as the password of HTTP Basic auth (any user name), so the dashboard works
-without a login page; API clients send ``Authorization: Bearer <token>``.
+The node agent's read token (the dashboard, Prometheus), its admin token (a breaker reset) and a
+remediation webhook's shared secret are all such files. A token is compared as a SHA-256 digest,
+so not even its length leaks, and never logged. Browsers send it as the password of HTTP Basic
+auth (any user name); API clients send ``Authorization: Bearer <token>``::
+
+    >>> import os, tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "agent.token"
+    >>> create_token_file(path), create_token_file(path)
+    (True, False)
+    >>> check = TokenCheck(path)
+    >>> check.verify("Bearer " + path.read_text().strip()), check.verify("Bearer nope"), check.verify(None)
+    (True, False, None)
 """
 
 from __future__ import annotations
@@ -12,16 +21,14 @@ import base64
 import binascii
 import hashlib
 import hmac
-import logging
 import os
 import secrets
 import stat
-import time
 from pathlib import Path
 
 from trainguard.errors import ConfigError
 
-log = logging.getLogger(__name__)
+__all__ = ["TokenCheck", "create_token_file", "read_token"]
 
 
 def create_token_file(path: Path) -> bool:
@@ -68,6 +75,8 @@ class TokenCheck:
 
 
 def read_token(path: Path) -> str:
+    """The token in ``path``; ConfigError (saying the fix) when it is missing, readable by group
+    or others, unreadable, or shorter than 16 characters."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -91,34 +100,3 @@ def read_token(path: Path) -> str:
 
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8")).digest()
-
-
-class RateLimiter:
-    """A token bucket per client address: ``rate`` requests per second, ``burst`` at once.
-
-    Bounded: past ``max_clients`` addresses the buckets that are full again are forgotten.
-    """
-
-    def __init__(
-        self, rate: float, burst: int, max_clients: int = 4096, clock: object = time.monotonic
-    ) -> None:
-        self.rate, self.burst, self.max_clients = rate, burst, max_clients
-        self._clock = clock
-        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, when)
-
-    def allow(self, client: str) -> bool:
-        now: float = self._clock()  # type: ignore[operator]
-        tokens, when = self._buckets.get(client, (float(self.burst), now))
-        tokens = min(float(self.burst), tokens + (now - when) * self.rate)
-        if tokens < 1.0:
-            self._buckets[client] = (tokens, now)
-            return False
-        if client not in self._buckets and len(self._buckets) >= self.max_clients:
-            self._forget_full(now)
-        self._buckets[client] = (tokens - 1.0, now)
-        return True
-
-    def _forget_full(self, now: float) -> None:
-        full = [c for c, (t, w) in self._buckets.items() if t + (now - w) * self.rate >= self.burst]
-        for c in full or list(self._buckets)[: len(self._buckets) // 2]:
-            del self._buckets[c]
