@@ -117,10 +117,12 @@ def record(name: str, out: Path, settle_s: float = 8.0, ceiling_s: float = 240.0
         if len(list(marks.glob("at*"))) < world:
             raise RuntimeError(f"{name}: not every rank reached the fault step")
         time.sleep(settle_s)  # the kill fires, the slow rank arrives, errors are raised and dumped
-        request_flight_dumps(prefix, list(range(world)), wait_s=15.0)
+        request_flight_dumps(prefix, list(range(world)), wait_s=60.0)  # 16 ranks on 2 busy cores
         snapshot = {
             f.name: f.read_bytes() for f in sorted(dumps.iterdir()) if not f.name.endswith((".pipe", ".tmp"))
         }
+        if not snapshot:  # no job hangs with every rank silent: the request went unanswered
+            raise RuntimeError(f"{name}: no rank answered the dump request")
     finally:
         for p in procs:
             if p.poll() is None:
