@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["taxonomy", "correlate", "incident", "goodput", "store"]
+MODULES = ["taxonomy", "correlate", "incident", "goodput", "store", "flight", "flight_order"]
 
 
 @pytest.mark.parametrize("name", MODULES)

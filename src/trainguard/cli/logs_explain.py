@@ -90,7 +90,10 @@ def _when(t: float | None) -> str:
 
 
 def render_flight(v: FlightVerdict, out: TextIO) -> None:
-    if not v.ranks:
+    if not v.ranks and v.category == "unknown":
+        who = _ranges(list(v.suspects))
+        out.write(f"flight recorder ({v.dumps} dumps): unknown: the evidence cannot decide; suspects {who}\n")
+    elif not v.ranks:
         out.write(f"flight recorder ({v.dumps} dumps): no rank stands out\n")
     else:
         late = f"; late, joined in the end: {_ranges(list(v.late))}" if v.late else ""
