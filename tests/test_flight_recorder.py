@@ -358,3 +358,32 @@ def test_one_nodes_supervisor_names_its_own_culprits_and_not_the_other_nodes_ran
         verdict = judge(mine, torch_matcher(), world=here, here=here)
         assert verdict.ranks == named, verdict.as_json()
         assert len(judge(mine, torch_matcher(), world=here).ranks) > len(named)  # without `here`: all absent
+
+
+@pytest.mark.parametrize("name", SCORE)
+def test_the_score_set_names_every_culprit_and_no_healthy_rank(name: str) -> None:
+    """The score set: recorded and set aside before the rules that judge it were changed, and
+    only measured (docs/logs.md gives the figures before and after, and torch's analyser's)."""
+    verdict = judge(load_dumps(DATA / name), torch_matcher())
+    world = json.loads((DATA / name / "expected.json").read_text())["world"]
+    assert [r for r in range(world) if (r in verdict.ranks) != (r in _expected(name))] == [], (
+        verdict.as_json()
+    )
+
+
+def test_the_scorer_runs_torchs_analyser_on_the_same_dumps() -> None:
+    """tools/flight_score.py's other column: torch's analyser names skip4's every waiting rank
+    (a healthy rank among them), trainguard the one that skipped."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "flight_score", DATA.parents[2] / "tools" / "flight_score.py"
+    )
+    assert spec is not None and spec.loader is not None
+    scorer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scorer)
+    assert scorer.reference(DATA / "size4")["named"] == [3]
+    assert scorer.reference(DATA / "skip4")["named"] == [0, 1, 2]
+    assert scorer.ours(DATA / "skip4")["named"] == [1]
+    [row] = [r for r in scorer.score(DATA, "design") if r["job"] == "skip4"]
+    assert row["torch"]["false"] == [0, 2] and row["trainguard"]["false"] == []
