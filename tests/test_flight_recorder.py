@@ -387,3 +387,22 @@ def test_the_scorer_runs_torchs_analyser_on_the_same_dumps() -> None:
     assert scorer.ours(DATA / "skip4")["named"] == [1]
     [row] = [r for r in scorer.score(DATA, "design") if r["job"] == "skip4"]
     assert row["torch"]["false"] == [0, 2] and row["trainguard"]["false"] == []
+
+
+def test_explain_says_unknown_with_the_suspects_when_the_dumps_cannot_decide(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two ranks, each waiting in a group the other never entered: logs explain names no rank."""
+    config = {
+        "0": {"name": "0", "desc": "a", "ranks": "[0, 1]"},
+        "1": {"name": "1", "desc": "b", "ranks": "[0, 1]"},
+    }
+    for rank, pg in ((0, "0"), (1, "1")):
+        dump = {"version": "2.10", "pg_config": config, "entries": [entry(pg, 1, "all_reduce", done=False)]}
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(dump))
+    assert main(["logs", "explain", str(tmp_path), "--json"]) == 0
+    root = json.loads(capsys.readouterr().out)["root_cause"]
+    assert root["ranks"] == [] and root["category"] == "unknown" and root["suspects"] == [0, 1]
+    assert root["source"] == "flight_recorder" and set(root["evidence"]) == {"0", "1"}
+    assert main(["logs", "explain", str(tmp_path)]) == 0
+    assert "unknown: the evidence cannot decide; suspects 0-1" in capsys.readouterr().out

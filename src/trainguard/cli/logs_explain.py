@@ -49,6 +49,12 @@ def explanation_json(
         root = {"ranks": list(flight.ranks), "category": flight.category, "source": "flight_recorder",
                 "evidence": evidence, "log_root": root,
                 "rank": flight.ranks[0] if len(flight.ranks) == 1 else None}  # fmt: skip
+    if flight is not None and not flight.ranks and flight.category == "unknown":  # the dumps cannot decide
+        evidence = {
+            str(r): [f"{e.group} {e.op}: {e.text}" for e in evs] for r, evs in flight.suspects.items()
+        }
+        root = {"ranks": [], "category": "unknown", "source": "flight_recorder", "suspects": sorted(flight.suspects),
+                "evidence": evidence, "log_root": root, "rank": None}  # fmt: skip
     cause = ex.cause.value
     if lone is not None and node is None and not (flight is not None and flight.ranks):
         root = {"ranks": [lone], "rank": lone, "category": "hang_origin", "source": "logs", "log_root": root,
