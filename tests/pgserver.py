@@ -5,8 +5,8 @@ socket in that directory, started as a child of the test process that dies with 
 signal). initdb refuses root: as root the server runs as the ``postgres`` user (setpriv). Host
 connections need a password (scram-sha-256), so the tests exercise real credentials.
 
-Where the server cannot start: in CI (``CI`` set, as `make test-all` does) the test fails naming
-how to install it; elsewhere it is skipped and says why.
+Where the server cannot start the test fails naming how to install it under `make test-all` and CI,
+and is skipped saying why elsewhere (``real_parts.missing``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
+
+from real_parts import missing
 
 PASSWORD = "tg-test-" + uuid.uuid4().hex[:8]
 USER = "trainguard"
@@ -41,11 +44,8 @@ def _bindir() -> Path | None:
     return Path(exe).parent if exe else None
 
 
-def unavailable(reason: str) -> None:
-    message = f"PostgreSQL for the fleet-store tests: {reason}; {INSTALL}"
-    if os.environ.get("CI"):
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
+def unavailable(reason: str) -> NoReturn:
+    missing(f"PostgreSQL for the fleet-store tests ({reason})", INSTALL)
 
 
 def _free_port() -> int:

@@ -5,15 +5,14 @@ examples/train_ft.py, a simulated Xid 79 in one)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from typing import Any
 
 import pytest
 
+from real_parts import require_module
 from trainguard.demo.groups import check_groups, plan_toml
 
 
@@ -140,10 +139,7 @@ def test_the_plan_aims_one_xid_at_the_last_group():
 
 @pytest.mark.slow
 def test_the_replica_groups_demo_passes_its_self_test(tmp_path):
-    if importlib.util.find_spec("torchft") is None:
-        if os.environ.get("CI"):
-            pytest.fail("torchft is missing: pip install 'trainguard[ft]' (make install does)", pytrace=False)
-        pytest.skip("torchft is not installed: pip install 'trainguard[ft]'")
+    require_module("torchft", install="pip install 'trainguard[ft]' (make install does)")
     out = tmp_path / "demo.json"
     argv = [sys.executable, "-m", "trainguard.cli", "demo", "--replica-groups", "2", "--quick"]
     argv += ["--json", str(out), "--workdir", str(tmp_path / "w")]

@@ -9,7 +9,6 @@ Managers, two groups over gloo."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -24,14 +23,12 @@ from pathlib import Path
 import pytest
 from torch.distributed import TCPStore
 
-if importlib.util.find_spec("torchft") is None:  # CI installs every extra: missing there is a failure
-    if os.environ.get("CI"):
-        pytest.fail("torchft is missing: pip install 'trainguard[ft]' (make install does)", pytrace=False)
-    pytest.skip("torchft is not installed: pip install 'trainguard[ft]'", allow_module_level=True)
-
+from real_parts import require_module
 from trainguard.rundir import read_discarded
 from trainguard.supervisor.lighthouse import Lighthouse, LighthouseConfig, _die_with_parent
 from trainguard.supervisor.ports import private_port
+
+require_module("torchft", install="pip install 'trainguard[ft]' (make install does)")
 
 WORKER = Path(__file__).parent / "workers" / "ft_worker.py"
 pytestmark = pytest.mark.slow

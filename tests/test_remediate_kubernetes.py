@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-kubernetes = pytest.importorskip(
-    "kubernetes", reason="pip install 'trainguard[kubernetes]' (make install does)"
-)
+from real_parts import require_module
+
+kubernetes = require_module("kubernetes", install="pip install 'trainguard[kubernetes]' (make install does)")
 yaml = pytest.importorskip("yaml")
 
 from k8s_fake import FakeApiServer  # noqa: E402

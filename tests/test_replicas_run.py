@@ -3,9 +3,7 @@ replica groups of examples/train_ft.py over gloo, real faults in one group while
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -14,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("torchft") is None:  # CI installs every extra: missing there is a failure
-    if os.environ.get("CI"):
-        pytest.fail("torchft is missing: pip install 'trainguard[ft]' (make install does)", pytrace=False)
-    pytest.skip("torchft is not installed: pip install 'trainguard[ft]'", allow_module_level=True)
+from real_parts import require_module
+
+require_module("torchft", install="pip install 'trainguard[ft]' (make install does)")
 torch = pytest.importorskip("torch")
 
 from trainguard.incidents import IncidentStore  # noqa: E402

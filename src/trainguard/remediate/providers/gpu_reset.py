@@ -141,9 +141,12 @@ class NvidiaSmi:
             r = self._run("-r", "-i", str(gpu))
         except subprocess.TimeoutExpired:
             return False, f"nvidia-smi -r timed out after {self.timeout_s:g}s"
-        return r.returncode == 0, (r.stdout or r.stderr).strip().splitlines()[-1:][0] if (
-            r.stdout or r.stderr
-        ).strip() else ""
+        lines = [x.strip() for x in f"{r.stdout}\n{r.stderr}".splitlines() if x.strip()]
+        if r.returncode == 0:
+            return True, lines[-1] if lines else ""
+        # A refusal leads with what went wrong ("The following GPUs could not be reset:" and the
+        # GPU's line "GPU 00000000:1A:00.0: In use by another client"); advice follows it.
+        return False, f"nvidia-smi -r exit {r.returncode}: {' '.join(lines[:2]) or 'no output'}"
 
     def answers(self, gpu: int) -> bool:
         return self._run("--query-gpu=index", "--format=csv,noheader", "-i", str(gpu)).returncode == 0
