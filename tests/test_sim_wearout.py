@@ -100,3 +100,28 @@ def test_a_healthy_life_has_noise_and_no_failure():
     assert all(life.failure_s is None for life in lives)
     kinds = {type(f.condition).__name__ for life in lives for _, f in life.faults}
     assert {"SteadySbe", "OldRemaps", "ReplayBursts", "FlakyScrape"} <= kinds
+
+
+@pytest.mark.parametrize(
+    "name", ["trainguard.telemetry.sim.wearout", "trainguard.predictor.series", "trainguard.predictor.simfleet"]
+)
+def test_the_examples_in_the_docstrings_run(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("name", ["trainguard.predictor", "trainguard.predictor.simfleet"])
+def test_the_series_and_the_simulated_fleet_need_no_third_party_module(name):
+    import json
+    import subprocess
+    import sys
+
+    probe = (
+        "import importlib, json, sys; before = set(sys.modules); importlib.import_module(sys.argv[1]); "
+        "print(json.dumps(sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names) - {'trainguard'})))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, name], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
