@@ -33,6 +33,7 @@ __all__ = ["Trained", "train"]
 
 WIDTH = 72  # steps in a window: 12 h at the simulated fleet's 10-minute step
 BATCH = 512
+CNN_ROWS = 60_000  # training windows per CNN epoch
 
 
 @dataclass
@@ -80,9 +81,12 @@ def _fit_arch(
     else:
         sample = rng.choice(fit, min(len(fit), 20_000), replace=False)
         mean, std = _norm(np, ft.net_input(data.windows(sample)), (0, 2))
-        # Every step near a failure, a third of the rest: the CNN's epochs stay short on a CPU.
-        pos = data.y[fit, -1] > 0
-        rows = np.concatenate([fit[pos], rng.choice(fit[~pos], (~pos).sum() // 3, replace=False)])
+        # Steps near a failure and twice as many others, at most CNN_ROWS: its epochs stay short
+        # on a CPU (the MLP reads every step).
+        pos = fit[data.y[fit, -1] > 0]
+        pos = rng.choice(pos, min(len(pos), CNN_ROWS // 3), replace=False)
+        neg = fit[data.y[fit, -1] == 0]
+        rows = np.concatenate([pos, rng.choice(neg, min(len(neg), 2 * len(pos)), replace=False)])
     inputs = _Inputs(arch, data, mean, std)
     net = nets.build(arch, len(mean))
     vsub = rng.choice(val, min(len(val), 20_000), replace=False)
