@@ -103,7 +103,8 @@ def test_a_healthy_life_has_noise_and_no_failure():
 
 
 @pytest.mark.parametrize(
-    "name", ["trainguard.telemetry.sim.wearout", "trainguard.predictor.series", "trainguard.predictor.simfleet"]
+    "name",
+    ["trainguard.telemetry.sim.wearout", "trainguard.predictor.series", "trainguard.predictor.simfleet"],
 )
 def test_the_examples_in_the_docstrings_run(name):
     import doctest
