@@ -113,6 +113,15 @@ def test_only_the_agents_server_imports_aiohttp():
     assert importers == {"agent/server.py"}
 
 
+def test_only_the_checkpoint_sealing_imports_cryptography():
+    importers = {
+        str(p.relative_to(SRC))
+        for p in _modules(SRC)
+        if any(n.split(".")[0] == "cryptography" for n in _imports(p))
+    }
+    assert importers == {"checkpoint/sealing.py"}
+
+
 # Front ends beside the CLI: the demo's live panel shares the CLI's colours.
 FRONT_ENDS = {"cli", "demo"}
 
