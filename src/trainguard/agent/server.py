@@ -234,12 +234,16 @@ class HttpServer:
 
     def _admit(self, client: str) -> bool:
         """Room for one more connection from ``client``, within its own share and the total;
-        when either is full, the oldest connection there that never showed the token makes room
-        (so strangers holding connections open cannot keep a scraper out)."""
+        when either is full, the oldest connection that never showed the token makes room: of
+        ``client`` itself when its share is full, else of the address holding the most (so
+        strangers opening and holding connections cannot evict a scraper's one)."""
         if self._per_client[client] >= self.limits.max_connections_per_client:
             return self._evict(lambda c: c.client == client)
         if len(self._conns) >= self.limits.max_connections:
-            return self._evict(lambda c: True)
+            for holder, _ in self._per_client.most_common():
+                if self._evict(lambda c, holder=holder: c.client == holder):  # type: ignore[misc]
+                    return True
+            return False
         return True
 
     def _evict(self, among: Callable[[_Conn], bool]) -> bool:

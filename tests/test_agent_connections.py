@@ -1,5 +1,7 @@
-"""Unfinished request heads against the agent (issue 34): many connections each sending header
-lines that every per-line limit allows, never the blank line that ends them. Strangers connect from 127.0.0.2-9 (all of 127/8 is loopback)."""
+"""The agent's connections attacked from the node's loopback (issue 34): many connections each
+sending header lines that every per-line limit allows, never the blank line that ends them; and
+strangers taking every connection slot. Strangers connect from 127.0.0.2-9 (all of 127/8 is
+loopback), the scraper from 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ import socket
 import time
 from pathlib import Path
 
-from agent_service import Running, sim_config
-from test_agent_attacks import closed_by_server, connect, scrapes
+from agent_service import TOKEN, Running, sim_config
+from test_agent_attacks import closed_by_server, connect, scrapes, wait_for
 
 LINE = b"X-Padding: " + b"a" * 8000 + b"\r\n"  # under every per-line limit, old and new
 
@@ -91,3 +93,25 @@ def test_a_full_head_within_the_limit_is_served(tmp_path: Path) -> None:
             assert chunk, data
             data += chunk
         s.close()
+
+
+def test_strangers_filling_every_connection_evict_their_own_not_the_scrapers(tmp_path: Path) -> None:
+    """Connection churn from 8 addresses starved Prometheus (issue 34): with every slot taken,
+    each newcomer evicted the oldest connection without a token, and that was the scraper's,
+    accepted before the churn and not yet asked. Now the address holding the most gives way."""
+    config = sim_config(tmp_path, max_connections=32, max_connections_per_client=8)
+    with Running(config) as agent:
+        scraper = connect(agent.port, "127.0.0.1")
+        wait_for(lambda: agent.service.http.connections == 1, "the scraper's connection accepted")
+        strangers = [connect(agent.port, f"127.0.0.{i % 8 + 2}") for i in range(40)]
+        try:
+            wait_for(
+                lambda: agent.daemon.tally.copy().refusals["evicted"] >= 9, "the strangers filled every slot"
+            )
+            scraper.sendall(
+                f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+            )
+            assert scraper.recv(64).startswith(b"HTTP/1.1 200")
+        finally:
+            for s in [scraper, *strangers]:
+                s.close()
