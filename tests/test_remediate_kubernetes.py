@@ -104,10 +104,14 @@ def test_the_rbac_check_notices_an_extra_verb(tmp_path: Path) -> None:
 
 
 def granted(path: Path) -> set[tuple[str, str, str]]:
+    """What the agent's ClusterRole grants, and its Role in its own namespace (events)."""
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
-    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role")]
+    assert [r["kind"] for r in roles] == ["ClusterRole", "Role"]
+    assert roles[1]["metadata"]["namespace"] == "trainguard"
     return {
         (g, r, v)
+        for role in roles
         for rule in role["rules"]
         for g in rule["apiGroups"]
         for r in rule["resources"]
