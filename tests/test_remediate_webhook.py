@@ -122,12 +122,13 @@ def test_a_tripping_breaker_is_announced_once(receiver: Receiver, tmp_path: Path
     from trainguard.remediate.providers.sim import SimScheduler
 
     xid = Finding("xid", Health.FAILED, Action.REBOOT_NODE, "Xid 79: GPU has fallen off the bus.", gpu=1)
+    lost = Finding("gpu_lost", Health.FAILED, Action.REBOOT_NODE, "GPU stopped answering", gpu=1)  # NVML
     policy = Policy(enforce=True, breaker=BreakerLimits(max_nodes=1, max_fraction=1.0))
     hook = WebhookProvider(receiver.url, SECRET)
     with IncidentStore(tmp_path / "tg.db") as store:
         for node in ["a", "b", "c"]:
             Remediator(policy, node, store, state_dir=tmp_path / node, breaker_path=tmp_path / "b.json",
-                       providers={"node": SimScheduler([node]), "webhook": hook}).act([xid])  # fmt: skip
+                       providers={"node": SimScheduler([node]), "webhook": hook}).act([xid, lost])  # fmt: skip
     ((_headers, body),) = receiver.requests  # b trips it (announced); c is held quietly
     sent = json.loads(body)
     assert sent["node"] == "b" and sent["incident"]["resolution"].startswith("held: fleet breaker tripped")
