@@ -318,3 +318,16 @@ def test_docstring_examples_run(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(f"trainguard.remediate.{module}"))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_resume_is_refused_while_one_gpu_of_the_node_is_in_inspection(tmp_path: Path) -> None:
+    """The usual inspection is a GPU's (issue 34: `remediate resume` put the node back to idle)."""
+    from trainguard.remediate.resume import resume_node
+
+    sched = SimScheduler(["n1"])
+    sched.apply("hardware_inspection", Target("n1", 3))
+    state = esc.EscalationState((), (("n1", 3, "Xid 79 twice"),))
+    out = resume_node(sched, "n1", passed=True, evidence="diagnose passed", escalation=state)
+    assert out.status is Status.FAILED and "GPU 3: Xid 79 twice" in out.detail
+    assert sched.state("n1")[0] != "idle"
+    assert resume_node(sched, "n1", passed=True, evidence="ok", escalation=esc.set_healthy(state, "n1")).ok
