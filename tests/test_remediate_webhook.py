@@ -70,7 +70,11 @@ def test_webhook_posts_the_incident_signed(receiver: Receiver, tmp_path: Path) -
     assert rec.resolved and rec.resolution == "done: HTTP 200"
     ((headers, body),) = receiver.requests
     assert verify_signature(
-        SECRET, headers["x-trainguard-timestamp"], body, headers["x-trainguard-signature"]
+        SECRET,
+        headers["x-trainguard-timestamp"],
+        body,
+        headers["x-trainguard-signature"],
+        headers["idempotency-key"],
     )
     assert not verify_signature(b"another-secret-of-16+", headers["x-trainguard-timestamp"], body,
                                 headers["x-trainguard-signature"])  # fmt: skip
@@ -82,8 +86,9 @@ def test_webhook_posts_the_incident_signed(receiver: Receiver, tmp_path: Path) -
 
 def test_tampered_body_fails_the_signature() -> None:
     sig = sign(SECRET, "100", b'{"node": "n1"}')
-    assert not verify_signature(SECRET, "100", b'{"node": "n2"}', sig)
-    assert not verify_signature(SECRET, "101", b'{"node": "n1"}', sig)
+    assert verify_signature(SECRET, "100", b'{"node": "n1"}', sig, now=100)
+    assert not verify_signature(SECRET, "100", b'{"node": "n2"}', sig, now=100)
+    assert not verify_signature(SECRET, "101", b'{"node": "n1"}', sig, now=100)
 
 
 def test_server_errors_are_retried_client_errors_are_not(receiver: Receiver) -> None:
@@ -111,8 +116,10 @@ def test_nobody_listening_is_a_retryable_failure(tmp_path: Path) -> None:
 
 
 def test_bad_webhook_settings_are_clear_errors() -> None:
-    with pytest.raises(ConfigError, match="http"):
+    with pytest.raises(ConfigError, match="https"):
         WebhookProvider("ftp://x", SECRET)
+    with pytest.raises(ConfigError, match="loopback"):
+        WebhookProvider("http://hooks.example.com/", SECRET)
     with pytest.raises(ConfigError, match="16 bytes"):
         WebhookProvider("http://127.0.0.1/", b"short")
 
