@@ -115,3 +115,12 @@ def test_strangers_filling_every_connection_evict_their_own_not_the_scrapers(tmp
         finally:
             for s in [scraper, *strangers]:
                 s.close()
+
+
+def test_a_non_ascii_authorization_header_is_a_400_not_a_500(tmp_path: Path) -> None:
+    with Running(sim_config(tmp_path)) as agent:
+        s = connect(agent.port)
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\xb2\r\n\r\n")
+        assert s.recv(64).startswith(b"HTTP/1.1 400")
+        s.close()
+        assert agent.daemon.tally.copy().refusals["bad_request"] == 1

@@ -388,7 +388,7 @@ class HttpServer:
             {k.lower(): v for k, v in request.headers.items()},
             client,
         )
-        answer = self._body_check(request) or await self.handler(req)
+        answer = self._body_check(request) or _header_check(req) or await self.handler(req)
         if answer.refusal:
             self.on_refusal(answer.refusal)
         if answer.authenticated:
@@ -413,6 +413,15 @@ class HttpServer:
         if length is not None and length > self.limits.max_body_bytes:
             return Response.error(413, f"request body over {self.limits.max_body_bytes} bytes", "oversized")
         return None
+
+
+def _header_check(req: Request) -> Response | None:
+    """A credential header that is not ASCII cannot hold a token (ours are hex): a 400 here,
+    before the API compares it (where encoding it failed as a 500)."""
+    value = req.headers.get("authorization")
+    if value is not None and not value.isascii():
+        return Response.error(400, "the Authorization header must be ASCII", "bad_request")
+    return None
 
 
 async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
