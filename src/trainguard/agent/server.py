@@ -272,6 +272,8 @@ class HttpServer:
                     conn.waiting = None
                 if not self._holds(conn):
                     raise ConnectionAbortedError("evicted before its handshake")
+                if _closed_by_peer(conn.sock):  # a churned connection: no TLS state for it
+                    raise ConnectionAbortedError("closed before its ClientHello")
             await loop.connect_accepted_socket(
                 factory,
                 conn.sock,
@@ -413,6 +415,16 @@ class HttpServer:
         if length is not None and length > self.limits.max_body_bytes:
             return Response.error(413, f"request body over {self.limits.max_body_bytes} bytes", "oversized")
         return None
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether a readable socket's client has already gone (EOF or reset, nothing to read)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 def _header_check(req: Request) -> Response | None:
