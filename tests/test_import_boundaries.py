@@ -229,6 +229,15 @@ def test_only_the_agents_server_imports_aiohttp():
     assert importers == {"agent/server.py"}
 
 
+def test_only_the_checkpoint_sealing_imports_cryptography():
+    importers = {
+        str(p.relative_to(SRC))
+        for p in _modules(SRC)
+        if any(n.split(".")[0] == "cryptography" for n in _imports(p))
+    }
+    assert importers == {"checkpoint/sealing.py"}
+
+
 # Names of records.py's nouns that another module also gives a class, each with why it may. Empty
 # is the goal: supervisor/idle.py's Sample is a rank's process reading (CPU time, output bytes),
 # not a GPU's, and takes its own name with the supervisor's next change.
