@@ -19,7 +19,6 @@ SPINE = [
     "trainguard.telemetry.sim",
     "trainguard.detect",
     "trainguard.incidents",
-    "trainguard.recover",
     "trainguard.checkpoint",
     "trainguard.agent",
     "trainguard.agent.daemon",
@@ -32,6 +31,7 @@ SPINE = [
     "trainguard.supervisor.lost",
     "trainguard.supervisor.bookkeeping",
     "trainguard.supervisor.state",
+    "trainguard.supervisor.policy",
     "trainguard.supervisor.replicas",  # replica groups: torchft only in the groups' workers
     "trainguard.supervisor.lighthouse",
     "trainguard.diagnose",  # the GPU tests: torch/pynvml only when a test runs

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainguard.records import Health
-from trainguard.recover.policy import (
+from trainguard.supervisor.policy import (
     PolicyState,
     Trouble,
     TroubleKind,

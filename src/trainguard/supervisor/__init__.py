@@ -1,6 +1,6 @@
 """supervisor: `trainguard run`, torchrun kept alive. Launches workers through torch's elastic
 agent and c10d rendezvous, watches them (exit codes, error files, heartbeats, logs, node health),
-asks `trainguard.recover.policy` what to do, and records incidents and the goodput ledger.
+asks its policy (`supervisor.policy`) what to do, and records incidents and the goodput ledger.
 
 Importing this package does not import torch; `Supervisor.run()` does.
 """

@@ -17,9 +17,9 @@ from typing import Any
 from trainguard.chaos import Injected
 from trainguard.incidents import Incident
 from trainguard.records import Event
-from trainguard.recover.policy import PolicyState
 from trainguard.supervisor.config import SupervisorConfig
 from trainguard.supervisor.health import GpuMap
+from trainguard.supervisor.policy import PolicyState
 from trainguard.supervisor.state import RunState
 
 

@@ -16,13 +16,13 @@ from typing import Any
 
 from trainguard.chaos import Injected
 from trainguard.incidents import Incident, IntervalKind
-from trainguard.recover.policy import Decision, Trouble, TroubleKind, Verb
 from trainguard.rundir import Heartbeat
 from trainguard.supervisor.assess import numerics_verdicts
 from trainguard.supervisor.attempt import Attempt, History, Pending
 from trainguard.supervisor.config import ExitCode
 from trainguard.supervisor.observe import Observation
 from trainguard.supervisor.peers import peer_left
+from trainguard.supervisor.policy import Decision, Trouble, TroubleKind, Verb
 from trainguard.supervisor.record import JobRecorder
 from trainguard.supervisor.torn import torn_cause
 from trainguard.supervisor.watch import ProgressWatch

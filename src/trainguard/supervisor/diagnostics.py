@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainguard.incidents import RootCause
 from trainguard.records import Health
-from trainguard.recover.policy import Trouble, TroubleKind
 from trainguard.rundir import atomic_write_bytes
+from trainguard.supervisor.policy import Trouble, TroubleKind
 
 if TYPE_CHECKING:
     from trainguard.diagnose import Report

@@ -4,7 +4,7 @@ One monitor loop per node (`monitor`), every ``monitor_interval`` seconds, in th
 
     look    Observer.look(workers, attempt, now) -> Observation      (supervisor.observe)
     judge   assess(observation, attempt, history) -> Trouble | None  (supervisor.assess)
-            decide(trouble, history.policy_state(...)) -> Decision    (recover.policy)
+            decide(trouble, history.policy_state(...)) -> Decision    (supervisor.policy)
     act     record the incident; continue | restart (backoff) | exclude GPU | stop  (here)
 
 State lives in two values: the `Attempt` of the current start (thrown away on restart) and the
@@ -35,7 +35,6 @@ from trainguard.chaos.plan import GROUP_ENV, for_group, refusal, step_triggered
 from trainguard.errors import MissingDependency
 from trainguard.incidents import IntervalKind
 from trainguard.records import Health
-from trainguard.recover.policy import Decision, Trouble, TroubleKind, Verb, decide, with_diagnosis
 from trainguard.rundir import ATTEMPT_ENV, RUN_DIR_ENV
 from trainguard.supervisor.assess import assess, workers_done
 from trainguard.supervisor.attempt import Attempt, History, Pending
@@ -49,6 +48,7 @@ from trainguard.supervisor.logs import LogTail, default_classifier, make_logs_sp
 from trainguard.supervisor.lost import LostRun, find_lost_run, next_attempt
 from trainguard.supervisor.observe import Observation, Observer
 from trainguard.supervisor.oom import oom_kills
+from trainguard.supervisor.policy import Decision, Trouble, TroubleKind, Verb, decide, with_diagnosis
 from trainguard.supervisor.record import JobRecorder, node_name
 from trainguard.supervisor.resume import resume_point
 from trainguard.supervisor.state import RunState

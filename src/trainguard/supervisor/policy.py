@@ -1,7 +1,8 @@
-"""The recovery policy: given one trouble and the run's history, what the supervisor does next.
+"""The supervisor's recovery policy: given one trouble and the run's history, what to do next.
 
-Pure and small on purpose (functional core): the supervisor gathers the evidence, this module
-decides, the supervisor acts. Read `decide` top to bottom; the first rule that matches wins::
+The judge step of the monitor loop (`supervisor.supervisor`), pure and small on purpose: the
+loop gathers the evidence (`observe`, `assess`), this module decides, the loop acts. Read
+`decide` top to bottom; the first rule that matches wins::
 
     stopped by a crash loop?      the same application error N times in a row -> STOP_CRASH_LOOP
     a GPU we use is FAILED?       -> EXCLUDE_GPU (continue on fewer; not a retry)
