@@ -11,16 +11,16 @@ test. Needs root (SlurmUser=root; the tests run as root here and in CI). Where a
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+from trainguard.procs import parent_death
 
 NODE = "tgnode1"
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "scontrol", "sinfo")
@@ -37,10 +37,6 @@ def require_slurm() -> None:
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(problem)
     pytest.skip(problem)
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -73,7 +69,7 @@ class SlurmCluster:
         log = open(self.root / "log" / f"{name}.out", "wb")  # noqa: SIM115 (lives as long as the daemon)
         self.procs.append(
             subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, env=self.env, preexec_fn=_die_with_parent
+                args, stdout=log, stderr=subprocess.STDOUT, env=self.env, preexec_fn=parent_death()
             )
         )
         log.close()

@@ -29,8 +29,9 @@ if importlib.util.find_spec("torchft") is None:  # CI installs every extra: miss
         pytest.fail("torchft is missing: pip install 'trainguard[ft]' (make install does)", pytrace=False)
     pytest.skip("torchft is not installed: pip install 'trainguard[ft]'", allow_module_level=True)
 
+from trainguard.procs import parent_death
 from trainguard.rundir import read_discarded
-from trainguard.supervisor.lighthouse import Lighthouse, LighthouseConfig, _die_with_parent
+from trainguard.supervisor.lighthouse import Lighthouse, LighthouseConfig
 from trainguard.supervisor.ports import private_port
 
 WORKER = Path(__file__).parent / "workers" / "ft_worker.py"
@@ -71,7 +72,7 @@ def start(
             stdout=subprocess.PIPE if log is None else file,
             stderr=subprocess.STDOUT,
             text=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=parent_death(),
         )
 
 
@@ -169,7 +170,7 @@ def test_pytorchs_store_client_waits_for_a_stopped_server_past_its_timeout(tmp_p
         [sys.executable, "-c", SERVE_STORE, str(port)],
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=parent_death(),
     )
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "up"

@@ -29,7 +29,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from trainguard.chaos import load_plan
 from trainguard.chaos.plan import for_group, plan_toml
 from trainguard.incidents import Incident, Interval, IntervalKind, RootCause
 from trainguard.incidents.groups_report import DISCARDED, HEAL, START, groups_section
+from trainguard.procs import parent_death, stop_signals
 from trainguard.rundir import heartbeat_path, read_discarded, read_last_heartbeat
 from trainguard.supervisor.bookkeeping import RunEvent
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
@@ -142,7 +142,7 @@ class ReplicaSupervisor:
         return self._finish(code, reason)
 
     def _monitor(self) -> tuple[ExitCode, str]:
-        with _stop_signals_raise():
+        with stop_signals(_raise_interrupt):  # the groups are stopped on the way out
             while True:
                 self.sleep(self.config.monitor_interval)
                 view = self.look()
@@ -287,7 +287,7 @@ class ReplicaSupervisor:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_term_with_parent,
+                preexec_fn=parent_death(signal.SIGTERM),  # its supervisor stops its workers
             )
         self._emit("group_started", group=g.index, gpus=list(g.gpus), start=g.starts)
         log.info("replica group %d started (start %d) on GPUs %s", g.index, g.starts, g.gpus)
@@ -491,27 +491,6 @@ def group_argv(
     if not c.tee:
         argv.append("--no-tee")
     return [*argv, *c.extra_torchrun_args, "--", *c.cmd]
-
-
-def _term_with_parent() -> None:
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-class _stop_signals_raise:
-    """SIGTERM / SIGINT / SIGHUP end the loop as KeyboardInterrupt (the groups are stopped)."""
-
-    def __enter__(self) -> None:
-        self._previous = {}
-        if threading.current_thread() is not threading.main_thread():
-            return  # a loop run from a thread (tests): the caller handles signals
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            self._previous[sig] = signal.signal(sig, _raise_interrupt)
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, h in self._previous.items():
-            signal.signal(sig, h)
 
 
 def _raise_interrupt(signum: int, _frame: Any) -> None:
