@@ -30,7 +30,7 @@ if importlib.util.find_spec("torchft") is None:  # CI installs every extra: miss
     pytest.skip("torchft is not installed: pip install 'trainguard[ft]'", allow_module_level=True)
 
 from trainguard.procs import parent_death
-from trainguard.rundir import read_discarded
+from trainguard.rundir import read_discarded, replica_group_env
 from trainguard.supervisor.lighthouse import Lighthouse, LighthouseConfig
 from trainguard.supervisor.ports import private_port
 
@@ -53,8 +53,7 @@ def start(
     runs on unread would block on a full pipe, a hang of its own)."""
     env = {
         **os.environ,
-        "REPLICA_GROUP_ID": str(group),
-        "NUM_REPLICA_GROUPS": "2",
+        **replica_group_env(group, 2),
         "TORCHFT_LIGHTHOUSE": lh.address,
         "TORCHFT_TIMEOUT_SEC": "3",  # a stopped peer's all-reduce fails after this long
         "MASTER_ADDR": "127.0.0.1",

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard.chaos.plan import for_group, parse_plan, plan_toml
+from trainguard.chaos.plan import for_group, for_this_group, parse_plan, plan_toml
 from trainguard.errors import ConfigError
+from trainguard.rundir import replica_group_env
 from trainguard.supervisor.config import ExitCode
 from trainguard.supervisor.groups import ActKind, Group, GroupsView, capacity, judge
 from trainguard.supervisor.replicas import ReplicaConfig, group_hang_floor
@@ -106,8 +107,10 @@ def test_a_plan_aims_faults_at_one_group_and_round_trips_through_toml():
         '[[fault]]\nkind = "xid"\nrank = 0\nxid = 48\nstep = 9\n'
     )
     assert [f.kind.value for f in for_group(plan, 0).faults] == ["xid"]
-    assert [f.kind.value for f in for_group(plan, "1").faults] == ["kill", "xid"]
+    assert [f.kind.value for f in for_group(plan, 1).faults] == ["kill", "xid"]
     assert for_group(plan, None) == plan
+    assert for_this_group(plan, replica_group_env(1, 2)) == for_group(plan, 1)
+    assert for_this_group(plan, {}) == plan
     assert parse_plan(plan_toml(plan.faults)).faults == plan.faults
 
 

@@ -227,11 +227,9 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     plan = load_plan(config.chaos) if config.chaos is not None else None  # bad plan: usage error now
     if plan is not None:
-        import os
+        from trainguard.chaos.plan import for_this_group
 
-        from trainguard.chaos.plan import GROUP_ENV, for_group
-
-        plan = for_group(plan, os.environ.get(GROUP_ENV))  # a replica group's supervisor: its faults
+        plan = for_this_group(plan)  # a replica group's supervisor: its faults
     if plan is not None and (steps := step_triggered(plan)):
         print(
             f"trainguard run: chaos fault(s) {', '.join(f'#{i + 1}' for i in steps)} fire at a training "

@@ -40,7 +40,7 @@ from trainguard.chaos.plan import for_group, plan_toml
 from trainguard.incidents import Incident, Interval, IntervalKind, RootCause
 from trainguard.incidents.groups_report import DISCARDED, HEAL, START, groups_section
 from trainguard.procs import parent_death, stop_signals
-from trainguard.rundir import heartbeat_path, read_discarded, read_last_heartbeat
+from trainguard.rundir import heartbeat_path, read_discarded, read_last_heartbeat, replica_group_env
 from trainguard.supervisor.bookkeeping import RunEvent
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.groups import Act, ActKind, Group, GroupsView, capacity, judge, thinned
@@ -49,9 +49,6 @@ from trainguard.supervisor.record import JobRecorder, node_name
 from trainguard.supervisor.state import RunState, job_state
 
 log = logging.getLogger(__name__)
-
-GROUP_ENV = "REPLICA_GROUP_ID"
-NUM_GROUPS_ENV = "NUM_REPLICA_GROUPS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,8 +266,7 @@ class ReplicaSupervisor:
         env = {**os.environ, **self.config.env}
         env.update(
             {
-                GROUP_ENV: str(g.index),
-                NUM_GROUPS_ENV: str(len(self.groups)),
+                **replica_group_env(g.index, len(self.groups)),
                 "TORCHFT_LIGHTHOUSE": self.lighthouse.address,
                 "TORCHFT_TIMEOUT_SEC": f"{self.replicas.timeout_s:g}",
                 "TORCHFT_QUORUM_TIMEOUT_SEC": f"{self.replicas.quorum_timeout_s:g}",

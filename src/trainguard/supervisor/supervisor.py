@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from trainguard.chaos import ChaosExecutor, load_plan
-from trainguard.chaos.plan import GROUP_ENV, for_group, refusal, step_triggered
+from trainguard.chaos.plan import for_this_group, refusal, step_triggered
 from trainguard.errors import MissingDependency
 from trainguard.incidents import IntervalKind
 from trainguard.records import Health
@@ -143,7 +143,7 @@ class Supervisor:
         self.chaos: ChaosExecutor | None = None
         if config.chaos is not None:
             self.chaos = ChaosExecutor(
-                for_group(load_plan(config.chaos), os.environ.get(GROUP_ENV)),
+                for_this_group(load_plan(config.chaos)),
                 self.run_dir,
                 0.0,
                 self.health.fleet,
