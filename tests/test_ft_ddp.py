@@ -31,8 +31,8 @@ if importlib.util.find_spec("torchft") is None:  # CI installs every extra: miss
 
 from trainguard.procs import parent_death
 from trainguard.rundir import read_discarded, replica_group_env
-from trainguard.supervisor.lighthouse import Lighthouse, LighthouseConfig
 from trainguard.supervisor.ports import private_port
+from trainguard.supervisor.replicas.lighthouse import Lighthouse, LighthouseConfig
 
 WORKER = Path(__file__).parent / "workers" / "ft_worker.py"
 pytestmark = pytest.mark.slow

@@ -142,6 +142,21 @@ class Fault:
     def cuda_message(self) -> str:
         return self.message or XID_CUDA_MESSAGE.get(self.xid, DEFAULT_XID_MESSAGE)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that are not their default (JSON-ready; `from_dict` reads it back)."""
+        defaults = Fault(kind=self.kind)
+        out: dict[str, Any] = {"kind": self.kind.value}
+        for name in Fault.__dataclass_fields__:
+            value = getattr(self, name)
+            if name != "kind" and value != getattr(defaults, name):
+                out[name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Fault:
+        known = {k: v for k, v in data.items() if k in Fault.__dataclass_fields__ and k != "kind"}
+        return cls(kind=FaultKind(data["kind"]), **known)
+
 
 @dataclass(frozen=True, slots=True)
 class ChaosPlan:

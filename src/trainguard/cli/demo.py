@@ -152,7 +152,7 @@ def _log_table(log: list[LogEntry]) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from trainguard.cli.render import STYLE
+    from trainguard.palette import STYLE
 
     table = Table(title="incident log", title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True)
     for name in ("t", "GPU", "verdict", "action"):
@@ -202,7 +202,7 @@ def _summary(faults: list[tuple[float, Any]], log: list[LogEntry], final: NodeVe
     from rich.table import Table
     from rich.text import Text
 
-    from trainguard.cli.render import STYLE
+    from trainguard.palette import STYLE
 
     per_gpu: dict[int, list[tuple[float, Any]]] = {}
     for t, fault in faults:

@@ -10,15 +10,9 @@ import os
 import sys
 from typing import Any, TextIO
 
+from trainguard.palette import ANSI, STYLE
 from trainguard.records import Action, GpuVerdict, Health, NodeVerdict, Sample, Throttle
 
-STYLE = {
-    Health.OK: "green",
-    Health.DEGRADED: "yellow",
-    Health.FAILED: "bold red",
-    Health.UNKNOWN: "magenta",
-}
-_ANSI = {Health.OK: "32", Health.DEGRADED: "33", Health.FAILED: "1;31", Health.UNKNOWN: "35"}
 _THROTTLE_SHORT = {
     Throttle.HW_SLOWDOWN: "HWS",
     Throttle.HW_THERMAL: "HWT",
@@ -34,7 +28,7 @@ def use_color(stream: TextIO) -> bool:
 
 
 def paint(text: str, health: Health, color: bool) -> str:
-    return f"\x1b[{_ANSI[health]}m{text}\x1b[0m" if color else text
+    return f"\x1b[{ANSI[health]}m{text}\x1b[0m" if color else text
 
 
 def action_text(action: Action) -> str:

@@ -15,8 +15,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from trainguard.cli.render import STYLE
 from trainguard.demo.live import DemoState, clock, gpu_health, sparkline
+from trainguard.palette import STYLE
 from trainguard.records import Health
 
 _PHASE = {

@@ -1,4 +1,7 @@
-"""The seam into PyTorch's elastic launcher: torchrun's own code path, with our monitor loop.
+"""torch's elastic agent under the supervisor: torchrun's own code path, with our monitor loop.
+
+The torch half of the ``torch`` launcher (`supervisor.torchrun.TorchElastic`); its agent is the
+`Workers` handle the monitor loop drives (`supervisor.launch`).
 
 `launch` parses the torchrun options with torchrun's parser and runs torch's ``launch_agent``
 (what ``torchrun`` itself runs), so every option means what it means there: rendezvous,
@@ -169,6 +172,11 @@ class GuardedAgent(LocalElasticAgent):
 
     def interrupted(self) -> None:
         raise_swallowed_signal()
+
+    def standbys(self) -> dict[str, int] | None:
+        """How the last start's ranks started (ready/importing/fresh standbys); None: cold."""
+        use = self._pool.take_use() if self._pool is not None else None
+        return use.to_dict() if use is not None else None
 
     def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
         """This node's rendezvous name and the other nodes' (``<host>_<pid>_<n>``, as torch's

@@ -55,6 +55,19 @@ class Verb(str, Enum):
     def stops(self) -> bool:
         return self in (Verb.STOP_CRASH_LOOP, Verb.STOP_BUDGET, Verb.STOP_NO_CAPACITY)
 
+    @property
+    def loses_gpu(self) -> bool:
+        """The decision takes its GPU out of service (excluded, or failed with none left)."""
+        return self in (Verb.EXCLUDE_GPU, Verb.STOP_NO_CAPACITY)
+
+    @classmethod
+    def of(cls, action: str | None) -> Verb | None:
+        """The verb an incident's ``action`` records; None for an action that is not one."""
+        try:
+            return cls(action)
+        except ValueError:
+            return None
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Trouble:

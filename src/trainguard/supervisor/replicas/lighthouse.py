@@ -1,4 +1,4 @@
-"""torchft's Lighthouse as a child of ``trainguard run --replica-groups``: started before the
+"""torchft's Lighthouse as a child of the replica loop (`replicas.loop`): started before the
 groups, restarted on the same port when it dies (the groups' quorum retries carry them over).
 
 It runs the ``torchft_lighthouse`` program torchft installs (nothing here imports torchft), with
