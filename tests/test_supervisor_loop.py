@@ -383,3 +383,40 @@ def test_the_watchers_line_says_whether_the_preflight_runs_and_why_not():
     assert "no pre-flight diagnostics (the nvml backend did not open)" in watchers(
         nvml, True, backend_open=False
     )
+
+
+def test_a_degraded_gpu_that_passes_diagnostics_keeps_training_and_asks_for_a_checkpoint(tmp_path):
+    from trainguard.control import read_control
+    from trainguard.records import Health
+
+    clock = VirtualClock()
+    config = SupervisorConfig(
+        LaunchConfig(cmd=("python", "train.py"), nproc_per_node=3, standalone=True, monitor_interval=0.5),
+        RecordConfig(job_id="simjob", runs_root=tmp_path / "runs", db=tmp_path / "tg.db"),
+        WatchConfig(tee=False),
+        HealthConfig(backend="sim", health_interval=0.5, preflight=False),
+    )
+    # Diagnostics measure the GPU as degraded, not failed: it stays in service.
+    sup = Supervisor(config, diagnose=lambda gpu: Health.DEGRADED, clock=clock.time, sleep=clock.sleep)
+    events = []
+    sup._on_event = events.append
+
+    def script(w: ShrinkingWorkers, t: float) -> dict[int, int | None]:
+        if w.attempt == 0 and t < 30.0:
+            if t >= 1.0 and not w.stuck:
+                w.stuck = True
+                sup.health.fleet.now().straggler(gpu=2)  # clocks stuck at half: telemetry degrades
+            return dict.fromkeys(range(w.n))
+        return dict.fromkeys(range(w.n), 0)
+
+    workers = ShrinkingWorkers(clock, script, sup.run_dir, 3)
+    workers.stuck = False
+    sup.started = clock.now
+    assert sup.monitor(workers) is True
+    assert workers.sizes == [3]  # never restarted, never shrunk
+    [incident] = [i for i in sup.recorder.incidents if i.gpu == 2]
+    assert incident.action == "continue" and "checkpoint now" in incident.evidence[0]
+    control = read_control(sup.run_dir)
+    assert control is not None and control.save_now == control.seq and control.attempt == 0
+    assert "GPU 2 is degraded" in control.reason
+    assert [e.data["seq"] for e in events if e.kind == "checkpoint_requested"] == [control.seq]

@@ -15,6 +15,8 @@ Torch-free and documented so that any trainer (PyTorch, JAX, a shell script) can
                                 {"rank", "time", "pid", "attempt", "step", "exc_type", "message",
                                  "traceback"}. The earliest "time" across ranks is the root cause.
       dumps/rank<R>-<unix>.txt  hang dumps: every thread's Python stack (+ .fr flight recorder)
+      control.json              the other way, supervisor -> ranks: the supervisor's requests
+                                (a checkpoint now), versioned; see `trainguard.control`
       findings/rank<R>.jsonl    findings rank R raised in the loop (numerics, hang), one JSON per line:
                                 {"rank", "step", "rule", "health", "action", "reason", "gpu", "time",
                                  "category", "evidence"}  (records.Finding plus rank and step)

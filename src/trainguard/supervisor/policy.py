@@ -11,7 +11,9 @@ loop gathers the evidence (`observe`, `assess`), this module decides, the loop a
     a NaN one GPU produced)?
                                   -> DIAGNOSE the suspect GPU first (then the supervisor calls
                                      `decide` again with the diagnosis filled in)
-    only a warning (straggler, degraded GPU, NaN the trainer handled)?  -> CONTINUE
+    only a warning (straggler, degraded GPU, NaN the trainer handled)?  -> CONTINUE; on a GPU
+                                     that works but is degraded, also a checkpoint now (so a
+                                     failure that follows loses little)
     a peer node left or joined?   -> RESTART, not counted as a retry (membership change)
     otherwise                     -> RESTART with exponential backoff, if budget is left,
                                      else STOP_BUDGET
@@ -118,6 +120,7 @@ class Decision:
     counts_as_retry: bool = False
     backoff_s: float = 0.0
     gpu: int | None = None
+    checkpoint: bool = False  # ask the ranks for a checkpoint now (the control file)
     extra: dict[str, object] = field(default_factory=dict)
 
 
@@ -141,7 +144,12 @@ def decide(trouble: Trouble, state: PolicyState) -> Decision:
         )
 
     if not trouble.fatal:
-        return Decision(Verb.CONTINUE, f"{trouble.kind.value}: workers still running, recorded")
+        degraded = Health.DEGRADED in (trouble.gpu_health, trouble.diagnosis)
+        at_risk = trouble.gpu is not None and (trouble.kind is TroubleKind.GPU_DEGRADED or degraded)
+        reason = f"{trouble.kind.value}: workers still running, recorded"
+        if at_risk:
+            reason += f"; GPU {trouble.gpu} is degraded: checkpoint now"
+        return Decision(Verb.CONTINUE, reason, checkpoint=at_risk)
 
     if trouble.kind is TroubleKind.MEMBERSHIP:
         return Decision(Verb.RESTART, "membership changed: re-form the group (not a retry)")

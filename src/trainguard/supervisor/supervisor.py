@@ -32,6 +32,7 @@ from typing import Any, TextIO
 
 from trainguard.chaos import ChaosExecutor, load_plan
 from trainguard.chaos.plan import for_this_group, refusal, step_triggered
+from trainguard.control import Control, read_control, write_control
 from trainguard.incidents import IntervalKind
 from trainguard.rundir import ATTEMPT_ENV, RUN_DIR_ENV
 from trainguard.supervisor.assess import assess, workers_done
@@ -157,6 +158,20 @@ class Supervisor:
             code, reason = ExitCode.FAILED, f"launcher error: {exc}"
         return self._finish(code, reason)
 
+    def request_checkpoint(self, reason: str) -> Control | None:
+        """Ask the running ranks for a checkpoint at their next step boundary, through the control
+        file (`trainguard.control`): a Guard with a checkpointer serves it, other trainers ignore
+        it. The document written; None when it could not be (training goes on either way)."""
+        current = read_control(self.run_dir) or Control()
+        control = current.asking_checkpoint(reason, self.clock(), self.attempt_number)
+        try:
+            write_control(self.run_dir, control)
+        except OSError as exc:
+            log.warning("could not ask the ranks for a checkpoint: %s", exc)
+            return None
+        self._emit("checkpoint_requested", reason=reason, seq=control.seq, attempt=self.attempt_number)
+        return control
+
     def attempt_dir(self, number: int) -> Path:
         return self.run_dir / "logs" / self.node.replace(":", "-") / f"attempt{number}"
 
@@ -232,6 +247,8 @@ class Supervisor:
         if trouble.kind is TroubleKind.STRAGGLER:
             attempt.straggler_reported = True
         if decision.verb is Verb.CONTINUE:
+            if decision.checkpoint:
+                self.request_checkpoint(decision.reason)
             return attempt
         self.book.close_attempt(attempt, trouble.time, "failed", trouble)
         if decision.verb.stops:
