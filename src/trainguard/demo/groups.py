@@ -93,14 +93,18 @@ def check_groups(
                 f"starts {g.get('starts')}, attempts {attempts}, incidents {noise or 'none'}",
             )
         )
-        # Out from the fault until the failed group's workers are seen again (restarted: a step
-        # below the one it had reached; heartbeats of its dying workers do not count). It reached
-        # the fault's step at least: a group that joined late may be seen first at that step,
-        # after the fault.
+        # Out from the fault until the failed group's workers are seen again: its first step seen
+        # after the loop started it again. (A result without start times: a step below the one
+        # it had reached, which a group that joined late and was first seen after the fault,
+        # at step 0, also shows.)
         out_from = inj.get("time", 0.0)
-        seen = [s for t, s in bad.get("steps", []) if t <= out_from]
-        reached = max([inj.get("step") or 0, *seen])
-        back = [t for t, s in bad.get("steps", []) if t > out_from and s < reached]
+        restarted = (bad.get("started_at") or [])[1:2]
+        if restarted:
+            back = [t for t, _ in bad.get("steps", []) if t > max(out_from, restarted[0])]
+        else:
+            seen = [s for t, s in bad.get("steps", []) if t <= out_from]
+            reached = max([inj.get("step") or 0, *seen])
+            back = [t for t, s in bad.get("steps", []) if t > out_from and s < reached]
         during = sorted({s for t, s in g.get("steps", []) if back and out_from < t < back[0]})
         checks.append(
             Check(

@@ -26,7 +26,8 @@ class Group:
     state: RunState = RunState.INIT
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
-    started_at: float = 0.0
+    started_at: float = 0.0  # its last start
+    start_times: list[float] = field(default_factory=list)  # every start of its `trainguard run`
     last_step: int | None = None
     last_step_at: float | None = None
     steps: list[tuple[float, int]] = field(default_factory=list)  # (time, step) as first seen

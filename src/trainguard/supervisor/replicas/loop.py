@@ -223,6 +223,7 @@ class ReplicaSupervisor:
         g.starts += 1
         g.state = RunState.RECOVERING if g.starts > 1 else RunState.INIT
         g.started_at = self.clock()
+        g.start_times.append(g.started_at)
         g.healing_since = g.started_at if g.starts > 1 else None
         chaos: Path | None = None
         if g.faults:  # a new group supervisor: only the faults its earlier runs did not fire
@@ -333,6 +334,7 @@ class ReplicaSupervisor:
                 g.index,
                 g.state,
                 g.starts,
+                tuple(g.start_times),
                 g.gpus,
                 g.last_step,
                 tuple(g.steps),

@@ -60,6 +60,7 @@ class GroupResult:
     group: int
     state: RunState
     starts: int
+    started_at: tuple[float, ...]  # when the loop started each of its `trainguard run`s
     gpus: tuple[int, ...]
     final_step: int | None
     steps: tuple[tuple[float, int], ...]  # (time, step) as the loop first saw each
@@ -72,6 +73,7 @@ class GroupResult:
             "group": self.group,
             "state": self.state.value,
             "starts": self.starts,
+            "started_at": list(self.started_at),
             "gpus": list(self.gpus),
             "final_step": self.final_step,
             "steps": list(self.steps),
@@ -86,6 +88,7 @@ class GroupResult:
             int(data["group"]),
             RunState(data["state"]),
             int(data["starts"]),
+            tuple(data.get("started_at", ())),
             tuple(data["gpus"]),
             data.get("final_step"),
             tuple((float(t), int(s)) for t, s in data.get("steps", ())),
