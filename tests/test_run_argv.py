@@ -168,3 +168,19 @@ def test_a_replica_groups_command_line_carries_the_jobs_options(tmp_path):
     assert rebuilt == group and rebuilt.replica_groups == 0
     assert rebuilt.health == job.health  # kernel log, agent, settings file, thresholds, interval
     assert (rebuilt.launch.gpus, rebuilt.record.result_file) == ((1,), tmp_path / "g1.json")
+
+
+def test_every_start_of_a_group_uses_the_run_directory_the_replica_loop_reads(tmp_path, monkeypatch):
+    # A job id from the clock (no --job-id, no --rdzv-id): a group (re)started a second later
+    # must not get a run directory of its own, where the loop would never see its steps.
+    import time
+
+    from trainguard.supervisor.replicas import ReplicaConfig, ReplicaSupervisor, group_config
+
+    ticks = iter(f"job-{n}" for n in range(100))
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: next(ticks))
+    job = config_of(["--runs-dir", str(tmp_path / "runs"), "--db", str(tmp_path / "tg.db"), *COMMAND])
+    sup = ReplicaSupervisor(job, ReplicaConfig(groups=2))
+    for g in sup.groups:
+        group = group_config(sup.config, sup.replicas, g.name, g.gpus, sup.run_dir, tmp_path / "r.json", None)
+        assert group.record.runs_root / group.record.job_id == sup.group_dir(g)

@@ -27,6 +27,7 @@ import shlex
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -76,8 +77,9 @@ class Supervisor:
         # anything starts, with its install hint.
         self.launcher = launcher if launcher is not None else launcher_for(config.launch.launcher)
         self.launcher.check()
-        self.config = config
         self.job_id = config.resolved_job_id()
+        # Pinned: a job id from the clock would differ when the launcher reads it.
+        self.config = config = replace(config, record=replace(config.record, job_id=self.job_id))
         self.run_dir = (config.record.runs_root / self.job_id).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.node = node_name()

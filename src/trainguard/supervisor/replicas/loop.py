@@ -25,6 +25,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +67,14 @@ class ReplicaSupervisor:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.config, self.replicas = config, replicas
         self.job_id = config.resolved_job_id()
+        # Pinned: a job id from the clock would differ at each group's (re)start.
+        self.config = replace(config, record=replace(config.record, job_id=self.job_id))
+        self.replicas = replicas
         self.run_dir = (config.record.runs_root / self.job_id).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.clock, self.sleep, self._on_event = clock, sleep, on_event
+        config = self.config
         k = config.launch.nproc_per_node
         all_gpus = config.launch.gpus or tuple(range(k * replicas.groups))
         if len(all_gpus) < k * replicas.groups:
