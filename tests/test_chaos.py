@@ -14,8 +14,8 @@ import torch
 
 from trainguard import rundir
 from trainguard.chaos import FaultKind
+from trainguard.chaos.inject import FIRED_DIR, Chaos, load_faults
 from trainguard.rundir import WorkerExit
-from trainguard.torch.chaos import FIRED_DIR, Chaos, load_faults
 from trainguard.torch.guard import Guard
 
 WORKER = Path(__file__).with_name("test_guard_worker.py")
