@@ -63,7 +63,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("telemetry",),  # look: NVML, the simulated node, kernel-log lines
     ("detect", "checkpoint", "diagnose"),  # judge: rules, verdicts, checkpoint checks, GPU tests
     ("incidents", "chaos"),  # record: the store, taxonomy, goodput; fault plans
-    ("remediate", "reliability", "torch"),  # the agent's act, failure models, the trainer's side
+    ("remediate", "reliability", "torch", "keras"),  # the agent's act, failure models, the trainers' side
     ("agent", "supervisor", "recover"),  # the two loops (and the supervisor's policy)
     ("demo",),
     ("cli",),

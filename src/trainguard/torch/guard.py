@@ -38,12 +38,12 @@ import torch
 import torch.distributed as dist
 
 from trainguard import rundir
+from trainguard.chaos.inject import Chaos
 from trainguard.detect.numerics import NumericsMonitor, Policy, with_sources
 from trainguard.records import Action, Category, Finding, Health
 from trainguard.rundir import WorkerExit
 from trainguard.torch import errorfile, guard_config
 from trainguard.torch.agreement import Window, host_value
-from trainguard.chaos.inject import Chaos
 from trainguard.torch.checks import LossWindow, StepAction
 from trainguard.torch.flight_recorder import DumpServer, serve_dump_requests
 from trainguard.torch.numerics import distributed_world, nonfinite_grads, poison
