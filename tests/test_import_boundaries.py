@@ -63,7 +63,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("telemetry",),  # look: NVML, the simulated node, kernel-log lines
     ("detect", "checkpoint", "diagnose"),  # judge: rules, verdicts, checkpoint checks, GPU tests
     ("incidents", "chaos"),  # record: the store, taxonomy, goodput; fault plans
-    ("remediate", "reliability", "torch", "keras"),  # the agent's act, failure models, the trainers' side
+    ("remediate", "reliability", "predictor", "torch", "keras"),  # the agent's act, failure models, the trainers' side
     ("agent", "supervisor", "recover"),  # the two loops (and the supervisor's policy)
     ("demo",),
     ("cli",),
@@ -227,6 +227,15 @@ def test_only_the_agents_server_imports_aiohttp():
         if any(n.split(".")[0] == "aiohttp" for n in _imports(p))
     }
     assert importers == {"agent/server.py"}
+
+
+def test_only_the_checkpoint_sealing_imports_cryptography():
+    importers = {
+        str(p.relative_to(SRC))
+        for p in _modules(SRC)
+        if any(n.split(".")[0] == "cryptography" for n in _imports(p))
+    }
+    assert importers == {"checkpoint/sealing.py"}
 
 
 # Names of records.py's nouns that another module also gives a class, each with why it may. Empty

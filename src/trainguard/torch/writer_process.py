@@ -52,6 +52,7 @@ def main(argv: list[str]) -> int:
 
     import torch
 
+    from trainguard.checkpoint.signing import Key
     from trainguard.torch.staging import SlotSpec, slot_views, unflatten
     from trainguard.torch.writer import write_replicated
 
@@ -83,6 +84,8 @@ def main(argv: list[str]) -> int:
                 world_size=msg["world_size"],
                 keep_last=msg["keep_last"],
                 milestone_every=msg["milestone_every"],
+                key=Key(bytes.fromhex(msg["key"])),  # the trainer's signing key, sent over our socket
+                encrypt=msg["encrypt"],
             )
             del payload
             send_msg(sock, {"ok": True, "result": result})

@@ -115,18 +115,18 @@ class NvidiaSmi:
         )
 
     def processes(self, gpu: int) -> list[GpuProcess]:
-        from trainguard.telemetry.procinfo import describe
+        from trainguard.telemetry.procinfo import describe_all
 
         r = self._run("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits", "-i", str(gpu))
         if r.returncode != 0:
             raise RuntimeError((r.stderr or r.stdout).strip())
-        out = []
+        pids = []
         for line in r.stdout.splitlines():
             parts = [x.strip() for x in line.split(",")]
             if parts and parts[0].isdigit():
                 used = float(parts[1]) if len(parts) > 1 and parts[1].replace(".", "").isdigit() else None
-                out.append(describe(int(parts[0]), gpu, used))
-        return out
+                pids.append((int(parts[0]), used))
+        return describe_all(pids, gpu)
 
     def persistence(self, gpu: int) -> bool | None:
         r = self._run("--query-gpu=persistence_mode", "--format=csv,noheader", "-i", str(gpu))
