@@ -21,6 +21,7 @@ synchronous (a Keras model's variables are read on the host between steps).
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import json
 import logging
@@ -28,8 +29,8 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-import keras
 import numpy as np
 
 import trainguard
@@ -72,7 +73,7 @@ class Checkpointer:
         self.keep_last, self.milestone_every = keep_last, milestone_every
         self.last_save_s: float | None = None  # how long the last save held training
 
-    def save(self, model: keras.Model, progress: Progress) -> Path:
+    def save(self, model: Any, progress: Progress) -> Path:
         """Write ``model``'s state as of ``progress.step`` durably; returns the committed folder."""
         started = time.perf_counter()
         arrays, host = snapshot(model)
@@ -82,8 +83,8 @@ class Checkpointer:
             **asdict(progress),
             "format": FORMAT,
             "host_rng": host,
-            "keras": keras.__version__,
-            "tensorflow": _tf_version(),
+            "keras": _version(type(model).__module__.split(".")[0]),  # keras or tf_keras
+            "tensorflow": _version("tensorflow"),
         }
         clean_stale(self.directory)
         tmp = new_tmp_dir(self.directory, progress.step)
@@ -108,7 +109,7 @@ class Checkpointer:
         self.last_save_s = time.perf_counter() - started
         return path
 
-    def resume(self, model: keras.Model, max_step: int | None = None) -> Progress | None:
+    def resume(self, model: Any, max_step: int | None = None) -> Progress | None:
         """Load the newest checkpoint that verifies (at most ``max_step``) into ``model``; None
         when there is none. Newer checkpoints that fail verification are skipped and logged."""
         choice = choose_resume(self.directory, max_step=max_step)
@@ -138,9 +139,12 @@ class Checkpointer:
         return progress
 
 
-def _tf_version() -> str:
-    try:
-        import tensorflow as tf
-    except ImportError:  # Keras on another backend
-        return ""
-    return str(tf.__version__)
+def _version(module: str) -> str:
+    """``module``'s installed version ("" when it is not a distribution: Keras on another backend)."""
+    name = {"tf_keras": "tf-keras"}.get(module, module)
+    for dist in (name, f"{name}-cpu"):
+        try:
+            return f"{dist} {importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return ""

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 
 from trainguard import rundir
 from trainguard.chaos.inject import Chaos
@@ -43,7 +44,7 @@ from trainguard.keras.report import Reporter, rank_from_env
 from trainguard.records import Action, Category, Finding, Health
 from trainguard.rundir import WorkerExit
 
-__all__ = ["Guard", "batch_loss"]
+__all__ = ["Guard", "GuardLogic", "batch_loss"]
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,13 @@ def batch_loss(mean: float, mean_before: float | None, done: int, done_before: i
     return (mean * done - mean_before * done_before) / (done - done_before)
 
 
-class Guard(keras.callbacks.Callback):
-    """Heartbeats, numerics, checkpoints, exact resume and preemption for one Keras rank."""
+class GuardLogic:
+    """What a Guard does at ``fit``'s hooks, for either Keras: `Guard` (Keras 3) and
+    ``trainguard.keras.legacy.Guard`` (Keras 2, ``tf_keras``) add the Callback base of theirs and
+    say how ``fit`` starts mid-stream (`_start_at`)."""
+
+    model: Any  # set by Keras (Callback.set_model)
+    params: dict[str, Any]  # set by Keras (Callback.set_params)
 
     def __init__(
         self,
@@ -80,7 +86,6 @@ class Guard(keras.callbacks.Callback):
         chaos: bool = True,  # apply the supervisor's chaos.json
         preempt_signals: tuple[int, ...] = (signal.SIGTERM,),
     ) -> None:
-        super().__init__()
         self.checkpointer = Checkpointer(directory, keep_last, milestone_every)
         self.checkpoint_every, self.save_at_end = checkpoint_every, save_at_end
         env_rank, self.world_size = rank_from_env()
@@ -100,13 +105,13 @@ class Guard(keras.callbacks.Callback):
         self._resume_called = False
         self._last_saved: int | None = None
         self._mean: tuple[float, int] | None = None  # (running mean, batches) at the last batch end
-        self._base = 0  # batches of this epoch before the metrics were last reset
+        self._base: int | None = None  # Keras's index of the first batch in its running mean
         self._t_last = 0.0
         self._signalled: int | None = None
         self._previous: dict[int, Any] = {}
 
     # -- before fit ----------------------------------------------------------------------------
-    def resume(self, model: keras.Model, data: Any = None) -> Any:
+    def resume(self, model: Any, data: Any = None) -> Any:
         """Restore ``model`` (compiled) from the newest valid checkpoint, if any; returns ``data``
         with the batches already trained skipped (``data.skip(position)``), or the step when no
         data is given. Call it on every rank, before ``fit``."""
@@ -135,16 +140,25 @@ class Guard(keras.callbacks.Callback):
             self._resume_called = True
         steps = self.params.get("steps")
         if steps and self.progress.position:
-            self.model._initial_epoch = self.progress.position // steps  # as BackupAndRestore does
+            self._start_at(self.progress.position, int(steps))
         self.reporter.open()
         self._install_signals()
         self.reporter.beat(self.progress.step, None, None, "init")
         self._t_last = time.perf_counter()
 
+    def _start_at(self, position: int, steps_per_epoch: int) -> None:
+        """Have ``fit`` start at batch ``position`` of the stream (its epochs count from 0)."""
+        raise NotImplementedError
+
+    def _fit_ended(self) -> None:
+        """Undo `_start_at`: a later ``fit`` starts where it is told."""
+
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._mean, self._base = None, 0  # Keras resets its loss tracker here
+        self._mean, self._base = None, None  # Keras resets its loss tracker here
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._base is None:  # the epoch's first batch (not 0 where Keras starts mid-epoch)
+            self._base = batch
         self.reporter.step = self.progress.step
         chaos, step = self.chaos, self.progress.step
         due = chaos is not None and chaos.next_step is not None and step >= chaos.next_step
@@ -153,7 +167,7 @@ class Guard(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         now = time.perf_counter()
-        done = batch + 1 - self._base  # batches in Keras's running mean
+        done = batch + 1 - (self._base or 0)  # batches in Keras's running mean
         before = self._mean[1] if self._mean is not None else 0
         n = max(done - before, 1)
         dt = (now - self._t_last) / n
@@ -176,7 +190,7 @@ class Guard(keras.callbacks.Callback):
             if self.save_at_end and self._last_saved != self.progress.step and self.progress.step:
                 self._save()
         finally:
-            self.model._initial_epoch = None  # a later fit starts where it is told
+            self._fit_ended()
             self._restore_signals()
             self.reporter.close(max(self.progress.step - 1, 0), self.last_loss)
 
@@ -252,7 +266,7 @@ class Guard(keras.callbacks.Callback):
         if restored is None:
             return False
         self.model.reset_metrics()  # Keras's running mean holds the bad batch
-        self._mean, self._base = None, self._base + (self._mean[1] if self._mean else 0)
+        self._mean, self._base = None, (self._base or 0) + (self._mean[1] if self._mean else 0)
         self.progress = Progress(restored.step, self.progress.position, self.progress.epoch)
         self._last_saved = restored.step
         reason = (
@@ -283,7 +297,7 @@ class Guard(keras.callbacks.Callback):
         weights = self.model.trainable_variables
         if weights:
             v = weights[0]
-            value = keras.ops.convert_to_numpy(v.value).copy()
+            value = np.array(v.numpy())
             value.reshape(-1)[0] = float("nan")
             v.assign(value)
 
@@ -307,3 +321,20 @@ class Guard(keras.callbacks.Callback):
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+
+
+class Guard(GuardLogic, keras.callbacks.Callback):
+    """Heartbeats, numerics, checkpoints, exact resume and preemption for one Keras 3 rank (see
+    the module docstring; the settings are `GuardLogic`'s)."""
+
+    def __init__(self, directory: str | Path, **settings: Any) -> None:
+        keras.callbacks.Callback.__init__(self)
+        GuardLogic.__init__(self, directory, **settings)
+
+    def _start_at(self, position: int, steps_per_epoch: int) -> None:
+        # Keras 3 starts only at an epoch: it counts that epoch from here, the Guard ends fit
+        # once the stream's last batch is trained. BackupAndRestore sets the same attribute.
+        self.model._initial_epoch = position // steps_per_epoch
+
+    def _fit_ended(self) -> None:
+        self.model._initial_epoch = None

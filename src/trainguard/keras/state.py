@@ -1,9 +1,11 @@
-"""What an exact resume of a Keras job restores, as plain NumPy arrays (imports Keras and NumPy).
+"""What an exact resume of a Keras job restores, as plain NumPy arrays (imports NumPy).
 
 A Keras 3 model's whole training state is variables: the model's (weights, and the state of
 every ``SeedGenerator`` its layers draw dropout and noise from), the optimizer's (``iteration``,
 the learning rate, momenta) and Keras's global seed generator. Beside them, the host's own
 generators (Python's ``random``, NumPy's legacy global state) that input code may draw from.
+A Keras 2 model (``tf_keras``) is read the same way; its dropout draws from TensorFlow's
+stateful generators, which are not variables: its resume is exact up to those draws.
 
     >>> arrays, host = snapshot(model)        # doctest: +SKIP
     >>> restore(model, arrays, host)          # doctest: +SKIP
@@ -20,12 +22,20 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import keras
 import numpy as np
 
 from trainguard.errors import CheckpointError
 
-__all__ = ["StateMismatch", "host_rng", "restore", "set_host_rng", "snapshot", "variables"]
+__all__ = [
+    "StateMismatch",
+    "dtype_of",
+    "host_rng",
+    "path_of",
+    "restore",
+    "set_host_rng",
+    "snapshot",
+    "variables",
+]
 
 
 class StateMismatch(CheckpointError):
@@ -41,14 +51,14 @@ def _global_seed_generator() -> Any | None:
     return global_state.get_global_attribute("global_seed_generator")
 
 
-def variables(model: keras.Model) -> dict[str, Any]:
+def variables(model: Any) -> dict[str, Any]:
     """Every variable of the training state, keyed as in the module docstring, in a fixed order."""
     out: dict[str, Any] = {}
     for i, v in enumerate(model.variables):
         out[f"model/{i:04d}"] = v
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:
-        if not optimizer.built:  # its slots exist only once built: build them to save or load them
+        if not getattr(optimizer, "built", getattr(optimizer, "_built", True)):  # slots exist once built
             with model.distribute_strategy.scope():
                 optimizer.build(model.trainable_variables)
         for i, v in enumerate(optimizer.variables):
@@ -59,19 +69,28 @@ def variables(model: keras.Model) -> dict[str, Any]:
     return out
 
 
-def snapshot(model: keras.Model) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def snapshot(model: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """(every variable's value as a host array, the host generators' state as JSON-able values)."""
-    arrays = {key: np.array(keras.ops.convert_to_numpy(v.value)) for key, v in variables(model).items()}
+    arrays = {key: np.array(v.numpy()) for key, v in variables(model).items()}
     return arrays, host_rng()
 
 
-def restore(model: keras.Model, arrays: dict[str, np.ndarray], host: dict[str, Any] | None) -> None:
+def path_of(v: Any) -> str:
+    """A variable's name as its Keras shows it (Keras 3: ``path``; Keras 2: ``name``)."""
+    return str(getattr(v, "path", None) or v.name)
+
+
+def dtype_of(v: Any) -> np.dtype[Any]:
+    return np.dtype(getattr(v.dtype, "as_numpy_dtype", v.dtype))
+
+
+def restore(model: Any, arrays: dict[str, np.ndarray], host: dict[str, Any] | None) -> None:
     """Put ``arrays`` (and the host generators' ``host``) back into ``model``; checked whole first."""
     targets = variables(model)
     missing = [k for k in targets if k not in arrays and not k.startswith("seed/")]
     if missing:
         raise StateMismatch(
-            f"the checkpoint has no {missing[0]} ({targets[missing[0]].path}): it was written for another model"
+            f"the checkpoint has no {missing[0]} ({path_of(targets[missing[0]])}): it was written for another model"
         )
     extra = [k for k in arrays if k not in targets and not k.startswith("seed/")]
     if extra:
@@ -82,10 +101,10 @@ def restore(model: keras.Model, arrays: dict[str, np.ndarray], host: dict[str, A
         if key not in arrays:
             continue
         value = arrays[key]
-        shape, dtype = tuple(v.shape), np.dtype(keras.backend.standardize_dtype(v.dtype))
+        shape, dtype = tuple(v.shape), dtype_of(v)
         if tuple(value.shape) != shape or value.dtype != dtype:
             raise StateMismatch(
-                f"{key} ({v.path}): the checkpoint holds {value.dtype}{list(value.shape)}, the model "
+                f"{key} ({path_of(v)}): the checkpoint holds {value.dtype}{list(value.shape)}, the model "
                 f"{dtype}{list(shape)}: it was written for another model"
             )
     for key, v in targets.items():
