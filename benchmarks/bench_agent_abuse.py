@@ -29,12 +29,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import http.client
 import json
 import os
 import resource
-import signal
 import socket
 import ssl
 import statistics
@@ -43,9 +41,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from targets import Target, finish
+from trainguard.procs import parent_death
 
 TOKEN = "bench-token-0123456789abcdef"
 SCRAPES = 50
@@ -62,10 +62,13 @@ OPENSSL_EC = (
 OPENSSL_EC += ("-days", "1", "-subj", "/CN=127.0.0.1")
 
 
-def _child_setup() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # die with us
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # what a default service gets
+def _child_setup(die_with_us: Callable[[], None]) -> Callable[[], None]:
+    def setup() -> None:
+        die_with_us()
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # what a default service gets
+
+    return setup
 
 
 def free_port() -> int:
@@ -94,7 +97,7 @@ def start_agent(tmp: Path, src: str | None) -> tuple[subprocess.Popen[bytes], in
     ]
     cmd += ["--token-file", str(token), "--state-dir", str(tmp / "state"), "--db", str(tmp / "tg.db")]
     cmd += ["--set", f"agent.tls_cert={tmp / 'tls.crt'}", "--set", f"agent.tls_key={tmp / 'tls.key'}"]
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, preexec_fn=_child_setup)
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, preexec_fn=_child_setup(parent_death()))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):

@@ -55,7 +55,7 @@ from typing import Any
 
 from paired import mean_ci, missed, ratio_ci, targets_json
 from trainguard.rundir import heartbeat_path, read_heartbeats
-from trainguard.supervisor.config import SupervisorConfig
+from trainguard.supervisor.config import WatchConfig
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
@@ -262,7 +262,7 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-DEFAULT_FLOOR_S = SupervisorConfig(cmd=[]).hang_timeout_floor
+DEFAULT_FLOOR_S = WatchConfig().hang_timeout_floor
 MTTR_TARGETS = {"mttr_s": ("<=", 10.0), "ratio": ("<=", 0.5)}
 HANG_TARGETS = {"hang_recover_ratio": ("<=", 0.5)}
 TARGETS = {

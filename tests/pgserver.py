@@ -12,7 +12,6 @@ and is skipped saying why elsewhere (``real_parts.missing``).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import glob
 import os
 import pwd
@@ -30,6 +29,7 @@ from typing import NoReturn
 import pytest
 
 from real_parts import missing
+from trainguard.procs import parent_death
 
 PASSWORD = "tg-test-" + uuid.uuid4().hex[:8]
 USER = "trainguard"
@@ -52,10 +52,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class PgServer:
@@ -93,7 +89,7 @@ class PgServer:
             [*self._as_user(), str(self.bindir / "postgres"), "-D", str(self.data),
              "-c", "listen_addresses=127.0.0.1", "-p", str(self.port), "-c", f"unix_socket_directories={self.dir}",
              "-c", "max_connections=200", "-c", "shared_buffers=64MB"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self.dir, preexec_fn=_die_with_parent,
+            stdout=log, stderr=subprocess.STDOUT, cwd=self.dir, preexec_fn=parent_death(),
         )  # fmt: skip
         log.close()
         deadline = time.monotonic() + 60

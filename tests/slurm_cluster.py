@@ -12,14 +12,15 @@ elsewhere (``real_parts.missing``).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+from real_parts import missing
+from trainguard.procs import parent_death
 
 NODE = "tgnode1"
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "scontrol", "sinfo")
@@ -27,17 +28,13 @@ INSTALL = "apt-get install -y slurm-wlm munge (make test-all does this)"
 
 
 def require_slurm() -> None:
-    missing = [d for d in DAEMONS if shutil.which(d) is None]
-    problem = f"missing {', '.join(missing)}: {INSTALL}" if missing else None
+    absent = [d for d in DAEMONS if shutil.which(d) is None]
+    problem = f"missing {', '.join(absent)}: {INSTALL}" if absent else None
     if problem is None and os.geteuid() != 0:
         problem = "the Slurm test cluster runs its daemons as root (SlurmUser=root): run the tests as root"
     if problem is None:
         return
     missing("a Slurm test cluster", problem)
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -70,7 +67,7 @@ class SlurmCluster:
         log = open(self.root / "log" / f"{name}.out", "wb")  # noqa: SIM115 (lives as long as the daemon)
         self.procs.append(
             subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, env=self.env, preexec_fn=_die_with_parent
+                args, stdout=log, stderr=subprocess.STDOUT, env=self.env, preexec_fn=parent_death()
             )
         )
         log.close()

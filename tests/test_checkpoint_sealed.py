@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from real_parts import require_module
 from trainguard.checkpoint import list_checkpoints, verify
 from trainguard.checkpoint.signing import Keyring, load_keyring
 from trainguard.errors import CheckpointCorrupt, CheckpointError
 from trainguard.torch import Checkpointer, TrainState, loading
 
-pytest.importorskip("cryptography", reason="the [encrypt] extra")  # in [dev]: always there in CI
+require_module("cryptography", install="pip install 'trainguard[encrypt]' (make install does)")
 
 PATTERN = 1234.5678  # a weight value whose bytes would show in a plaintext file
 

@@ -86,6 +86,19 @@ def test_a_faulty_group_first_seen_at_its_faults_step_is_out_from_the_fault():
     assert failed(result, report) == ["group 0 kept stepping"]
 
 
+def test_a_faulty_group_first_seen_at_step_0_after_the_fault_is_back_only_after_its_restart():
+    # Its first heartbeats (step 0, then the fault's step) were read just after the fault; the
+    # loop started it again at 16 s. It was out from the fault until 18 s, not from 2.51 s.
+    result, report = good_run()
+    failing = result["groups"][1]
+    failing["steps"] = [(2.51, 0), (2.61, 30), (18.0, 0), (19.0, 190)]
+    failing["started_at"] = [0.0, 16.0]
+    assert failed(result, report) == []
+    healthy = result["groups"][0]
+    healthy["steps"] = [(t, s) for t, s in healthy["steps"] if t <= 2.5] + [(18.5, 26), (19.0, 31)]
+    assert failed(result, report) == ["group 0 kept stepping"]
+
+
 def test_a_healthy_group_that_was_restarted_fails_the_self_test():
     result, report = good_run()
     result["groups"][0]["starts"] = 2

@@ -24,9 +24,10 @@ import pytest
 from torch.distributed import TCPStore
 
 from real_parts import require_module
-from trainguard.rundir import read_discarded
-from trainguard.supervisor.lighthouse import Lighthouse, LighthouseConfig, _die_with_parent
+from trainguard.procs import parent_death
+from trainguard.rundir import read_discarded, replica_group_env
 from trainguard.supervisor.ports import private_port
+from trainguard.supervisor.replicas.lighthouse import Lighthouse, LighthouseConfig
 
 require_module("torchft", install="pip install 'trainguard[ft]' (make install does)")
 
@@ -49,8 +50,7 @@ def start(
     runs on unread would block on a full pipe, a hang of its own)."""
     env = {
         **os.environ,
-        "REPLICA_GROUP_ID": str(group),
-        "NUM_REPLICA_GROUPS": "2",
+        **replica_group_env(group, 2),
         "TORCHFT_LIGHTHOUSE": lh.address,
         "TORCHFT_TIMEOUT_SEC": "3",  # a stopped peer's all-reduce fails after this long
         "MASTER_ADDR": "127.0.0.1",
@@ -68,7 +68,7 @@ def start(
             stdout=subprocess.PIPE if log is None else file,
             stderr=subprocess.STDOUT,
             text=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=parent_death(),
         )
 
 
@@ -166,7 +166,7 @@ def test_pytorchs_store_client_waits_for_a_stopped_server_past_its_timeout(tmp_p
         [sys.executable, "-c", SERVE_STORE, str(port)],
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=parent_death(),
     )
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "up"

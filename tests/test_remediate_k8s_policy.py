@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-kubernetes = pytest.importorskip(
-    "kubernetes", reason="pip install 'trainguard[kubernetes]' (make install does)"
-)
+from real_parts import require_module
+
+kubernetes = require_module("kubernetes", install="pip install 'trainguard[kubernetes]' (make install does)")
 
 from k8s_admission import Admission, User  # noqa: E402
 from k8s_fake import FakeApiServer  # noqa: E402
@@ -119,7 +119,9 @@ def test_the_rbac_and_admission_policy_validate_against_the_kubernetes_schema() 
 
     from k8s_admission import POLICY
 
-    kv = pytest.importorskip("kubernetes_validate")
+    kv = require_module(
+        "kubernetes_validate", install="pip install 'trainguard[integration]' (make install does)"
+    )
     docs = [d for d in yaml.safe_load_all(POLICY.read_text()) if d]
     assert {d["kind"] for d in docs} >= {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     for doc in docs:

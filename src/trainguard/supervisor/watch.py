@@ -291,18 +291,18 @@ def straggler(
 
 def watchers(config: SupervisorConfig, heartbeats: bool, backend_open: bool = True) -> str:
     """What the supervisor watches in this job, said once at start and when heartbeats appear."""
-    seen = "exit codes, error files, worker logs"
-    if config.backend != "none":
-        seen += f", node health ({config.backend})"
+    seen, w = "exit codes, error files, worker logs", config.watch
+    if config.health.backend != "none":
+        seen += f", node health ({config.health.backend})"
     if heartbeats:
         hangs = (
-            f"hangs from heartbeats (no step for max({config.hang_timeout_floor:g}s, "
-            f"{config.hang_step_factor:g} x slowest step); first step within {config.startup_timeout:g}s)"
+            f"hangs from heartbeats (no step for max({w.hang_timeout_floor:g}s, "
+            f"{w.hang_step_factor:g} x slowest step); first step within {w.startup_timeout:g}s)"
         )
-    elif config.idle_timeout > 0:
+    elif w.idle_timeout > 0:
         hangs = (
             "no heartbeats yet (the Guard writes them): hangs from process state only (every rank "
-            f"without CPU time or output for {config.idle_timeout:g}s)"
+            f"without CPU time or output for {w.idle_timeout:g}s)"
         )
     else:
         hangs = "no heartbeats yet (the Guard writes them), and --idle-timeout 0: no hang detection"

@@ -1,7 +1,8 @@
-"""The recovery policy: given one trouble and the run's history, what the supervisor does next.
+"""The supervisor's recovery policy: given one trouble and the run's history, what to do next.
 
-Pure and small on purpose (functional core): the supervisor gathers the evidence, this module
-decides, the supervisor acts. Read `decide` top to bottom; the first rule that matches wins::
+The judge step of the monitor loop (`supervisor.supervisor`), pure and small on purpose: the
+loop gathers the evidence (`observe`, `assess`), this module decides, the loop acts. Read
+`decide` top to bottom; the first rule that matches wins::
 
     stopped by a crash loop?      the same application error N times in a row -> STOP_CRASH_LOOP
     a GPU we use is FAILED?       -> EXCLUDE_GPU (continue on fewer; not a retry)
@@ -10,7 +11,9 @@ decides, the supervisor acts. Read `decide` top to bottom; the first rule that m
     a NaN one GPU produced)?
                                   -> DIAGNOSE the suspect GPU first (then the supervisor calls
                                      `decide` again with the diagnosis filled in)
-    only a warning (straggler, degraded GPU, NaN the trainer handled)?  -> CONTINUE
+    only a warning (straggler, degraded GPU, NaN the trainer handled)?  -> CONTINUE; on a GPU
+                                     that works but is degraded, also a checkpoint now (so a
+                                     failure that follows loses little)
     a peer node left or joined?   -> RESTART, not counted as a retry (membership change)
     otherwise                     -> RESTART with exponential backoff, if budget is left,
                                      else STOP_BUDGET
@@ -53,6 +56,19 @@ class Verb(str, Enum):
     @property
     def stops(self) -> bool:
         return self in (Verb.STOP_CRASH_LOOP, Verb.STOP_BUDGET, Verb.STOP_NO_CAPACITY)
+
+    @property
+    def loses_gpu(self) -> bool:
+        """The decision takes its GPU out of service (excluded, or failed with none left)."""
+        return self in (Verb.EXCLUDE_GPU, Verb.STOP_NO_CAPACITY)
+
+    @classmethod
+    def of(cls, action: str | None) -> Verb | None:
+        """The verb an incident's ``action`` records; None for an action that is not one."""
+        try:
+            return cls(action)
+        except ValueError:
+            return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,6 +120,7 @@ class Decision:
     counts_as_retry: bool = False
     backoff_s: float = 0.0
     gpu: int | None = None
+    checkpoint: bool = False  # ask the ranks for a checkpoint now (the control file)
     extra: dict[str, object] = field(default_factory=dict)
 
 
@@ -127,7 +144,12 @@ def decide(trouble: Trouble, state: PolicyState) -> Decision:
         )
 
     if not trouble.fatal:
-        return Decision(Verb.CONTINUE, f"{trouble.kind.value}: workers still running, recorded")
+        degraded = Health.DEGRADED in (trouble.gpu_health, trouble.diagnosis)
+        at_risk = trouble.gpu is not None and (trouble.kind is TroubleKind.GPU_DEGRADED or degraded)
+        reason = f"{trouble.kind.value}: workers still running, recorded"
+        if at_risk:
+            reason += f"; GPU {trouble.gpu} is degraded: checkpoint now"
+        return Decision(Verb.CONTINUE, reason, checkpoint=at_risk)
 
     if trouble.kind is TroubleKind.MEMBERSHIP:
         return Decision(Verb.RESTART, "membership changed: re-form the group (not a retry)")

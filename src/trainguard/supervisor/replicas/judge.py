@@ -1,6 +1,6 @@
-"""The replica-group loop's judgement (pure): what the loop knows of each group (`Group`), what
-it saw (`GroupsView`), what to do about it (`judge` -> `Act`), and the partial capacity of a run
-(`capacity`). `supervisor.replicas` looks and acts; nothing here does I/O.
+"""The replica loop's judgement (pure): what the loop knows of each group (`Group`), what it
+saw (`GroupsView`), what to do about it (`judge` -> `Act`), and the partial capacity of a run
+(`capacity`). `replicas.loop` looks and acts; nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from trainguard.chaos.plan import Fault
 from trainguard.supervisor.config import ExitCode
+from trainguard.supervisor.replicas.result import GroupRun
 from trainguard.supervisor.state import RunState
 
 _FINAL_FOR_GROUP = (ExitCode.CRASH_LOOP, ExitCode.FAILED, ExitCode.USAGE)  # restarting won't help
@@ -26,14 +26,15 @@ class Group:
     state: RunState = RunState.INIT
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
-    started_at: float = 0.0
+    started_at: float = 0.0  # its last start
+    start_times: list[float] = field(default_factory=list)  # every start of its `trainguard run`
     last_step: int | None = None
     last_step_at: float | None = None
     steps: list[tuple[float, int]] = field(default_factory=list)  # (time, step) as first seen
     healing_since: float | None = None  # when its workers were seen restarting
     heals: list[float] = field(default_factory=list)  # seconds from restart to the live groups' step
     faults: list[Fault] = field(default_factory=list)  # chaos faults aimed at it, not fired yet
-    outcomes: list[dict[str, Any]] = field(default_factory=list)  # per group run: its result
+    runs: list[GroupRun] = field(default_factory=list)  # per start of its `trainguard run`: how it ended
 
     @property
     def name(self) -> str:
@@ -44,16 +45,19 @@ class Group:
 class GroupsView:
     time: float
     exits: dict[int, int | None]  # group -> exit code of its `trainguard run` (None: running)
+    lost: dict[int, tuple[int, ...]]  # group that exited -> the GPUs its own loop took out of service
     steps: dict[int, int | None]  # group -> furthest step its ranks reported
     lighthouse_exit: int | None
 
 
 class ActKind(str, Enum):
+    """What the replica loop does; the value is the action its incident records."""
+
     RESTART_LIGHTHOUSE = "restart_lighthouse"
     FINISHED = "finished"  # the group's training completed
-    REPLACE = "replace"  # start the group again (on a spare GPU when its own was excluded)
+    REPLACE = "replace_group"  # start the group again (on a spare GPU when its own was excluded)
     STOP_GROUP = "stop_group"  # crash loop / budget: this group stays down
-    RESTART_ALL = "restart_all"  # every group down: a normal restart from the durable checkpoint
+    RESTART_ALL = "restart_all_groups"  # every group down: a normal restart from the durable checkpoint
     STOP_JOB = "stop_job"
 
 
@@ -66,15 +70,8 @@ class Act:
     gpus: tuple[int, ...] = ()  # REPLACE: the GPUs the group starts on
 
 
-def judge(
-    view: GroupsView,
-    groups: list[Group],
-    excluded: dict[int, tuple[int, ...]],
-    spares: list[int],
-    job_restarts_left: int,
-) -> list[Act]:
-    """What to do about what was seen (pure). ``excluded``: per group that exited, the GPUs its
-    own loop excluded; ``spares``: GPUs no group uses."""
+def judge(view: GroupsView, groups: list[Group], spares: list[int], job_restarts_left: int) -> list[Act]:
+    """What to do about what was seen (pure); ``spares``: GPUs no group uses."""
     acts: list[Act] = []
     if view.lighthouse_exit is not None:
         acts.append(
@@ -89,7 +86,7 @@ def judge(
         if code == 0:
             acts.append(Act(ActKind.FINISHED, g.index, code, "training completed"))
             continue
-        bad = excluded.get(g.index, ())
+        bad = view.lost.get(g.index, ())
         keep = tuple(x for x in g.gpus if x not in bad)
         while len(keep) < len(g.gpus) and free:
             keep = (*keep, free.pop(0))

@@ -1,4 +1,4 @@
-"""torchft's Lighthouse as a child of ``trainguard run --replica-groups``: started before the
+"""torchft's Lighthouse as a child of the replica loop (`replicas.loop`): started before the
 groups, restarted on the same port when it dies (the groups' quorum retries carry them over).
 
 It runs the ``torchft_lighthouse`` program torchft installs (nothing here imports torchft), with
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.errors import MissingDependency
+from trainguard.procs import parent_death
 from trainguard.supervisor.ports import private_port
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class Lighthouse:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
+                preexec_fn=parent_death(),
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -108,9 +109,3 @@ class Lighthouse:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
-
-
-def _die_with_parent() -> None:
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
