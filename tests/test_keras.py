@@ -22,6 +22,7 @@ import tensorflow as tf  # noqa: E402
 
 from trainguard import rundir  # noqa: E402
 from trainguard.checkpoint import damage, list_checkpoints  # noqa: E402
+from trainguard.control import Control, read_control, write_control  # noqa: E402
 from trainguard.keras import Guard, StateMismatch, batch_loss, shuffled_batches  # noqa: E402
 from trainguard.rundir import WorkerExit  # noqa: E402
 
@@ -132,6 +133,29 @@ def test_a_stop_signal_saves_at_the_next_batch_and_exits_preempted(tmp_path):
     assert stop.value.code == WorkerExit.PREEMPTED
     assert [c.step for c in list_checkpoints(tmp_path / "ckpt")] == [8]  # the signal came during step 8's end
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+
+
+def test_the_supervisors_checkpoint_request_is_saved_at_the_next_look_once(tmp_path):
+    run = tmp_path / "run"
+    m = model()
+    g = Guard(
+        tmp_path / "ckpt",
+        checkpoint_every=0,
+        run_dir=run,
+        rank=0,
+        attempt=2,
+        control_every=5,
+        save_at_end=False,
+    )
+    g.resume(m)
+
+    def ask(attempt: int) -> None:
+        write_control(run, (read_control(run) or Control()).asking_checkpoint("GPU 3 degraded", 1.0, attempt))
+
+    fit(
+        m, g, epochs=3, more=[At(7, lambda: ask(2)), At(17, lambda: ask(1))]
+    )  # the second: an older attempt's
+    assert [c.step for c in list_checkpoints(tmp_path / "ckpt")] == [10]
 
 
 def test_heartbeats_say_each_phase_and_an_uncaught_error_leaves_the_error_file(tmp_path):

@@ -4,8 +4,9 @@ Inside the trainer, at every batch boundary of ``fit``: heartbeats and findings 
 directory (`trainguard.keras.report`), NaN/Inf and loss spikes judged by the shared
 ``detect.numerics`` policy (a bad step rolls the model back to its last good checkpoint),
 verified atomic checkpoints every ``checkpoint_every`` steps (`trainguard.keras.checkpoint`), an
-exact resume, and an immediate save when the supervisor asks for one (a GPU the node agent
-marked degraded) or a stop signal arrives (then exit ``WorkerExit.PREEMPTED``)::
+exact resume, and an immediate save when the supervisor asks for one (``control.json``, looked at
+every ``control_every`` steps: a GPU the node agent marked degraded) or a stop signal arrives
+(then exit ``WorkerExit.PREEMPTED``: the supervisor's stop with ``--kill-grace`` sends one)::
 
     guard = Guard("ckpt/", checkpoint_every=50)
     model.compile(...)
@@ -38,6 +39,7 @@ import numpy as np
 
 from trainguard import rundir
 from trainguard.chaos.inject import Chaos
+from trainguard.control import SaveRequests
 from trainguard.detect.numerics import NumericsMonitor, Policy, SpikeConfig, with_sources
 from trainguard.keras.checkpoint import Checkpointer, Progress
 from trainguard.keras.report import Reporter, rank_from_env
@@ -84,6 +86,7 @@ class GuardLogic:
         rank: int | None = None,  # default: TF_CONFIG's task, else $RANK, else 0
         attempt: int | None = None,  # default: $TRAINGUARD_ATTEMPT
         chaos: bool = True,  # apply the supervisor's chaos.json
+        control_every: int = 10,  # look for the supervisor's checkpoint requests every N steps (0: never)
         preempt_signals: tuple[int, ...] = (signal.SIGTERM,),
     ) -> None:
         self.checkpointer = Checkpointer(directory, keep_last, milestone_every)
@@ -97,6 +100,9 @@ class GuardLogic:
         self.gpu = int(named) if named.isdigit() else None
         self.monitor = NumericsMonitor(on_nan, on_spike, spike, gpu=self.gpu)
         self.chaos = Chaos(where, self.rank) if chaos and where is not None else None
+        self.requests = (
+            SaveRequests(where, control_every, attempt) if control_every and where is not None else None
+        )
         self.preempt_signals = tuple(preempt_signals)
         self.progress = Progress()
         self.resumed: Progress | None = None  # what resume() restored (None: a fresh start)
@@ -179,7 +185,7 @@ class GuardLogic:
         self.reporter.beat(index, loss, dt)
         if loss is not None and not self.monitor.clean(loss):
             self._numerics(index, loss, dt)
-        self._boundary()
+        self._boundary(n)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         p = self.progress
@@ -195,12 +201,23 @@ class GuardLogic:
             self.reporter.close(max(self.progress.step - 1, 0), self.last_loss)
 
     # -- the boundary --------------------------------------------------------------------------
-    def _boundary(self) -> None:
+    def _boundary(self, n: int) -> None:
+        """After ``n`` more steps: a stop signal, the supervisor's request, a periodic save."""
         p = self.progress
         if self._signalled is not None:
             self._preempted()
         every = self.checkpoint_every
-        if every and p.step % every == 0 and self._last_saved != p.step:
+        due = every and p.step % every == 0
+        r = self.requests
+        asked = (
+            r is not None
+            and p.step // r.every != (p.step - n) // r.every
+            and r.look(p.step - p.step % r.every)
+        )
+        if asked and not due and r is not None:
+            log.info("step %d: checkpoint the supervisor asked for (%s)", p.step, r.reason)
+            due = True
+        if due and self._last_saved != p.step:
             self._save()
         total = self._total()
         if total is not None and p.position >= total:
@@ -215,6 +232,8 @@ class GuardLogic:
         self.reporter.beat(max(p.step - 1, 0), self.last_loss, None, "checkpoint")
         if self.rank == 0:  # replicas hold the same state: the chief writes it
             self.checkpointer.save(self.model, p)
+        if self.requests is not None:  # this save serves the requests written so far
+            self.requests.served_now()
         self._last_saved = p.step
         self._t_last = time.perf_counter()  # a save is not a slow step
 
