@@ -24,7 +24,6 @@ from pathlib import Path
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
 
@@ -106,7 +105,9 @@ def main() -> None:
         start = guard.position
         callbacks.append(guard)
     elif args.backup_dir:
-        callbacks.append(tf.keras.callbacks.BackupAndRestore(backup_dir=args.backup_dir, save_freq=args.save_every))
+        callbacks.append(
+            tf.keras.callbacks.BackupAndRestore(backup_dir=args.backup_dir, save_freq=args.save_every)
+        )
     callbacks.append(Pace(args.step_s, args.hang_at_step, args.hang_marker, rank, args.hang_rank))
     data = shuffled_batches(arrays, batch, seed=0, start=start)
     m.fit(data, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, callbacks=callbacks, verbose=2)

@@ -30,7 +30,9 @@ from sklearn.datasets import load_digits
 def digits_dataset(global_batch_size: int) -> tf.data.Dataset:
     x, y = load_digits(return_X_y=True)
     x, y = (x / np.float32(16)).astype("float32"), y.astype(np.int64)
-    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).repeat().batch(global_batch_size)
+    return (
+        tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).repeat().batch(global_batch_size)
+    )
 
 
 def build_and_compile_model() -> tf.keras.Model:
@@ -54,10 +56,12 @@ class Progress(tf.keras.callbacks.Callback):
 
     def __init__(self, step_s: float) -> None:
         super().__init__()
-        self.step_s = step_s
+        self.step_s, self.started = step_s, False
 
-    def on_train_begin(self, logs=None):
-        print(f"start step {int(self.model.optimizer.iterations.numpy())}", flush=True)
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self.started:
+            self.started = True
+            print(f"start step {int(self.model.optimizer.iterations.numpy())}", flush=True)
 
     def on_train_batch_end(self, batch, logs=None):
         if self.step_s:
