@@ -17,7 +17,7 @@ from real_parts import require_module
 from trainguard.checkpoint import list_checkpoints
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_keras.py"
-ARGS = ["--deterministic", "--epochs", "3", "--verbose", "0", "--checkpoint-every", "20"]
+ARGS = ["--deterministic", "--steps", "135", "--verbose", "0", "--checkpoint-every", "20"]
 
 
 def run(ckpt: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

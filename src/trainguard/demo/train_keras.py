@@ -1,6 +1,6 @@
 """Data-parallel Keras training on scikit-learn's bundled digits, kept alive by trainguard.
 
-    trainguard run --framework tf -- python examples/train_keras.py --checkpoint-dir /tmp/keras-ckpt
+    trainguard run --framework tf --gpus 0,1,2,3 -- python examples/train_keras.py --checkpoint-dir /tmp/keras-ckpt
     python examples/train_keras.py --checkpoint-dir /tmp/keras-ckpt     # without the supervisor
 
 Shaped like Keras's own data-parallel example ("Multi-GPU distributed training with TensorFlow"):
@@ -11,13 +11,15 @@ tf.data's shuffle-repeat-batch, the callback). Kill it at
 any moment and start it again with the same ``--checkpoint-dir``: it resumes from the newest
 valid checkpoint, with its data position, and ends with the weights an uninterrupted run ends
 with (bitwise on CPU with ``--deterministic``). Under ``trainguard run`` the Guard also writes
-heartbeats, error files and findings, and applies chaos drills.
+heartbeats, error files and findings, and applies chaos drills (``trainguard demo --framework
+keras`` runs it so).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
@@ -39,6 +41,18 @@ def digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
 
 
+class Delay(keras.callbacks.Callback):
+    """A pause after each step, so that a demo's faults land while someone watches."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
+        if self.seconds:
+            time.sleep(self.seconds)
+
+
 def get_compiled_model() -> keras.Model:
     inputs = keras.Input(shape=(64,), name="digits")
     x = keras.layers.Dense(128, activation="relu")(inputs)
@@ -57,14 +71,20 @@ def get_compiled_model() -> keras.Model:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint-dir", default="keras-ckpt")
-    ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--steps-per-epoch", type=int, default=45)
+    ap.add_argument("--steps", type=int, default=180, help="optimizer steps in all")
+    ap.add_argument(
+        "--steps-per-epoch", type=int, default=0, help="a divisor of --steps (0: the largest up to 50)"
+    )
     ap.add_argument("--batch-size", type=int, default=32, help="per replica")
     ap.add_argument("--checkpoint-every", type=int, default=20)
-    ap.add_argument("--keep-last", type=int, default=3, help="checkpoints kept (0: all)")
     ap.add_argument("--deterministic", action="store_true", help="bitwise-reproducible ops (slower on GPU)")
+    ap.add_argument("--step-delay", type=float, default=0.0, help="sleep per step (demos)")
     ap.add_argument("--verbose", type=int, default=2)
     args = ap.parse_args()
+    if not args.steps_per_epoch:
+        args.steps_per_epoch = max(d for d in range(1, 51) if args.steps % d == 0)
+    if args.steps % args.steps_per_epoch:
+        ap.error(f"--steps {args.steps} is not a whole number of epochs of {args.steps_per_epoch} steps")
 
     keras.utils.set_random_seed(0)
     if args.deterministic:
@@ -79,22 +99,20 @@ def main() -> None:
     with strategy.scope():
         model = get_compiled_model()
 
-    guard = Guard(
-        args.checkpoint_dir, checkpoint_every=args.checkpoint_every, keep_last=args.keep_last
-    )  # trainguard
+    guard = Guard(args.checkpoint_dir, checkpoint_every=args.checkpoint_every)  # trainguard
     guard.resume(model)  # trainguard: state and RNG of the newest valid checkpoint
     # Each epoch shuffled anew, in an order a resume can start anywhere: in place of Keras's
     # Dataset.from_tensor_slices((x, y)).shuffle(n).repeat().batch(batch_size).
     train = shuffled_batches((x_train, y_train), batch_size, seed=0, start=guard.position)  # trainguard
     model.fit(
         train,
-        epochs=args.epochs,
+        epochs=args.steps // args.steps_per_epoch,
         steps_per_epoch=args.steps_per_epoch,
-        callbacks=[guard],  # trainguard
+        callbacks=[guard, Delay(args.step_delay)],  # trainguard: the Guard
         verbose=args.verbose,
     )
     loss, accuracy = model.evaluate(test, verbose=0)
-    print(f"final step {guard.step} test loss {loss:.4f} accuracy {accuracy:.4f}", flush=True)
+    print(f"test accuracy: {accuracy:.4f} (loss {loss:.4f}, step {guard.step})", flush=True)
 
 
 if __name__ == "__main__":
