@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# Pinned CPU build for development and CI; users on GPU machines install any torch >= 2.4.
 	$(BIN)/python -m pip install -q "torch==2.13.0"
+	# TensorFlow's CPU build for the TF/Keras tests (users: the `tf` extra), and tf-keras: the Keras 2
+	# that multi-worker model.fit scripts run on (Keras 3's fit cannot: keras-team/keras#20585).
+	$(BIN)/python -m pip install -q "tensorflow-cpu==2.21.*" "tf-keras==2.21.*"
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 

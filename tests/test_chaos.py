@@ -14,8 +14,8 @@ import torch
 
 from trainguard import rundir
 from trainguard.chaos import FaultKind
+from trainguard.chaos.inject import FIRED_DIR, Chaos, load_faults
 from trainguard.rundir import WorkerExit
-from trainguard.torch.chaos import FIRED_DIR, Chaos, load_faults
 from trainguard.torch.guard import Guard
 
 WORKER = Path(__file__).with_name("test_guard_worker.py")
@@ -139,7 +139,7 @@ def test_hang_blocks_the_rank_until_the_watchdog_ends_it_once(tmp_path):
     assert "hang detected" in first.stderr
     [dump] = rundir.dumps_dir(tmp_path).glob("rank0-*.txt")
     text = dump.read_text()
-    assert "no step completed" in text and "chaos.py" in text  # the stack shows where it is stuck
+    assert "no step completed" in text and "chaos/inject.py" in text  # the stack shows where it is stuck
     assert text.count("hread 0x") >= 2  # every thread: the main one and the watchdog
     [(rank, step, finding)] = rundir.read_findings(tmp_path)
     assert (rank, step, finding.rule) == (0, 6, "hang.watchdog")

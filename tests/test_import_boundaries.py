@@ -28,6 +28,7 @@ SPINE = [
     "trainguard.supervisor.observe",
     "trainguard.supervisor.assess",
     "trainguard.supervisor.idle",
+    "trainguard.supervisor.tf",  # TensorFlow's launcher: the workers import TF, never the supervisor
     "trainguard.supervisor.lost",
     "trainguard.supervisor.bookkeeping",
     "trainguard.supervisor.state",
@@ -77,7 +78,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("telemetry",),  # look: NVML, the simulated node, kernel-log lines
     ("detect", "checkpoint", "diagnose"),  # judge: rules, verdicts, checkpoint checks, GPU tests
     ("incidents", "chaos"),  # record: the store, taxonomy, goodput; fault plans
-    ("remediate", "reliability", "predictor", "torch"),  # the agent's act, failure models, the trainer's side
+    ("remediate", "reliability", "predictor", "torch", "keras"),  # the agent's act, failure models, trainers
     ("agent", "supervisor"),  # the two loops
     ("demo",),
     ("cli",),

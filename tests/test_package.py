@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-HEAVY = ["torch", "pynvml", "prometheus_client", "numpy", "matplotlib", "rich", "flask", "fastapi", "sklearn"]
+HEAVY = [
+    "torch", "pynvml", "prometheus_client", "numpy", "matplotlib", "rich", "flask", "fastapi", "sklearn",
+    "tensorflow", "keras", "tf_keras",
+]  # fmt: skip
 
 
 def test_import_trainguard_pulls_no_heavy_dependency():

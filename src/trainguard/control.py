@@ -39,7 +39,15 @@ from typing import Any
 
 from trainguard.rundir import atomic_write_bytes
 
-__all__ = ["CONTROL_VERSION", "Control", "ControlWatch", "control_path", "read_control", "write_control"]
+__all__ = [
+    "CONTROL_VERSION",
+    "Control",
+    "ControlWatch",
+    "SaveRequests",
+    "control_path",
+    "read_control",
+    "write_control",
+]
 
 CONTROL_VERSION = 1
 
@@ -118,3 +126,40 @@ class ControlWatch:
         if control is not None:
             self.current = control
         return control
+
+
+class SaveRequests:
+    """A trainer's side of checkpoint requests (the torch Guard's and the Keras Guard's): every
+    ``every`` steps it looks at the file (one ``stat``); a request this rank's checkpoints have
+    not served yet makes ``pending`` true until a save serves it (`served_now`: any save serves
+    every request written until it was taken). A request for another attempt (one the supervisor
+    has restarted since) is not this attempt's to serve."""
+
+    def __init__(self, run_dir: Path, every: int, attempt: int) -> None:
+        self.watch = ControlWatch(run_dir)
+        self.every, self.attempt = every, attempt
+        self.served: int | None = None  # the newest request value a checkpoint has served
+        self.pending = False  # a request this rank saw that no checkpoint has served yet
+        self.reason = ""
+
+    def look(self, done: int) -> bool:
+        """At the boundary after ``done`` steps: whether a request is pending (it looks at the
+        file every ``every`` steps)."""
+        if done % self.every == 0:
+            control = self.watch.poll()
+            if (
+                control is not None
+                and control.save_now is not None
+                and control.save_now != self.served
+                and control.attempt in (None, self.attempt)
+            ):
+                self.pending, self.reason = True, control.reason
+        return self.pending
+
+    def served_now(self) -> None:
+        """A checkpoint was just taken: it serves every request written so far."""
+        self.watch.poll()
+        current = self.watch.current
+        if current is not None and current.save_now is not None:
+            self.served = current.save_now
+        self.pending = False

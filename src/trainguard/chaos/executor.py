@@ -97,7 +97,7 @@ class ChaosExecutor:
         for i, fault in enumerate(self.plan.faults):
             entry = _in_process_entry(fault, fault.step) if fault.step is not None else None
             if entry is not None:
-                # The Guard names a fault by its position in chaos.json (trainguard.torch.chaos).
+                # The Guard names a fault by its position in chaos.json (trainguard.chaos.inject).
                 pos = len(self._entries)
                 self._guard_ids[i] = f"{pos:03d}-{entry['kind']}-rank{fault.rank}-step{fault.step}"
                 self._entries.append({**entry, "id": i})

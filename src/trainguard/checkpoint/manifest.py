@@ -79,7 +79,9 @@ class Manifest:
     time: float
     world_size: int = 1
     sharded: bool = False
-    kind: str = "replicated"  # "replicated": state.pt from one rank; "dcp": torch.distributed.checkpoint
+    kind: str = (
+        "replicated"  # "replicated": state.pt from one rank; "dcp": torch.distributed.checkpoint; "keras"
+    )
     torch_version: str = ""
     trainguard_version: str = ""
     format_version: int = FORMAT_VERSION

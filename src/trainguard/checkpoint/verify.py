@@ -19,7 +19,11 @@ from trainguard.checkpoint.signing import ALGORITHM, KEY_FILE_ENV, Trust, trust_
 
 log = logging.getLogger(__name__)
 
-KINDS = ("replicated", "dcp")  # the loaders a manifest may name
+KINDS = (
+    "replicated",
+    "dcp",
+    "keras",
+)  # the loaders a manifest may name (keras: trainguard.keras, NumPy without pickle)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,10 +51,13 @@ def register(subparsers: Any) -> None:
     g = p.add_argument_group("trainguard options")
     g.add_argument(
         "--launcher",
+        "--framework",
         default="torch",
         choices=sorted(LAUNCHERS),
-        help="how workers start: torch (torch's elastic agent, as torchrun; default) or local "
-        "(N plain processes with torchrun's per-rank variables; no torch needed)",
+        help="how workers start: torch (torch's elastic agent, as torchrun; default), local "
+        "(N plain processes with torchrun's per-rank variables; no torch needed) or tf (TensorFlow: "
+        "N workers with TF_CONFIG each, or with --nproc-per-node 1 one MirroredStrategy process over "
+        "the --gpus; docs/tensorflow.md)",
     )
     g.add_argument("--job-id", default="", help="default: --rdzv-id, else a timestamp")
     g.add_argument(

@@ -7,6 +7,7 @@ reference's and the ETTR is the one the incidents' losses predict). See docs/dem
     trainguard demo                      # ~2-3 minutes on 2 CPU cores, with a fault-free reference
     trainguard demo --quick --no-reference --json report.json
     trainguard demo --replica-groups 2   # torchft groups: one loses a GPU, the other never stops
+    trainguard demo --framework keras    # the Keras tour: one Keras process, five faults
 
 The CLI module registers the flags with `add_arguments` and calls `run`. Torch is imported by the
 supervisor only when the demo runs.
@@ -53,19 +54,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(needs trainguard[torch,ft]; see trainguard.demo.groups)",
     )
     parser.add_argument(
+        "--framework",
+        choices=("torch", "keras"),
+        default="torch",
+        help="keras: the shorter Keras tour instead (one Keras process over the node's GPUs under "
+        "--framework tf: NaN, Xid 79, kill, torn checkpoint, hang; needs trainguard[tf])",
+    )
+    parser.add_argument(
         "--script",
         type=Path,
         metavar="PATH",
-        help="the training script (default: the digits example, examples/train_digits.py)",
+        help="the training script (default: the digits example, examples/train_digits.py, or "
+        "examples/train_keras.py with --framework keras)",
     )
 
 
-def find_example(explicit: Path | None = None) -> Path | None:
+def find_example(explicit: Path | None = None, framework: str = "torch") -> Path | None:
     """The training script: ``explicit`` if given, else the digits example shipped with the package
-    (``examples/train_digits.py`` in the source tree links to it)."""
+    (``examples/train_digits.py`` and ``examples/train_keras.py`` in the source tree link to them)."""
     if explicit is not None:
         return explicit if explicit.is_file() else None
-    shipped = Path(__file__).resolve().with_name("train_digits.py")
+    shipped = (
+        Path(__file__).resolve().with_name("train_keras.py" if framework == "keras" else "train_digits.py")
+    )
     return shipped if shipped.is_file() else None
 
 

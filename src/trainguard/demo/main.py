@@ -15,7 +15,7 @@ from trainguard.demo import reference as recorded_reference
 from trainguard.demo.live import DemoState, make_display
 from trainguard.demo.match import match
 from trainguard.demo.measure import median_step_time
-from trainguard.demo.plan import build_plan
+from trainguard.demo.plan import build_keras_plan, build_plan
 from trainguard.demo.report import build_report, render
 from trainguard.demo.runner import quiet_logs, run_chaos, run_reference, worker_cmd
 from trainguard.demo.truth import ground_truth, read_accuracy, rollback_steps
@@ -29,7 +29,8 @@ EXIT_INTERRUPTED = 130
 
 def main(args: argparse.Namespace) -> int:
     t0 = time.time()
-    script = find_example(getattr(args, "script", None))
+    keras = getattr(args, "framework", "torch") == "keras"
+    script = find_example(getattr(args, "script", None), "keras" if keras else "torch")
     if script is None:
         print(
             f"trainguard demo: training script {getattr(args, 'script', None) or 'train_digits.py'} not found; "
@@ -42,7 +43,9 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="trainguard-demo-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    plan = build_plan(quick=args.quick, steps=args.steps, speed=getattr(args, "speed", None) or 1.0)
+    plan = (build_keras_plan if keras else build_plan)(
+        quick=args.quick, steps=args.steps, speed=getattr(args, "speed", None) or 1.0
+    )
     job = time.strftime("demo-%Y%m%d-%H%M%S")
     quiet_logs(getattr(args, "verbose", 0))
 

@@ -12,6 +12,7 @@ chaos executor carries out; examples/chaos/demo.toml is the same plan as a file.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 
 # What an application bug looks like: a data-pipeline error, nothing hardware about it.
@@ -29,7 +30,7 @@ class DemoFault:
     """
 
     id: str  # "F1".."F7": the key the report and the JSON use
-    kind: str  # straggler | nan | xid | crash | corrupt_checkpoint | hang | wrong_products
+    kind: str  # straggler | nan | xid | crash | corrupt_checkpoint | hang | wrong_products | kill
     label: str
     step: int
     rank: int | None = None
@@ -42,6 +43,7 @@ class DemoFault:
     delay_s: float = 0.5  # straggler: extra seconds per step ...
     slow_steps: int = 6  # ... for this many steps
     rate: float = 1.0  # wrong_products: the share of the GPU's matrix products that are wrong
+    message: str = ""  # xid: the error the process raises (default: torch's for that Xid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,8 @@ class DemoPlan:
     step_delay: float  # seconds of sleep per step, so the faults land while a human watches
     faults: tuple[DemoFault, ...] = field(default=())
     nproc: int = 4
+    launcher: str = "torch"  # torch: DDP ranks, one per GPU; tf: one Keras process over the GPUs
+    gpus: tuple[int, ...] = ()  # the GPUs the job starts on (default: one per rank)
     # Pre-imported spare workers: restarts in 2-8 s instead of 10-20 s, for ~12 extra interpreter
     # starts over the run; the short run spends more CPU on the pool than it saves on 2 cores.
     warm_standby: bool = True
@@ -129,6 +133,65 @@ def build_plan(quick: bool = False, steps: int | None = None, speed: float = 1.0
     return replace(base, faults=faults)
 
 
+# What TensorFlow's stream executor reports when the GPU under a running kernel falls off the bus
+# (it then aborts the process): the CUDA error, in the driver API's words.
+TF_XID_79 = "Error polling for event status: failed to query event: CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure"
+
+
+def build_keras_plan(quick: bool = False, steps: int | None = None, speed: float = 1.0) -> DemoPlan:
+    """The Keras tour (``trainguard demo --framework keras``): one Keras process trains over the
+    simulated node's four GPUs (``MirroredStrategy``) under ``--framework tf``, and five faults
+    hit it: a NaN, Xid 79 on its GPU, a kill, a torn checkpoint and a hang. A start costs a
+    TensorFlow import, so the tour is shorter than the torch demo's and has one restart fewer.
+    The torn checkpoint comes a step after a checkpoint, a few heartbeats before the hang, and
+    the hang before the next checkpoint: the restart after the hang must skip the torn one."""
+    if quick:
+        base = DemoPlan(steps=100, checkpoint_every=10, step_delay=0.05, nproc=1, launcher="tf")
+        at = {"nan": 15, "xid": 28, "kill": 45, "corrupt_checkpoint": 71, "hang": 79}
+    else:
+        base = DemoPlan(steps=160, checkpoint_every=10, step_delay=0.1, nproc=1, launcher="tf")
+        at = {"nan": 25, "xid": 48, "kill": 75, "corrupt_checkpoint": 111, "hang": 119}
+    scale = 1.0
+    if steps is not None:
+        scale = steps / base.steps
+        base = replace(base, steps=steps, checkpoint_every=max(2, round(base.checkpoint_every * scale)))
+    base = replace(
+        base, step_delay=round(base.step_delay / max(speed, 0.01), 4), warm_standby=False, gpus=(0, 1, 2, 3)
+    )
+
+    def s(kind: str) -> int:
+        return max(3, round(at[kind] * scale))
+
+    faults = (
+        DemoFault(
+            "F1", "nan", "NaN in the loss", s("nan"), rank=0,
+            # Keras applies a step before any callback sees its loss, and fit's data moves on:
+            # the step is rolled back, never replayed, so machine and data stay suspects.
+            expected_causes=("unknown",), expected_actions=("rollback",),
+            expected_suspects=("silent_data_corruption", "software_bug"),
+        ),
+        DemoFault(
+            "F2", "xid", "Xid 79: GPU 0 fell off the bus", s("xid"), rank=0,
+            expected_causes=("faulty_gpu",), expected_actions=("exclude_gpu",), message=TF_XID_79,
+        ),
+        DemoFault(
+            "F3", "kill", "SIGKILL from outside", s("kill"), rank=0,
+            # No OOM killer fired and nothing else says who sent it: the host or whoever killed it.
+            expected_causes=("unknown",), expected_actions=("restart",), expected_suspects=("host", "dependency"),
+        ),
+        DemoFault(
+            "F4", "corrupt_checkpoint", "newest checkpoint corrupted on disk", s("corrupt_checkpoint"),
+            expected_causes=("dependency",), expected_actions=("skip_torn_checkpoint",),
+        ),
+        DemoFault(
+            "F5", "hang", "hang: the process stops between steps", s("hang"), rank=0,
+            expected_causes=("unknown",), expected_actions=("restart",),
+            expected_suspects=("software_bug", "host", "faulty_gpu"),
+        ),
+    )  # fmt: skip
+    return replace(base, faults=faults)
+
+
 def chaos_toml(plan: DemoPlan) -> str:
     """The plan as a `trainguard run --chaos` TOML plan (what the supervisor executes)."""
     out = ["# trainguard demo: built-in chaos plan (generated by trainguard.demo.plan)"]
@@ -140,6 +203,9 @@ def chaos_toml(plan: DemoPlan) -> str:
             out += ['kind = "nan"', f"rank = {f.rank}"]
         elif f.kind == "xid":
             out += ['kind = "xid"', f"rank = {f.rank}", f"xid = {f.xid}"]
+            out += [f"message = {json.dumps(f.message)}"] if f.message else []
+        elif f.kind == "kill":
+            out += ['kind = "kill"', f"rank = {f.rank}"]
         elif f.kind == "crash":
             out += [
                 'kind = "raise"',

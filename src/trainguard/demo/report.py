@@ -256,7 +256,9 @@ def render(report: dict[str, Any]) -> str:
             )
     g = report["goodput"]
     lines += [""]
-    if g:
+    if g and g.get("ettr") is None:  # no step was ever reported: nothing to measure ETTR by
+        lines.append(f"ETTR n/a: no step reported ({g.get('attempts')} attempts)")
+    elif g:
         lines.append(
             f"ETTR {g['ettr']:.1%}: {g['productive_s']:.1f}s productive of {g['wall_s']:.1f}s wall "
             f"({g['attempts']} attempts, {g['interruptions']} interruptions)"

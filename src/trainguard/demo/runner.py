@@ -64,19 +64,28 @@ def supervisor_config(plan: DemoPlan, script: Path, workdir: Path, job: str, *, 
 
     ckpt = workdir / ("ckpt" if chaos else "ckpt-reference")
     plan_path = workdir / "chaos.toml"
+    cmd = worker_cmd(script, plan, ckpt, plan.step_delay if chaos else 0.0)
+    if plan.launcher == "tf":  # one Keras process over the GPUs (supervisor.tf)
+        launch = LaunchConfig(cmd=(*cmd, "--verbose", "0"), nproc_per_node=1, launcher="tf", gpus=plan.gpus)
+    else:
+        launch = LaunchConfig(
+            cmd=cmd, nproc_per_node=plan.nproc, standalone=True, env={"OMP_NUM_THREADS": "1"}
+        )
     return SupervisorConfig(
-        LaunchConfig(
-            cmd=worker_cmd(script, plan, ckpt, plan.step_delay if chaos else 0.0),
-            nproc_per_node=plan.nproc,
-            standalone=True,
-            env={"OMP_NUM_THREADS": "1"},
-        ),
+        launch,
         RecordConfig(
             job_id=job, runs_root=workdir / "runs", db=workdir / "trainguard.db", checkpoint_dir=ckpt
         ),
         # Far below gloo's 30 min / NCCL's 10 min, and above the stall of the first checkpoint
-        # wait of an attempt (the writer process is still importing torch: 2-4 s on busy cores).
-        WatchConfig(hang_timeout_floor=6.0, hang_step_factor=3.0, startup_timeout=180.0, tee=False),
+        # wait of an attempt (the writer process is still importing torch: 2-4 s on busy cores;
+        # a Keras process traces its step function on its first step: 2-6 s).
+        # A Keras process is heavier: its steps stall longer on a loaded host, so its floor is higher.
+        WatchConfig(
+            hang_timeout_floor=20.0 if plan.launcher == "tf" else 6.0,
+            hang_step_factor=3.0,
+            startup_timeout=180.0,
+            tee=False,
+        ),
         HealthConfig(backend="sim" if chaos else "none", health_interval=0.25),
         RecoveryConfig(
             max_restarts=5,

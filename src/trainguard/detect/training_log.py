@@ -108,6 +108,12 @@ _BOILERPLATE = re.compile(
     r"^\W*(?:rank\d+\]:\s*)?(?:Compile with `TORCH_USE_CUDA_DSA`|CUDA kernel errors might be asynchronously"
     r"|For debugging consider passing CUDA_LAUNCH_BLOCKING)"
 )
+# TensorFlow's start-up probe on a host without an NVIDIA driver (error 303: libcuda will not
+# initialise): TF logs it, at error level since 2.15, and trains on the CPU. No failure; the same
+# probe naming a CUDA_ERROR_* (a GPU host whose driver fails) stays the driver's (the rules).
+_NO_DRIVER = re.compile(
+    r"failed call to cuInit: (?:INTERNAL: CUDA error: Failed call to cuInit: )?UNKNOWN ERROR \(303\)"
+)
 _AMBIGUOUS = re.compile(AMBIGUOUS_CUDA)
 # glog, as torch's C++ logs print it: "[E1124 10:14:02.123456789 1234 ProcessGroupNCCL.cpp:616]"
 _GLOG = re.compile(r"\[[EWIF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?[\s\]]")
@@ -163,7 +169,7 @@ _HANG: _Verdict = (C.NCCL_TIMEOUT_HANG, S.ERROR, A.RESTART_APP, False)
 
 
 def _classify(text: str, depth: int = 0) -> _Verdict | None:
-    if "NCCL INFO" in text or _BOILERPLATE.match(text):
+    if "NCCL INFO" in text or _BOILERPLATE.match(text) or ("cuInit" in text and _NO_DRIVER.search(text)):
         return None  # chatter, even when it mentions an error being retried
     if depth < 2:
         for quote, sympathetic in ((_ABORTED, True), (_TERMINATED, False)):

@@ -10,6 +10,7 @@ handles, ranks, stop and restart. Two launchers ship (`LAUNCHERS`, chosen by ``-
 
     torch   torch's elastic agent, as torchrun runs it (`supervisor.torchrun` -> `supervisor.elastic`)
     local   N local processes, a per-rank environment, no torch (`supervisor.local.LocalLauncher`)
+    tf      TensorFlow: N workers with TF_CONFIG each, or one MirroredStrategy process (`supervisor.tf`)
 
 A new framework or launcher (TensorFlow with TF_CONFIG per worker, Open MPI's mpirun) is one more
 `Launcher` (most build on `LocalLauncher`: a per-rank environment hook and a command factory)
@@ -102,6 +103,7 @@ class Launcher(Protocol):
 LAUNCHERS: dict[str, str] = {
     "torch": "trainguard.supervisor.torchrun:TorchElastic",
     "local": "trainguard.supervisor.local:LocalLauncher",
+    "tf": "trainguard.supervisor.tf:TfLauncher",
 }
 
 

@@ -77,8 +77,12 @@ class LocalLauncher:
     def check(self) -> None:
         """Nothing to import: a plain process launcher runs anywhere."""
 
+    def workers(self, job: LaunchJob) -> LocalWorkers:
+        """The `Workers` handle this launcher drives (a framework's launcher may start them its way)."""
+        return LocalWorkers(job, self.rank_env, self.command)
+
     def launch(self, job: LaunchJob, monitor: Monitor) -> str | None:
-        workers = LocalWorkers(job, self.rank_env, self.command)
+        workers = self.workers(job)
 
         def interrupt(signum: int, _frame: Any) -> None:
             workers.received.append(signum)

@@ -18,7 +18,7 @@ agent read, and acts on what only the trainer can see (numerics, preemption, a s
 ``guard.resume_step``, and ``guard.restored`` tells a data iterator to start over).
 ``guard.range`` advances between steps, after the update: that is where periodic checkpoints are
 taken, where the supervisor's checkpoint requests are served (``control.json``, every
-``control_every`` steps: `trainguard.torch.control`), and where a preemption signal turns into a
+``control_every`` steps: `trainguard.control.SaveRequests`), and where a preemption signal turns into a
 synchronous save and ``WorkerExit.PREEMPTED``.
 See docs/guard.md.
 """
@@ -40,14 +40,14 @@ import torch
 import torch.distributed as dist
 
 from trainguard import rundir
+from trainguard.chaos.inject import Chaos
+from trainguard.control import SaveRequests
 from trainguard.detect.numerics import NumericsMonitor, Policy, with_sources
 from trainguard.records import Action, Category, Finding, Health
 from trainguard.rundir import WorkerExit
 from trainguard.torch import errorfile, guard_config
 from trainguard.torch.agreement import Window, host_value
-from trainguard.torch.chaos import Chaos
 from trainguard.torch.checks import LossWindow, StepAction
-from trainguard.torch.control import SaveRequests
 from trainguard.torch.flight_recorder import DumpServer, serve_dump_requests
 from trainguard.torch.numerics import distributed_world, nonfinite_grads, poison
 from trainguard.torch.preemption import PreemptionHandler

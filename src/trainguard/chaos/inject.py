@@ -1,4 +1,5 @@
-"""In-process fault injection: the supervisor's chaos drills, applied by the Guard at step boundaries.
+"""In-process fault injection: the supervisor's chaos drills, applied by a trainer's Guard at step
+boundaries (``trainguard.torch``'s and ``trainguard.keras``'s).
 
 The supervisor writes ``$TRAINGUARD_RUN_DIR/chaos.json``::
 
@@ -20,7 +21,7 @@ loss the Guard (and, through ``Guard.loss``, backward) sees; "slow" makes a stra
 blocks the rank forever, so its peers block inside the next collective; "raise" raises the named
 exception; "exit" ends the process with ``os._exit(code)``.
 
-Deliberately torch-free; the file is read once, when the Guard starts.
+Torch- and TF-free, so either trainer package uses it; the file is read once, when the Guard starts.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+../src/trainguard/demo/train_keras.py
