@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-all test-integration integration-deps lint typecheck unit unit-all bench clean install \
-	gpu-check gpu-check-dry gpu-check-wheels
+	gpu-check gpu-check-dry gpu-check-quick gpu-check-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# `make test`: the fast suite (~6 min on 2 cores); `make test-all`: also the long end-to-end runs
+# `make test`: the fast suite (the README gives its measured time); `make test-all`: also the long end-to-end runs
 # (marked slow: the demo, the supervisor, multi-node) and the tests against a real Chromium and
 # Prometheus (marked integration), as CI runs it.
 unit: $(STAMP)
@@ -54,16 +54,18 @@ test-integration: $(STAMP) integration-deps
 
 # `make test` may skip a test whose real part is missing (its summary lists each one);
 # `make test-all` (CI) fails on it.
-test: lint typecheck unit gpu-check-dry
+test: lint typecheck unit gpu-check-quick
 
 test-all: export CI := true
 test-all: lint typecheck integration-deps gpu-check-dry
 	TRAINGUARD_REQUIRE_REAL=1 $(BIN)/pytest -q -m "not gpu"
 
 # `make gpu-check`: every GPU-only path on a real NVIDIA GPU in one go (tools/gpu_check.py; under
-# 8 minutes, nothing installed, no network): report and logs in $(OUT). It runs with the .venv
-# where there is one, else the machine's python3 (a GPU box's own torch). Without a GPU, or with
-# GPU_CHECK_DRY=1, the same stages run on the CPU and the simulated node: `make test` runs that.
+# 8 minutes, nothing installed, no network): report and logs in $(OUT); exit 0 pass, 1 fail, 2
+# partial (a path the machine lacks hardware for, e.g. a second GPU). It runs with the .venv where
+# there is one, else the machine's python3 (a GPU box's own torch). Without a GPU, or with
+# GPU_CHECK_DRY=1, the same stages run on the CPU and the simulated node: `make test-all` runs
+# that, `make test` its --quick cut (the reference run and the kill drill, no benchmarks).
 OUT ?= gpu-check-out
 GPU_CHECK_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 gpu-check:
@@ -71,6 +73,9 @@ gpu-check:
 
 gpu-check-dry: $(STAMP)
 	$(BIN)/python tools/gpu_check.py --dry --out build/gpu-check-dry
+
+gpu-check-quick: $(STAMP)
+	$(BIN)/python tools/gpu_check.py --dry --quick --out build/gpu-check-quick
 
 # What the GPU machine's image (Python 3.12, CUDA torch, nvidia-ml-py, prometheus-client, rich,
 # matplotlib, scikit-learn; no network) lacks, as wheels for it (about 5 MB): carry build/gpu-wheels

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import json
 import multiprocessing
 import os
@@ -42,14 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from paired import interleave, mean_ci, missed, ratio_ci, targets_json
+from trainguard.procs import die_with_parent, parent_death
 
 TOKEN = "bench-token-0123456789abcdef"
 PATHS = ("/metrics", "/api/v1/gpus", "/api/v1/node")
 TRAINGUARD = str(Path(sys.executable).with_name("trainguard"))
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def start_agent(tmp: Path, interval: float) -> tuple[subprocess.Popen[str], int]:
@@ -63,7 +59,7 @@ def start_agent(tmp: Path, interval: float) -> tuple[subprocess.Popen[str], int]
         # the generator is one client address: lift the per-client limit for the measurement
         "--set", "agent.rate_limit_rps=1e9", "--set", "agent.rate_limit_burst=1000000000",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, preexec_fn=parent_death())
     assert proc.stderr is not None
     for line in proc.stderr:
         if m := re.search(r"serving http://127\.0\.0\.1:(\d+)/", line):
@@ -98,7 +94,7 @@ def exporter(port_out: multiprocessing.connection.Connection, interval: float) -
 
     from trainguard.telemetry import open_backend
 
-    _die_with_parent()
+    die_with_parent(os.getppid())  # started by this benchmark: dies with it
     node = open_backend("sim", n_gpus=8, seed=0)
     registry = CollectorRegistry()
     gauges = [(Gauge(name, name, ["gpu", "UUID"], registry=registry), field) for name, field in EXPORTED]

@@ -1,42 +1,51 @@
 """The agent's HTTPS side under abuse: legitimate scrapes answered, and the agent's memory, while
-strangers hold 1,000 idle TLS connections and 1,000 silent ones (TCP, never a ClientHello).
+strangers attack it three ways.
 
-    python benchmarks/bench_agent_abuse.py                # 3 rounds, a table
-    python benchmarks/bench_agent_abuse.py --json --rounds 5
-    python benchmarks/bench_agent_abuse.py --old-src /tmp/main/src   # A/B against another checkout
+    python benchmarks/bench_agent_abuse.py                # 3 rounds, every attack, a table
+    python benchmarks/bench_agent_abuse.py --json --rounds 5 --attacks heads,churn
+    python benchmarks/bench_agent_abuse.py --old-src /tmp/main/src   # old figures beside the new
 
 Each round starts `trainguard agent --backend sim` with TLS (an ECDSA certificate) in its own
-process, with the usual 1,024 file descriptors, and then, from this process: 1,000 connections
-that finish their TLS handshake and send nothing, and 1,000 that never start one, spread over
-100 loopback addresses (127.0.1.x: a share per client does not refuse them all at once); then 50
-scrapes of /metrics with the token from 127.0.0.1, one every 0.1 s. The baseline, interleaved
-with it round by round, is the same agent with no attacker. With ``--old-src`` a third arm runs
-the agent of that source tree (the hand-written server) under the same attack.
+process, with the usual 1,024 file descriptors, then runs one attack from this process while 50
+scrapes of /metrics with the token come from 127.0.0.1, one every 0.1 s:
 
-Keys per arm: answered (of 50, median and range), rss_mb (peak, VmHWM), held (the agent's open
-sockets to its port at the end, from /proc/net/tcp).
+* ``idle``: 1,000 connections that finish their TLS handshake and send nothing, and 1,000 that
+  never start one, over 100 loopback addresses (127.0.1.x: a share per client does not refuse
+  them all at once);
+* ``heads``: 128 connections from 8 addresses (127.0.2.x), each sending a request line and then
+  header lines of 8 KB (within every per-line limit), 100 of them, never the blank line that ends
+  the head; held while the scrapes run;
+* ``churn``: 8 threads, one per address (127.0.3.x), opening TCP connections and closing them at
+  once, as fast as they can, for as long as the scrapes run (every slot taken, over and over).
+
+The baseline, interleaved with the attacks round by round, is the same agent with no attacker.
+With ``--old-src`` each attack also runs against the agent of that source tree, in the same
+round. Keys per arm: answered (of 50, median and range), rss_mb (peak, VmHWM), rss_after_mb
+(resident 5 s after the attacker let go), held (the agent's open sockets to its port at the end,
+from /proc/net/tcp).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import http.client
 import json
 import os
 import resource
-import signal
 import socket
 import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from targets import Target, finish
+from trainguard.procs import parent_death
 
 TOKEN = "bench-token-0123456789abcdef"
 SCRAPES = 50
@@ -53,10 +62,13 @@ OPENSSL_EC = (
 OPENSSL_EC += ("-days", "1", "-subj", "/CN=127.0.0.1")
 
 
-def _child_setup() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # die with us
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # what a default service gets
+def _child_setup(die_with_us: Callable[[], None]) -> Callable[[], None]:
+    def setup() -> None:
+        die_with_us()
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # what a default service gets
+
+    return setup
 
 
 def free_port() -> int:
@@ -85,7 +97,7 @@ def start_agent(tmp: Path, src: str | None) -> tuple[subprocess.Popen[bytes], in
     ]
     cmd += ["--token-file", str(token), "--state-dir", str(tmp / "state"), "--db", str(tmp / "tg.db")]
     cmd += ["--set", f"agent.tls_cert={tmp / 'tls.crt'}", "--set", f"agent.tls_key={tmp / 'tls.key'}"]
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, preexec_fn=_child_setup)
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, preexec_fn=_child_setup(parent_death()))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -104,7 +116,7 @@ def client_context() -> ssl.SSLContext:
     return ctx
 
 
-def attack(port: int, n_idle: int, n_silent: int) -> list[socket.socket]:
+def attack_idle(port: int, n_idle: int, n_silent: int) -> list[socket.socket]:
     held: list[socket.socket] = []
     ctx = client_context()
     for i in range(n_idle + n_silent):
@@ -120,6 +132,62 @@ def attack(port: int, n_idle: int, n_silent: int) -> list[socket.socket]:
             continue
         held.append(s)
     return held
+
+
+HEAD_LINE = b"X-Padding: " + b"a" * 8000 + b"\r\n"
+
+
+def attack_heads(port: int, n: int = 128, lines: int = 100) -> list[socket.socket]:
+    """``n`` TLS connections from 8 addresses, each sending ``lines`` header lines and never
+    finishing its request head."""
+    held: list[socket.socket] = []
+    ctx = client_context()
+    for i in range(n):
+        s = socket.socket()
+        s.settimeout(5)
+        try:
+            s.bind((f"127.0.2.{i % 8 + 1}", 0))
+            s.connect(("127.0.0.1", port))
+            s = ctx.wrap_socket(s)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        except OSError:
+            s.close()
+            continue
+        held.append(s)
+    for _ in range(lines):
+        for s in held:
+            with contextlib.suppress(OSError):  # refused and closed by the agent
+                s.settimeout(0.05)
+                s.sendall(HEAD_LINE)
+    return held
+
+
+class Churn:
+    """8 threads, one address each, opening TCP connections and closing them, until stopped."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.stop, self.opened = port, threading.Event(), 0
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(8)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, i: int) -> None:
+        while not self.stop.is_set():
+            s = socket.socket()
+            s.settimeout(2)
+            try:
+                s.bind((f"127.0.3.{i + 1}", 0))
+                s.connect(("127.0.0.1", self.port))
+                self.opened += 1
+            except OSError:
+                pass
+            finally:
+                s.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
 
 
 def scrape_all(port: int) -> int:
@@ -140,9 +208,9 @@ def scrape_all(port: int) -> int:
     return answered
 
 
-def peak_rss_mb(pid: int) -> float:
+def peak_rss_mb(pid: int, field: str = "VmHWM") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -157,7 +225,7 @@ def held_by(port: int) -> int:
     return n
 
 
-def one_round(arm: str, src: str | None, n_idle: int, n_silent: int) -> dict[str, float]:
+def one_round(attack: str, src: str | None, n_idle: int, n_silent: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="tg-abuse-") as d:
         tmp = Path(d)
         subprocess.run(
@@ -168,19 +236,33 @@ def one_round(arm: str, src: str | None, n_idle: int, n_silent: int) -> dict[str
         (tmp / "tls.key").chmod(0o600)
         proc, port = start_agent(tmp, src)
         held: list[socket.socket] = []
+        churn: Churn | None = None
         try:
-            if arm != "baseline":
-                held = attack(port, n_idle, n_silent)
+            if attack == "idle":
+                held = attack_idle(port, n_idle, n_silent)
+            elif attack == "heads":
+                held = attack_heads(port)
+            elif attack == "churn":
+                churn = Churn(port)
             answered = scrape_all(port)
+            at_end = held_by(port)
+            for s in held:
+                s.close()
+            if churn is not None:
+                churn.close()
+            time.sleep(5)
             return {
                 "answered": answered,
                 "rss_mb": round(peak_rss_mb(proc.pid), 1),
-                "held": held_by(port),
-                "attacker_connected": len(held),
+                "rss_after_mb": round(peak_rss_mb(proc.pid, "VmRSS"), 1),
+                "held": at_end,
+                "attacker_connected": len(held) if churn is None else churn.opened,
             }
         finally:
             for s in held:
                 s.close()
+            if churn is not None:
+                churn.close()
             proc.terminate()
             try:
                 proc.wait(20)
@@ -205,40 +287,54 @@ def summary(rows: list[dict[str, float]]) -> dict[str, object]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--attacks", default="idle,heads,churn", help="a comma list of idle, heads, churn")
     p.add_argument("--idle", type=int, default=1000)
     p.add_argument("--silent", type=int, default=1000)
-    p.add_argument("--old-src", help="a source tree whose agent runs as a third arm (e.g. main's)")
+    p.add_argument("--old-src", help="a source tree whose agent runs each attack too (e.g. main's)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(
         resource.RLIMIT_NOFILE, (min(hard, max(soft, 2 * (args.idle + args.silent) + 256)), hard)
     )
-    arms: dict[str, str | None] = {"baseline": None, "attacked": None}
-    if args.old_src:
-        arms["old_attacked"] = args.old_src
+    attacks = [a for a in args.attacks.split(",") if a]
+    arms: dict[str, tuple[str, str | None]] = {"baseline": ("none", None)}
+    for attack in attacks:
+        arms[attack] = (attack, None)
+        if args.old_src:
+            arms[f"old_{attack}"] = (attack, args.old_src)
     results: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
-    for _ in range(args.rounds):  # interleaved: A B (C) A B (C) ...
-        for arm, src in arms.items():
-            results[arm].append(one_round(arm, src, args.idle, args.silent))
-    report = {arm: summary(rows) for arm, rows in results.items()}
-    report["setup"] = {"idle": args.idle, "silent": args.silent, "scrapes": SCRAPES, "rounds": args.rounds}
-    figures = {  # the worst round under attack
-        "attacked_answered_min": report["attacked"]["answered"]["min"],
-        "attacked_rss_mb_max": report["attacked"]["rss_mb"]["max"],
+    for _ in range(args.rounds):  # interleaved: every arm once per round
+        for arm, (attack, src) in arms.items():
+            results[arm].append(one_round(attack, src, args.idle, args.silent))
+    report: dict[str, object] = {arm: summary(rows) for arm, rows in results.items()}
+    report["setup"] = {
+        "attacks": attacks,
+        "idle": args.idle,
+        "silent": args.silent,
+        "scrapes": SCRAPES,
+        "rounds": args.rounds,
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
     }
+    figures: dict[str, float] = {}  # the worst round of each attack on this source tree
+    for attack in attacks:
+        figures[f"{attack}_answered_min"] = min(r["answered"] for r in results[attack])
+        figures[f"{attack}_rss_mb_max"] = max(r["rss_mb"] for r in results[attack])
     if args.json:
         print(json.dumps(report, indent=1))
     else:
         for arm in arms:
             s = report[arm]
+            assert isinstance(s, dict)
             print(
                 f"{arm:13s} answered {s['answered']['median']}/{SCRAPES} (range {s['answered']['min']}-"
                 f"{s['answered']['max']})  peak RSS {s['rss_mb']['median']} MB (range {s['rss_mb']['min']}-"
-                f"{s['rss_mb']['max']})  sockets held at the end {s['held']['median']}"
+                f"{s['rss_mb']['max']})  RSS 5 s after {s['rss_after_mb']['median']} MB  "
+                f"sockets held at the end {s['held']['median']}"
             )
     # Every legitimate scrape answered in every attacked round; memory under the DaemonSet's limit.
-    targets = (Target("attacked_answered_min", ">=", SCRAPES), Target("attacked_rss_mb_max", "<", 256))
+    targets = [Target(f"{a}_answered_min", ">=", SCRAPES) for a in attacks]
+    targets += [Target(f"{a}_rss_mb_max", "<", 256) for a in attacks]
     return finish("bench_agent_abuse", targets, figures, json_mode=args.json)
 
 

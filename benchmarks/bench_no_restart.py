@@ -98,7 +98,7 @@ def run(
     env = dict(os.environ)
     lighthouse = None
     if groups == 1 and mode != "ddp":  # one group of 2 ranks: the bench hosts its Lighthouse
-        from trainguard.supervisor.lighthouse import Lighthouse, LighthouseConfig
+        from trainguard.supervisor.replicas.lighthouse import Lighthouse, LighthouseConfig
 
         lighthouse = Lighthouse(LighthouseConfig(), work / "lighthouse.log")
         lighthouse.start()
@@ -285,11 +285,11 @@ def _injected(result: dict[str, Any], groups: int) -> list[float]:
 
 def import_time(repeats: int = 3) -> dict[str, float]:
     """A fresh interpreter's ``import`` of what train_ft.py needs, split into what a warm standby
-    has imported ahead (`SupervisorConfig.preload`) and the rest (torchft, trainguard.torch.ft),
+    has imported ahead (`StandbyConfig.preload`) and the rest (torchft, trainguard.torch.ft),
     and the interpreter's own start; medians of ``repeats``."""
-    from trainguard.supervisor.config import SupervisorConfig
+    from trainguard.supervisor.config import StandbyConfig
 
-    preload = ", ".join(SupervisorConfig(cmd=[]).preload)
+    preload = ", ".join(StandbyConfig().preload)
     code = (
         f"import time; t = time.perf_counter(); import {preload}; a = time.perf_counter(); "
         "import torchft, trainguard.torch.ft; print(a - t, time.perf_counter() - a)"

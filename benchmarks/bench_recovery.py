@@ -2,6 +2,7 @@
 same script, same fault, interleaved rounds.
 
     python benchmarks/bench_recovery.py [--quick] [--repeats 3] [--hang-repeats 3] [--json]
+    python benchmarks/bench_recovery.py --hang-only [--hang-floors 3,10,30]   # the hang sweep alone
 
 A 2-rank DDP job over gloo (a small model; it checkpoints model and optimizer every 5 steps and
 logs every completed step with its time and pid). After the job has trained for --warmup-s, rank
@@ -17,7 +18,11 @@ first step of the restarted workers (hang recovery), and to the moment each noti
 its hang incident from the step heartbeats, at each --hang-floors value of
 --hang-timeout-floor; torchrun: the surviving rank's exit when the process-group timeout a
 careful user sets, --pg-timeout-s 60, ends its all-reduce; with gloo's default of 30 minutes
-torchrun would wait that long). --hang-repeats rounds, the order reversed every other round. A
+torchrun would wait that long). --hang-repeats rounds, the order reversed every other round; a
+recovery that does not come within --hang-cap-s (default: 6x the largest floor, at least 120 s,
+so a detection at 5x a floor is never cut off) counts as the cap. Each trainguard sample also
+says what each rank last reported on its heartbeat before the detection (phase, step, time from
+the fault) and the incident's summary, the evidence of where a detection's time went. A
 hang incident trainguard records before the fault is a false alarm: the headline detection time
 is the one at the lowest floor with no false alarm over all its runs, next to the default's.
 
@@ -25,7 +30,8 @@ Keys (--json), each with _ci95 and _repeats (mean and 95% t-interval over rounds
 geometric means of the per-round ratios, benchmarks/paired.py): mttr_s (target <= 10 s),
 cold_mttr_s, torchrun_mttr_s, ratio (mttr / torchrun's, target <= 0.5), cold_ratio, the samples
 and *_mttr_capped (recoveries that did not come within 120 s, counted as 120 s: a lower bound);
-hang_floor_sweep (per floor: false alarms, detect and recover samples), hang_min_clean_floor_s,
+hang_floor_sweep (per floor: false alarms, detect and recover samples, last_beats, summaries),
+hang_cap_s, hang_min_clean_floor_s,
 hang_detect_s (at that floor), hang_detect_default_s, hang_recover_s (at the
 default floor; what `trainguard simulate --from-bench` takes), torchrun_hang_detect_s,
 torchrun_hang_recover_s, hang_recover_ratio (target <= 0.5). Exit 1 when a target is missed.
@@ -48,7 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from paired import mean_ci, missed, ratio_ci, targets_json
-from trainguard.supervisor.config import SupervisorConfig
+from trainguard.rundir import heartbeat_path, read_heartbeats
+from trainguard.supervisor.config import WatchConfig
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
@@ -152,6 +159,8 @@ class Hang:
     recover_s: float  # SIGSTOP -> the first step of the new workers (the same end point for both)
     false_alarms: int  # hang incidents trainguard recorded before the fault (torchrun: 0)
     capped: bool  # no recovery within the cap; recover_s is the cap
+    last_beats: tuple[str, ...] = ()  # trainguard: each rank's last heartbeat before the detection
+    summary: str | None = None  # trainguard: the hang incident's summary
 
 
 def measure_hang(
@@ -171,7 +180,7 @@ def measure_hang(
         survivor = int((work / "pid0").read_text())
         t_stop = time.time()
         os.kill(int((work / "pid1").read_text()), signal.SIGSTOP)
-        detect = None
+        detect, recover = None, None
         while time.time() < t_stop + cap_s:
             if detect is None:
                 if kind.startswith("trainguard"):
@@ -181,14 +190,20 @@ def measure_hang(
                     detect = time.time() - t_stop
             after = [p for p in progress(work) if p[0] > t_stop and p[2] != survivor]
             if after:
-                return Hang(
-                    detect if detect is not None else after[0][0] - t_stop,
-                    after[0][0] - t_stop,
-                    _hangs_before(work, t_stop),
-                    False,
-                )
+                recover = after[0][0] - t_stop
+                break
             time.sleep(0.05)
-        return Hang(detect if detect is not None else cap_s, cap_s, _hangs_before(work, t_stop), True)
+        capped = recover is None
+        recover = cap_s if recover is None else recover
+        detected = detect if detect is not None else recover
+        return Hang(
+            detected,
+            recover,
+            _hangs_before(work, t_stop),
+            capped,
+            _last_beats(work, t_stop, t_stop + detected),
+            _incident_summary(work, t_stop),
+        )
     finally:
         stop(proc)
         kill_workers(work)
@@ -209,6 +224,29 @@ def _incident_time(work: Path, after: float) -> float | None:
     return None
 
 
+def _incident_summary(work: Path, after: float) -> str | None:
+    try:
+        for line in (work / "runs" / "bench" / "incidents.jsonl").read_text().splitlines():
+            inc = json.loads(line)
+            if inc.get("category") == "hang" and float(inc["time"]) >= after:
+                return str(inc.get("summary"))
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _last_beats(work: Path, fault: float, until: float) -> tuple[str, ...]:
+    """``rank R: <phase> step S at +T s`` for each rank's last heartbeat of the attempt that hung
+    (the last one before ``until``, its detection), T counted from the fault."""
+    out = []
+    for rank in (0, 1):
+        beats = [b for b in read_heartbeats(heartbeat_path(work / "runs" / "bench", rank)) if b.time <= until]
+        if beats:
+            b = beats[-1]
+            out.append(f"rank {rank}: {b.phase} step {b.step} at {b.time - fault:+.2f} s")
+    return tuple(out)
+
+
 def _hangs_before(work: Path, when: float) -> int:
     try:
         lines = (work / "runs" / "bench" / "incidents.jsonl").read_text().splitlines()
@@ -224,8 +262,9 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-DEFAULT_FLOOR_S = SupervisorConfig(cmd=[]).hang_timeout_floor
+DEFAULT_FLOOR_S = WatchConfig().hang_timeout_floor
 MTTR_TARGETS = {"mttr_s": ("<=", 10.0), "ratio": ("<=", 0.5)}
+HANG_TARGETS = {"hang_recover_ratio": ("<=", 0.5)}
 TARGETS = {
     "mttr_s": ("<=", 10.0),
     "ratio": ("<=", 0.5),
@@ -261,6 +300,8 @@ def hang_figures(ours: dict[float, list[Hang]], theirs: list[Hang], pg_timeout_s
                 "detect_samples": [round(h.detect_s, 3) for h in hs],
                 "recover_samples": [round(h.recover_s, 3) for h in hs],
                 "capped": sum(h.capped for h in hs),
+                "last_beats": [list(h.last_beats) for h in hs],
+                "summaries": [h.summary for h in hs],
             }
             for f, hs in sorted(ours.items())
         ],
@@ -308,21 +349,54 @@ def main() -> int:
     )
     p.add_argument("--hang-repeats", type=int, default=3)
     p.add_argument("--pg-timeout-s", type=float, default=60.0, help="torchrun's process-group timeout")
-    p.add_argument("--hang-cap-s", type=float, default=120.0, help="give up on a recovery after this")
+    p.add_argument(
+        "--hang-cap-s",
+        type=float,
+        default=None,
+        help="give up on a hang's recovery after this (default: 6x the largest floor, at least 120 s)",
+    )
     p.add_argument("--no-hang", action="store_true")
+    p.add_argument("--hang-only", action="store_true", help="the hang sweep alone (no MTTR rounds)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     repeats = 2 if args.quick else args.repeats
     hang_repeats = 2 if args.quick else args.hang_repeats
     warmup = 5.0 if args.quick else args.warmup_s
+    if args.hang_only and args.no_hang:
+        p.error("--hang-only and --no-hang leave nothing to measure")
+    targets = HANG_TARGETS if args.hang_only else MTTR_TARGETS if args.no_hang else TARGETS
+    out: dict[str, Any] = {"targets": targets_json(targets)}
+    if not args.hang_only:
+        out.update(mttr_figures(repeats, warmup, args.step_sleep))
+    if not args.no_hang:
+        floors = sorted({float(x) for x in args.hang_floors.split(",")})
+        cap_s = args.hang_cap_s if args.hang_cap_s is not None else max(MTTR_CAP_S, 6 * max(floors))
+        ours, theirs = hang_sweep(floors, hang_repeats, warmup, args.step_sleep, cap_s, args.pg_timeout_s)
+        out["hang_cap_s"] = cap_s
+        out.update(hang_figures(ours, theirs, args.pg_timeout_s))
+    bad = missed(out, targets)
+    out["targets_missed"] = bad
+    if args.json:
+        print(json.dumps(out))
+        return 1 if bad else 0
+    if not args.hang_only:
+        print_mttr(out, repeats)
+    if not args.no_hang:
+        print_hang(out, args.pg_timeout_s)
+    for line in bad:
+        print(f"target missed: {line}")
+    return 1 if bad else 0
+
+
+def mttr_figures(repeats: int, warmup: float, sleep: float) -> dict[str, Any]:
     tg, cold, tr = [], [], []
     for i in range(repeats):  # interleaved, the order reversed every other round
         kinds = ["trainguard", "trainguard-cold", "torchrun"]
-        got = {k: measure_mttr(k, warmup, args.step_sleep) for k in (kinds if i % 2 == 0 else kinds[::-1])}
+        got = {k: measure_mttr(k, warmup, sleep) for k in (kinds if i % 2 == 0 else kinds[::-1])}
         tg.append(got["trainguard"])
         cold.append(got["trainguard-cold"])
         tr.append(got["torchrun"])
-    out: dict[str, Any] = {"targets": targets_json(TARGETS if not args.no_hang else MTTR_TARGETS)}
+    out: dict[str, Any] = {}
     out.update(mean_ci(tg).as_json("mttr_s", 3))
     out.update(mean_ci(cold).as_json("cold_mttr_s", 3))
     out.update(mean_ci(tr).as_json("torchrun_mttr_s", 3))
@@ -336,17 +410,10 @@ def main() -> int:
         cold_mttr_capped=CAPPED.get("trainguard-cold", 0),
         torchrun_mttr_capped=CAPPED.get("torchrun", 0),
     )
-    if not args.no_hang:
-        floors = sorted({float(x) for x in args.hang_floors.split(",")})
-        ours, theirs = hang_sweep(
-            floors, hang_repeats, warmup, args.step_sleep, args.hang_cap_s, args.pg_timeout_s
-        )
-        out.update(hang_figures(ours, theirs, args.pg_timeout_s))
-    bad = missed(out, TARGETS if not args.no_hang else MTTR_TARGETS)
-    out["targets_missed"] = bad
-    if args.json:
-        print(json.dumps(out))
-        return 1 if bad else 0
+    return out
+
+
+def print_mttr(out: dict[str, Any], repeats: int) -> None:
     print(f"MTTR after SIGKILL of rank 1 (mean of {repeats}, interleaved):")
     print(f"  trainguard run (warm standby): {out['mttr_s']:6.2f} s   samples {out['mttr_samples']}")
     print(
@@ -358,25 +425,27 @@ def main() -> int:
     print(
         f"  ratio {out['ratio']} (95% CI {out['ratio_ci95']}; target <= 0.5), cold_ratio {out['cold_ratio']}"
     )
-    if not args.no_hang:
-        print("Hang (SIGSTOP of rank 1): detected after / recovered (first new step) after, seconds")
-        for row in out["hang_floor_sweep"]:
-            print(
-                f"  trainguard, floor {row['floor_s']:g} s: {row['detect_samples']} / {row['recover_samples']}, "
-                f"{row['false_alarms_before_fault']} false alarms before the fault"
-            )
+
+
+def print_hang(out: dict[str, Any], pg_timeout_s: float) -> None:
+    print("Hang (SIGSTOP of rank 1): detected after / recovered (first new step) after, seconds")
+    for row in out["hang_floor_sweep"]:
         print(
-            f"  torchrun, {args.pg_timeout_s:g} s process-group timeout: {out['torchrun_hang_detect_samples']} / "
-            f"{out['torchrun_hang_recover_samples']}"
+            f"  trainguard, floor {row['floor_s']:g} s: {row['detect_samples']} / {row['recover_samples']}, "
+            f"{row['false_alarms_before_fault']} false alarms before the fault"
         )
-        print(
-            f"  lowest floor without false alarms {out['hang_min_clean_floor_s']} s: detect {out['hang_detect_s']} s; "
-            f"default floor: detect {out.get('hang_detect_default_s')} s, recover ratio "
-            f"{out.get('hang_recover_ratio')} (95% CI {out.get('hang_recover_ratio_ci95')})"
-        )
-    for line in bad:
-        print(f"target missed: {line}")
-    return 1 if bad else 0
+    print(
+        f"  torchrun, {pg_timeout_s:g} s process-group timeout: {out['torchrun_hang_detect_samples']} / "
+        f"{out['torchrun_hang_recover_samples']}"
+    )
+    print(
+        f"  lowest floor without false alarms {out['hang_min_clean_floor_s']} s: detect {out['hang_detect_s']} s; "
+        f"default floor: detect {out.get('hang_detect_default_s')} s, recover ratio "
+        f"{out.get('hang_recover_ratio')} (95% CI {out.get('hang_recover_ratio_ci95')})"
+    )
+    for row in out["hang_floor_sweep"]:  # what each rank last reported: where detection time went
+        for beats, summary in zip(row["last_beats"], row["summaries"], strict=True):
+            print(f"    floor {row['floor_s']:g} s: {'; '.join(beats)} -> {summary}")
 
 
 if __name__ == "__main__":

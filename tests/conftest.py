@@ -13,7 +13,9 @@ import contextlib
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import os
+import shutil
 import signal
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -77,6 +79,17 @@ def _descends_from(pid: int, root: int, table: dict[int, tuple[int, str]]) -> bo
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ[MARK_VAR] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    # Checkpoints are signed with the user's key (~/.config/trainguard/checkpoint.key, made on
+    # the first save): the tests, and every process they start, use one of their own instead.
+    keys = Path(tempfile.mkdtemp(prefix="tg-keys-"))
+    os.environ["TRAINGUARD_CHECKPOINT_KEY_FILE"] = str(keys / "checkpoint.key")
+    for name in (
+        "TRAINGUARD_CHECKPOINT_KEY",
+        "TRAINGUARD_CHECKPOINT_ALLOW_UNSIGNED",
+        "TRAINGUARD_CHECKPOINT_ENCRYPT",
+    ):
+        os.environ.pop(name, None)
+    config.add_cleanup(lambda: shutil.rmtree(keys, ignore_errors=True))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,28 +1,47 @@
 """A fake Kubernetes API server on loopback that records every request (there is no cluster here).
 
-It serves one Node object and applies the patches the remediation provider sends the way the API
+It serves Node objects and applies the patches the remediation provider sends the way the API
 server does for these fields: ``spec`` fields replace (``taints`` has no merge key), ``status.conditions``
-merge by ``type``, and a ``metadata.resourceVersion`` that is not the current one is a 409.
+merge by ``type``, and a ``metadata.resourceVersion`` that is not the current one is a 409. With an
+``admission`` (tests/k8s_admission.py) every write goes through the deploy/ admission policy as
+the request's ``user``, before it is stored: refused, it is a 403 and nothing changes.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+def make_node(name: str, uid: str = "0b1c-uid") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": uid,
+            "resourceVersion": "1",
+            "labels": {"kubernetes.io/hostname": name},
+        },
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}], "capacity": {"nvidia.com/gpu": "8"}},
+    }
+
+
 class FakeApiServer:
-    def __init__(self, node: str) -> None:
+    def __init__(
+        self, node: str, *, others: tuple[str, ...] = (), admission: Any = None, user: Any = None
+    ) -> None:
         self.node_name = node
-        self.node: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": node, "uid": "0b1c-uid", "resourceVersion": "1"},
-            "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        self.nodes: dict[str, dict[str, Any]] = {
+            n: make_node(n, uid=f"uid-{n}") if n != node else make_node(n) for n in (node, *others)
         }
+        self.node = self.nodes[node]
+        self.admission, self.user = admission, user
+        self.refused: list[str] = []  # messages of writes the admission policy refused
         self.requests: list[tuple[str, str, Any]] = []  # (method, path, JSON body)
         self.events: list[dict[str, Any]] = []
         self.conflicts = 0  # answer this many PATCHes with 409 (another writer got there first)
@@ -62,35 +81,51 @@ class FakeApiServer:
         path = h.path.split("?")[0]
         with self.lock:
             self.requests.append((method, path, body))
-            node_path = f"/api/v1/nodes/{self.node_name}"
-            if method == "GET" and path == node_path:
-                return h._send(200, self.node)
-            if method == "PATCH" and path == node_path:
+            parts = path.strip("/").split("/")
+            node = (
+                self.nodes.get(parts[3]) if parts[:3] == ["api", "v1", "nodes"] and len(parts) > 3 else None
+            )
+            sub = "/".join(parts[4:])
+            if node is not None and method == "GET" and not sub:
+                return h._send(200, node)
+            if node is not None and method == "PATCH" and sub in ("", "status"):
                 want = (body.get("metadata") or {}).get("resourceVersion")
-                if self.conflicts or (want and want != self.node["metadata"]["resourceVersion"]):
+                if not sub and (self.conflicts or (want and want != node["metadata"]["resourceVersion"])):
                     self.conflicts = max(0, self.conflicts - 1)
                     return h._send(409, _status(409, "Conflict"))
-                self.node["spec"].update(body.get("spec", {}))
-                self._bump()
-                return h._send(200, self.node)
-            if method == "PATCH" and path == node_path + "/status":
-                conds = {c["type"]: c for c in self.node["status"]["conditions"]}
-                for c in body["status"]["conditions"]:
-                    conds[c["type"]] = c
-                self.node["status"]["conditions"] = list(conds.values())
-                self._bump()
-                return h._send(200, self.node)
+                new = copy.deepcopy(node)
+                if sub:
+                    conds = {c["type"]: c for c in new["status"]["conditions"]}
+                    for c in body["status"]["conditions"]:
+                        conds[c["type"]] = c
+                    new["status"]["conditions"] = list(conds.values())
+                else:
+                    new["spec"].update(body.get("spec", {}))
+                    for key in ("labels", "annotations"):
+                        if key in (body.get("metadata") or {}):
+                            new["metadata"][key] = {**new["metadata"].get(key, {}), **body["metadata"][key]}
+                if self.admission is not None:
+                    resource = "nodes/status" if sub else "nodes"
+                    refused = self.admission.review(self.user, resource, "UPDATE", new, node)
+                    if refused is not None:
+                        self.refused.append(refused)
+                        return h._send(403, _status(403, "Forbidden", refused))
+                node.clear()
+                node.update(new)
+                self._bump(node)
+                return h._send(200, node)
             if method == "POST" and path.startswith("/api/v1/namespaces/") and path.endswith("/events"):
                 ev = dict(body)
                 ev.setdefault("metadata", {})["name"] = ev["metadata"].get("generateName", "") + str(
                     len(self.events)
                 )
+                ev["metadata"]["namespace"] = parts[3]
                 self.events.append(ev)
                 return h._send(201, ev)
             return h._send(404, _status(404, "NotFound"))
 
-    def _bump(self) -> None:
-        md = self.node["metadata"]
+    def _bump(self, node: dict[str, Any]) -> None:
+        md = node["metadata"]
         md["resourceVersion"] = str(int(md["resourceVersion"]) + 1)
 
     def __enter__(self) -> FakeApiServer:
@@ -102,5 +137,6 @@ class FakeApiServer:
         self.server.server_close()
 
 
-def _status(code: int, reason: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": reason, "code": code}
+def _status(code: int, reason: str, message: str = "") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": reason, "code": code,
+            "message": message}  # fmt: skip

@@ -5,14 +5,13 @@ socket in that directory, started as a child of the test process that dies with 
 signal). initdb refuses root: as root the server runs as the ``postgres`` user (setpriv). Host
 connections need a password (scram-sha-256), so the tests exercise real credentials.
 
-Where the server cannot start: in CI (``CI`` set, as `make test-all` does) the test fails naming
-how to install it; elsewhere it is skipped and says why.
+Where the server cannot start the test fails naming how to install it under `make test-all` and CI,
+and is skipped saying why elsewhere (``real_parts.missing``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import glob
 import os
 import pwd
@@ -25,8 +24,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
+
+from real_parts import missing
+from trainguard.procs import parent_death
 
 PASSWORD = "tg-test-" + uuid.uuid4().hex[:8]
 USER = "trainguard"
@@ -41,21 +44,14 @@ def _bindir() -> Path | None:
     return Path(exe).parent if exe else None
 
 
-def unavailable(reason: str) -> None:
-    message = f"PostgreSQL for the fleet-store tests: {reason}; {INSTALL}"
-    if os.environ.get("CI"):
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
+def unavailable(reason: str) -> NoReturn:
+    missing(f"PostgreSQL for the fleet-store tests ({reason})", INSTALL)
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class PgServer:
@@ -93,7 +89,7 @@ class PgServer:
             [*self._as_user(), str(self.bindir / "postgres"), "-D", str(self.data),
              "-c", "listen_addresses=127.0.0.1", "-p", str(self.port), "-c", f"unix_socket_directories={self.dir}",
              "-c", "max_connections=200", "-c", "shared_buffers=64MB"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self.dir, preexec_fn=_die_with_parent,
+            stdout=log, stderr=subprocess.STDOUT, cwd=self.dir, preexec_fn=parent_death(),
         )  # fmt: skip
         log.close()
         deadline = time.monotonic() + 60

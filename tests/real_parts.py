@@ -39,7 +39,7 @@ def missing(part: str, install: str) -> NoReturn:
     message = f"{MISSING}: {part} (install: {install})"
     if strict():
         pytest.fail(f"{message}; a missing real part fails `make test-all` and CI", pytrace=False)
-    pytest.skip(message)
+    pytest.skip(message, allow_module_level=True)  # also from a module's top: its tests all skip
 
 
 def require_real(part: str, install: str, found: Any = None) -> Any:
@@ -55,7 +55,9 @@ def require_real(part: str, install: str, found: Any = None) -> Any:
 
 
 def require_module(name: str, install: str) -> Any:
-    """``import name`` (a Python package a real part needs, e.g. selenium), else fail or skip."""
+    """``import name`` (a Python package a real part needs, e.g. selenium or an extra such as
+    torchft that `make install` installs), else fail or skip; at a module's top it fails or skips
+    the whole module."""
     try:
         return importlib.import_module(name)
     except ImportError:

@@ -6,21 +6,21 @@ on loopback, with every file (config, munge key and socket, state, logs) in a te
 
 Each daemon runs in the foreground as our child with a parent-death signal, so none outlives the
 test. Needs root (SlurmUser=root; the tests run as root here and in CI). Where a part is missing,
-``require_slurm()`` skips, or in CI (``CI=true``, make test-all) fails with how to install it.
+``require_slurm()`` fails under `make test-all` and CI with how to install it, and skips
+elsewhere (``real_parts.missing``).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-import pytest
+from real_parts import missing
+from trainguard.procs import parent_death
 
 NODE = "tgnode1"
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "scontrol", "sinfo")
@@ -28,19 +28,13 @@ INSTALL = "apt-get install -y slurm-wlm munge (make test-all does this)"
 
 
 def require_slurm() -> None:
-    missing = [d for d in DAEMONS if shutil.which(d) is None]
-    problem = f"missing {', '.join(missing)}: {INSTALL}" if missing else None
+    absent = [d for d in DAEMONS if shutil.which(d) is None]
+    problem = f"missing {', '.join(absent)}: {INSTALL}" if absent else None
     if problem is None and os.geteuid() != 0:
         problem = "the Slurm test cluster runs its daemons as root (SlurmUser=root): run the tests as root"
     if problem is None:
         return
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(problem)
-    pytest.skip(problem)
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    missing("a Slurm test cluster", problem)
 
 
 def free_port() -> int:
@@ -73,7 +67,7 @@ class SlurmCluster:
         log = open(self.root / "log" / f"{name}.out", "wb")  # noqa: SIM115 (lives as long as the daemon)
         self.procs.append(
             subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, env=self.env, preexec_fn=_die_with_parent
+                args, stdout=log, stderr=subprocess.STDOUT, env=self.env, preexec_fn=parent_death()
             )
         )
         log.close()

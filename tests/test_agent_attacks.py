@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import shutil
 import socket
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent_service import TOKEN, Running, self_signed_cert, sim_config, write_token
+from real_parts import require_real
 from trainguard.agent.serve import tls_context
 from trainguard.errors import ConfigError
 
@@ -87,8 +87,8 @@ def test_idle_keep_alives_of_a_stranger_deny_no_scrape(tmp_path: Path) -> None:
                 s.close()
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificate")
 def test_silent_tls_connections_are_timed_out_and_deny_no_scrape(tmp_path: Path) -> None:
+    require_real("openssl", install="apt-get install openssl")
     cert, key = self_signed_cert(tmp_path)
     config = sim_config(
         tmp_path, tls_cert=str(cert), tls_key=str(key), max_connections=32, tls_handshake_timeout_s=1.0

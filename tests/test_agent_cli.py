@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -17,12 +16,9 @@ from pathlib import Path
 import pytest
 
 from agent_service import TOKEN, write_token
+from trainguard.procs import parent_death
 
 TRAINGUARD = str(Path(sys.executable).with_name("trainguard"))
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class AgentProcess:
@@ -48,7 +44,7 @@ class AgentProcess:
             str(tmp / "tg.db"),
             *args,
         ]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, preexec_fn=parent_death())
         self.log: list[str] = []
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
@@ -142,7 +138,7 @@ def test_agent_refuses_to_start_with_a_readable_token_file(tmp_path: Path) -> No
         capture_output=True,
         text=True,
         timeout=60,
-        preexec_fn=_die_with_parent,
+        preexec_fn=parent_death(),
     )
     assert done.returncode == 2 and "chmod 600" in done.stderr and TOKEN not in done.stderr
 
@@ -168,7 +164,7 @@ def test_agent_refuses_an_address_in_use(tmp_path: Path) -> None:
             capture_output=True,
             text=True,
             timeout=60,
-            preexec_fn=_die_with_parent,
+            preexec_fn=parent_death(),
         )
         assert done.returncode == 2 and "cannot listen on" in done.stderr
     finally:

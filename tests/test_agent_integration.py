@@ -8,10 +8,8 @@ The dashboard screenshot is kept in build/test-artifacts/agent-dashboard.png.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -24,6 +22,7 @@ import pytest
 
 from agent_service import TOKEN, Running, sim_config
 from real_parts import require_module, require_real
+from trainguard.procs import parent_death
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,10 +31,6 @@ RULES = ROOT / "deploy" / "prometheus" / "trainguard-agent.rules.yml"
 # How long to wait for what a test expects (a page update, a scrape, an alert): generous, since a
 # loaded 2-core machine is slow; how fast it comes is a benchmark's business, not a test's.
 CEILING_S = 120.0
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -88,7 +83,7 @@ scrape_configs:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        preexec_fn=_die_with_parent,
+        preexec_fn=parent_death(),
     )
     base = f"http://127.0.0.1:{port}"
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import base64
 import logging
-import shutil
 import socket
 from pathlib import Path
 
 import pytest
 
 from agent_service import TOKEN, Running, self_signed_cert, sim_config, write_token
+from real_parts import require_real
 from trainguard.agent.ratelimit import RateLimiter
 from trainguard.errors import ConfigError
 from trainguard.tokens import TokenCheck
@@ -149,8 +149,8 @@ def test_a_slow_client_is_dropped_and_others_are_served(tmp_path: Path) -> None:
         assert s.recv(100) == b""  # then the slow one is closed
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make a test certificate")
 def test_agent_serves_https_when_given_a_certificate(tmp_path: Path) -> None:
+    require_real("openssl", install="apt-get install openssl")
     cert, key = self_signed_cert(tmp_path)
     with Running(sim_config(tmp_path, tls_cert=str(cert), tls_key=str(key))) as agent:
         assert agent.get("/api/v1/node")[0] == 200

@@ -52,3 +52,34 @@ def test_checkpoint_sizes_are_shown_in_a_unit_that_reads(capsys):
         "3.5M",
         "7.0G",
     ]
+
+
+def test_verify_names_a_rekinded_manifest_as_changed_after_signing(tmp_path, capsys):
+    import zlib
+
+    newest = make_checkpoint(tmp_path, 100, b"a" * 10_000)
+    body = json.loads((newest / "manifest.json").read_bytes())
+    body.pop("manifest_crc32")
+    body["kind"] = "dcp"
+    text = lambda obj: (json.dumps(obj, sort_keys=True, indent=1) + "\n").encode()  # noqa: E731
+    body["manifest_crc32"] = f"{zlib.crc32(text(body)):08x}"
+    (newest / "manifest.json").write_bytes(text(body))
+    assert main(["checkpoints", "verify", str(newest), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["valid"] is False and "changed after it was signed" in out["reason"]
+
+
+def test_key_shows_ids_never_secrets_and_rotation_keeps_the_old_key(tmp_path, capsys, monkeypatch):
+    from trainguard.checkpoint.signing import KEY_FILE_ENV, load_keyring
+
+    monkeypatch.setenv(KEY_FILE_ENV, str(tmp_path / "keys" / "checkpoint.key"))
+    make_checkpoint(tmp_path, 100, b"a" * 100)
+    old = load_keyring().signing
+    assert main(["checkpoints", "key", "--rotate"]) == 0
+    capsys.readouterr()
+    assert main(["checkpoints", "key"]) == 0
+    out = capsys.readouterr().out
+    assert f"{old.id}  verifies" in out and "signs and verifies" in out
+    assert old.secret.hex() not in out
+    assert main(["checkpoints", "verify", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["signed"] is True

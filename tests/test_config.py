@@ -87,6 +87,6 @@ def test_run_hands_the_thresholds_to_the_supervisors_health_agent(tmp_path, monk
     monkeypatch.setenv("TRAINGUARD_CONFIG", str(path))
     argv = ["run", "--standalone", "--set", "thresholds.pcie_replay_per_min=20", "--", "python", "train.py"]
     cfg = config_from_args(build_parser().parse_args(argv))
-    assert (cfg.thresholds.pcie_replay_per_min, cfg.thresholds.xid_hold_s) == (20.0, 60.0)
-    health = NodeHealth("sim", 2, tmp_path, thresholds=cfg.thresholds)
-    assert health.source == "local" and health._verdicts.agent.thresholds == cfg.thresholds
+    assert (cfg.health.thresholds.pcie_replay_per_min, cfg.health.thresholds.xid_hold_s) == (20.0, 60.0)
+    health = NodeHealth("sim", 2, tmp_path, thresholds=cfg.health.thresholds)
+    assert health.source == "local" and health._verdicts.agent.thresholds == cfg.health.thresholds

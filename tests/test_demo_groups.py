@@ -5,15 +5,14 @@ examples/train_ft.py, a simulated Xid 79 in one)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from typing import Any
 
 import pytest
 
+from real_parts import require_module
 from trainguard.demo.groups import check_groups, plan_toml
 
 
@@ -87,6 +86,19 @@ def test_a_faulty_group_first_seen_at_its_faults_step_is_out_from_the_fault():
     assert failed(result, report) == ["group 0 kept stepping"]
 
 
+def test_a_faulty_group_first_seen_at_step_0_after_the_fault_is_back_only_after_its_restart():
+    # Its first heartbeats (step 0, then the fault's step) were read just after the fault; the
+    # loop started it again at 16 s. It was out from the fault until 18 s, not from 2.51 s.
+    result, report = good_run()
+    failing = result["groups"][1]
+    failing["steps"] = [(2.51, 0), (2.61, 30), (18.0, 0), (19.0, 190)]
+    failing["started_at"] = [0.0, 16.0]
+    assert failed(result, report) == []
+    healthy = result["groups"][0]
+    healthy["steps"] = [(t, s) for t, s in healthy["steps"] if t <= 2.5] + [(18.5, 26), (19.0, 31)]
+    assert failed(result, report) == ["group 0 kept stepping"]
+
+
 def test_a_healthy_group_that_was_restarted_fails_the_self_test():
     result, report = good_run()
     result["groups"][0]["starts"] = 2
@@ -140,10 +152,7 @@ def test_the_plan_aims_one_xid_at_the_last_group():
 
 @pytest.mark.slow
 def test_the_replica_groups_demo_passes_its_self_test(tmp_path):
-    if importlib.util.find_spec("torchft") is None:
-        if os.environ.get("CI"):
-            pytest.fail("torchft is missing: pip install 'trainguard[ft]' (make install does)", pytrace=False)
-        pytest.skip("torchft is not installed: pip install 'trainguard[ft]'")
+    require_module("torchft", install="pip install 'trainguard[ft]' (make install does)")
     out = tmp_path / "demo.json"
     argv = [sys.executable, "-m", "trainguard.cli", "demo", "--replica-groups", "2", "--quick"]
     argv += ["--json", str(out), "--workdir", str(tmp_path / "w")]

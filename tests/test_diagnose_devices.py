@@ -8,11 +8,12 @@ import importlib
 
 import pytest
 
+from real_parts import require_module
 from test_telemetry_nvml import FakeGpu, FakeNvml
 from trainguard.records import DriverInfo, GpuModes
 from trainguard.telemetry.nvml import NvmlBackend, pynvml
 
-pytestmark = pytest.mark.skipif(pynvml is None, reason="nvidia-ml-py not installed")
+require_module("pynvml", install="pip install 'trainguard[nvml]' (make install does)")
 
 
 def test_nvml_reads_persistence_ecc_mig_and_the_driver(monkeypatch):

@@ -26,6 +26,7 @@ from trainguard.remediate.policy import BreakerLimits
 from trainguard.remediate.providers.sim import SimScheduler
 
 XID79 = Finding("xid", Health.FAILED, Action.REBOOT_NODE, "Xid 79: GPU has fallen off the bus.", gpu=1)
+LOST = Finding("gpu_lost", Health.FAILED, Action.REBOOT_NODE, "GPU stopped answering", gpu=1)  # NVML's view
 NAMES = [f"node{i:02d}" for i in range(16)]
 BAD = NAMES[::3][:6]  # six nodes fail; the breaker lets three go
 ADMIN = "admin-token-0123456789abcdef"
@@ -52,7 +53,7 @@ def remediate(store: IncidentStore, tmp_path: Path, policy: Policy, nodes: list[
             policy, name, store, state_dir=tmp_path / name, breaker_path=tmp_path / "shared" / "breaker.json",
             providers={"node": sched}, clock=lambda n=n: 1000.0 + n, fleet=FleetWriter(store, identity(name)), **kw,
         )  # fmt: skip
-        records += r.act([XID79])
+        records += r.act([XID79, LOST])
     return records
 
 
@@ -121,7 +122,7 @@ def test_dry_run_and_failed_actions_are_rows_too(target: str, tmp_path: Path) ->
         remediate(store, tmp_path / "dry", Policy(breaker=limits(0)), BAD[:1])  # dry run: would be held
         r = Remediator(Policy(enforce=True), "node05", store, state_dir=tmp_path / "n5",
                        fleet=FleetWriter(store, identity("node05")))  # no provider: fails  # fmt: skip
-        r.act([XID79])
+        r.act([XID79, LOST])
         rows = store.read("SELECT host, outcome, detail FROM remediation_actions ORDER BY time, id")
         assert [(x["host"], x["outcome"]) for x in rows] == [(BAD[0], "dry_run"), ("node05", "failed")]
         assert "the breaker would hold it" in rows[0]["detail"]

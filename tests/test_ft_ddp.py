@@ -9,7 +9,6 @@ Managers, two groups over gloo."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -24,14 +23,13 @@ from pathlib import Path
 import pytest
 from torch.distributed import TCPStore
 
-if importlib.util.find_spec("torchft") is None:  # CI installs every extra: missing there is a failure
-    if os.environ.get("CI"):
-        pytest.fail("torchft is missing: pip install 'trainguard[ft]' (make install does)", pytrace=False)
-    pytest.skip("torchft is not installed: pip install 'trainguard[ft]'", allow_module_level=True)
-
-from trainguard.rundir import read_discarded
-from trainguard.supervisor.lighthouse import Lighthouse, LighthouseConfig, _die_with_parent
+from real_parts import require_module
+from trainguard.procs import parent_death
+from trainguard.rundir import read_discarded, replica_group_env
 from trainguard.supervisor.ports import private_port
+from trainguard.supervisor.replicas.lighthouse import Lighthouse, LighthouseConfig
+
+require_module("torchft", install="pip install 'trainguard[ft]' (make install does)")
 
 WORKER = Path(__file__).parent / "workers" / "ft_worker.py"
 pytestmark = pytest.mark.slow
@@ -52,8 +50,7 @@ def start(
     runs on unread would block on a full pipe, a hang of its own)."""
     env = {
         **os.environ,
-        "REPLICA_GROUP_ID": str(group),
-        "NUM_REPLICA_GROUPS": "2",
+        **replica_group_env(group, 2),
         "TORCHFT_LIGHTHOUSE": lh.address,
         "TORCHFT_TIMEOUT_SEC": "3",  # a stopped peer's all-reduce fails after this long
         "MASTER_ADDR": "127.0.0.1",
@@ -71,7 +68,7 @@ def start(
             stdout=subprocess.PIPE if log is None else file,
             stderr=subprocess.STDOUT,
             text=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=parent_death(),
         )
 
 
@@ -169,7 +166,7 @@ def test_pytorchs_store_client_waits_for_a_stopped_server_past_its_timeout(tmp_p
         [sys.executable, "-c", SERVE_STORE, str(port)],
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=parent_death(),
     )
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "up"

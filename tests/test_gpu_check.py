@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -126,20 +129,164 @@ def test_skips_are_read_from_pytests_report(tmp_path):
     assert gpu_check._junit_skips(xml) == ["hardware: needs two GPUs", "no nvidia-smi here"]
 
 
-def test_a_gpu_the_driver_lists_is_a_gpu_run_even_when_torch_cannot_use_it(tmp_path, monkeypatch):
-    """Not a silent dry run: with nvidia-smi listing a GPU the check runs in GPU mode, and its env
-    stage then fails because torch sees none."""
-    import torch
-
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1234)'\n")
+def _smi(tmp_path, body):
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir(exist_ok=True)
+    smi.write_text("#!/bin/sh\n" + body + "\n")
     smi.chmod(0o755)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert gpu_check.driver_gpus() == ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1234)"]
-    assert gpu_check.has_nvidia_gpu()
-    smi.write_text("#!/bin/sh\necho 'No devices were found'\n")
-    assert not gpu_check.has_nvidia_gpu()
+    return smi
+
+
+def test_a_gpu_is_here_when_its_device_files_the_driver_or_nvidia_smi_say_so(tmp_path, monkeypatch):
+    dev, proc = tmp_path / "dev", tmp_path / "proc-gpus"
+    dev.mkdir()
+    (dev / "nvidiactl").touch()  # the control node alone: no GPU
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert gpu_check.gpu_present(dev, proc) == []
+    (dev / "nvidia0").touch()
+    assert gpu_check.gpu_present(dev, proc) == [str(dev / "nvidia0")]
+    (dev / "nvidia0").unlink()
+    (proc / "0000:1a:00.0").mkdir(parents=True)
+    assert gpu_check.gpu_present(dev, proc) == [str(proc / "0000:1a:00.0")]
+    (proc / "0000:1a:00.0").rmdir()
+    _smi(tmp_path, "echo 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1234)'")
+    assert gpu_check.gpu_present(dev, proc) == ["nvidia-smi -L: 1 GPU(s)"]
+    # a driver that does not answer is a GPU machine that is broken, not a machine without a GPU
+    _smi(
+        tmp_path,
+        'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver"; exit 9',
+    )
+    assert gpu_check.gpu_present(dev, proc)[0].startswith("nvidia-smi -L: exit 9")
+    _smi(tmp_path, "echo 'No devices were found'; exit 6")
+    assert gpu_check.gpu_present(dev, proc) == []
+
+
+def test_a_gpu_that_cpu_torch_cannot_use_fails_the_check_instead_of_a_quiet_dry_run(tmp_path, monkeypatch):
+    """/dev/nvidia0 and the driver's /proc entry, no nvidia-smi, this CPU build of torch: the check
+    runs in GPU mode and fails at env, naming torch and NVML (it used to run dry and pass)."""
+    dev, proc = tmp_path / "dev", tmp_path / "proc-gpus"
+    dev.mkdir()
+    (dev / "nvidia0").touch()
+    (proc / "0000:1a:00.0").mkdir(parents=True)
+    monkeypatch.setattr(gpu_check, "DEV", dev)
+    monkeypatch.setattr(gpu_check, "PROC_GPUS", proc)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    out = tmp_path / "out"
+    assert gpu_check.main(["--out", str(out), "--stages", "env,check"]) == 1
+    report = json.loads((out / "report.json").read_text())
+    assert report["mode"] == "gpu" and report["result"] == "fail"
+    [env] = report["stages"]  # nothing after a failed env
+    assert (
+        env["verdict"] == "fail"
+        and "CPU-only build" in env["reason"]
+        and str(dev / "nvidia0") in env["reason"]
+    )
+    assert "NVML cannot open" in env["reason"]
+
+
+def test_a_cuda_torch_that_sees_no_gpu_or_an_nvml_that_fails_is_unusable():
+    cuda_blind = {
+        "torch": "2.11.0+cu128",
+        "cuda": "12.8",
+        "gpus": [],
+        "nvml": "ok",
+        "gpu_present": ["/dev/nvidia0"],
+    }
+    [why, fix] = gpu_check.unusable(cuda_blind)
+    assert "sees no GPU" in why and "/dev/nvidia0" in why and "--dry" in fix
+    no_nvml = {**cuda_blind, "gpus": ["NVIDIA H200"], "nvml": "NVML Shared Library Not Found"}
+    assert "NVML cannot open the GPUs: NVML Shared Library Not Found" in gpu_check.unusable(no_nvml)[0]
+    assert gpu_check.unusable({**no_nvml, "nvml": "ok"}) == []
+
+
+def test_hardware_skips_on_a_gpu_make_the_check_partial_not_passed():
+    counts = {"tests": 21, "failures": 0, "errors": 0, "skipped": 2}
+    two = [
+        "hardware: needs two GPUs to exclude one (this machine has 1)",
+        "hardware: the NCCL pair test needs two GPUs",
+    ]
+    verdict, reason = gpu_check.pytest_verdict(0, counts, two, dry=False)
+    assert verdict == "partial" and "19 passed" in reason and "NCCL pair" in reason
+    assert gpu_check.pytest_verdict(0, counts, [*two[:1], "no nvidia-smi here"], dry=False)[0] == "fail"
+    assert gpu_check.pytest_verdict(0, {**counts, "skipped": 0}, [], dry=False)[0] == "pass"
+    assert (
+        gpu_check.pytest_verdict(0, {**counts, "skipped": 20}, ["needs an NVIDIA GPU (CUDA)"] * 20, dry=True)[
+            0
+        ]
+        == "pass"
+    )
+    assert gpu_check.overall(["pass", "partial", "pass"], dry=False, left_out=[]) == "partial"
+    assert gpu_check.overall(["pass", "pass"], dry=False, left_out=["bench"]) == "partial"
+    assert gpu_check.overall(["pass", "pass"], dry=False, left_out=[]) == "pass"
+    assert gpu_check.overall(["pass", "partial", "fail"], dry=False, left_out=[]) == "fail"
+    assert gpu_check.overall(["pass", "skip"], dry=True, left_out=["bench"]) == "pass"
+    assert (gpu_check.EXIT["pass"], gpu_check.EXIT["fail"], gpu_check.EXIT["partial"]) == (0, 1, 2)
+
+
+def _check(tmp_path, gpus, dry=False, quick=False):
+    c = object.__new__(gpu_check.Check)
+    c.dry, c.quick, c.gpus, c.logs = dry, quick, gpus, tmp_path
+    return c
+
+
+def test_on_one_gpu_the_train_stage_is_partial_and_quick_runs_only_the_kill_drill(tmp_path, monkeypatch):
+    ran = []
+
+    def fake_run(c, s, name, fault, steps, every, nproc):
+        ran.append(name)
+        incidents = [] if fault is None else [{"rank": fault["rank"], "action": "rollback" if name == "nan" else "restart",
+                                                "detected_by": "heartbeat" if name == "hang" else "exit_code"}]  # fmt: skip
+        return {
+            "exit_code": 0,
+            "weights": "w",
+            "incidents": incidents,
+            "stack_dumps": ["s"],
+            "flight_recorder_dumps": ["f"],
+        }
+
+    monkeypatch.setattr(gpu_check, "_train_run", fake_run)
+    s = gpu_check.Stage("train")
+    gpu_check.stage_train(_check(tmp_path, gpus=1), s)
+    assert (
+        ran == ["reference", "nan", "kill", "hang"]
+        and s.verdict == "partial"
+        and "hardware" in s.figures["ddp"]
+    )
+    s, ran[:] = gpu_check.Stage("train"), []
+    gpu_check.stage_train(_check(tmp_path, gpus=2), s)
+    assert s.verdict == "pass" and "ddp" not in s.figures
+    s, ran[:] = gpu_check.Stage("train"), []
+    gpu_check.stage_train(_check(tmp_path, gpus=0, dry=True, quick=True), s)
+    assert ran == ["reference", "kill"] and s.verdict == "pass"
+
+
+def test_a_missed_benchmark_target_fails_the_bench_stage_on_a_gpu(tmp_path, monkeypatch):
+    """The bench stage used to pass whatever the targets said; on a GPU a miss now fails it."""
+    script = tmp_path / "bench_x.py"
+    script.write_text(
+        "import json, sys\n"
+        "print('bench_x: target stall_ratio <= 0.1: 0.4 MISSED', file=sys.stderr)\n"
+        "print(json.dumps({'stall_ratio': 0.4}))\nsys.exit(1)\n"
+    )
+    monkeypatch.setattr(gpu_check, "benches", lambda dry: {"x": [str(script)]})
+    c = _check(tmp_path, gpus=1)
+    c.env, c.budget_s, c.started = dict(os.environ), 60.0, time.monotonic()
+    s = gpu_check.Stage("bench")
+    gpu_check.stage_bench(c, s)
+    assert s.verdict == "fail" and "stall_ratio <= 0.1" in s.reason, s
+    c.dry = True  # tiny CPU runs: the figures are reported, the GPU's targets not judged
+    gpu_check.stage_bench(c, s)
+    assert s.verdict == "pass" and "not judged" in s.reason and s.figures["targets_missed"]
+
+
+def test_quick_is_refused_on_a_gpu(tmp_path, monkeypatch):
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "nvidia0").touch()
+    monkeypatch.setattr(gpu_check, "DEV", dev)
+    with pytest.raises(SystemExit) as exc:
+        gpu_check.main(["--quick", "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
 
 
 def test_the_wheelhouse_the_makefile_downloads_is_what_the_check_expects():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.supervisor.config import SupervisorConfig
+from trainguard.supervisor.config import LaunchConfig, SupervisorConfig, WatchConfig
 from trainguard.supervisor.idle import IdleWatch, Sample, active, idle_since
 from trainguard.supervisor.watch import ProgressWatch, watchers
 
@@ -85,11 +85,12 @@ def test_no_heartbeats_is_no_hang_however_long_it_lasts(tmp_path):
 
 
 def test_watchers_say_how_hangs_are_detected_with_and_without_heartbeats():
-    cfg = SupervisorConfig(cmd=("python", "x.py"), idle_timeout=600.0, startup_timeout=15.0)
+    launch = LaunchConfig(cmd=("python", "x.py"))
+    cfg = SupervisorConfig(launch, watch=WatchConfig(idle_timeout=600.0, startup_timeout=15.0))
     assert "no heartbeats yet" in watchers(cfg, heartbeats=False)
     assert "process state only" in watchers(cfg, heartbeats=False) and "600s" in watchers(cfg, False)
     assert "hangs from heartbeats" in watchers(cfg, heartbeats=True) and "15s" in watchers(cfg, True)
-    off = SupervisorConfig(cmd=("python", "x.py"), idle_timeout=0)
+    off = SupervisorConfig(launch, watch=WatchConfig(idle_timeout=0))
     assert "no hang detection" in watchers(off, heartbeats=False)
     assert IdleWatch(timeout=0).poll(1e9, {0: os.getpid()}, Path("/nonexistent")) is None
 

@@ -19,7 +19,6 @@ SPINE = [
     "trainguard.telemetry.sim",
     "trainguard.detect",
     "trainguard.incidents",
-    "trainguard.recover",
     "trainguard.checkpoint",
     "trainguard.agent",
     "trainguard.agent.daemon",
@@ -32,8 +31,12 @@ SPINE = [
     "trainguard.supervisor.lost",
     "trainguard.supervisor.bookkeeping",
     "trainguard.supervisor.state",
+    "trainguard.supervisor.policy",
     "trainguard.supervisor.replicas",  # replica groups: torchft only in the groups' workers
-    "trainguard.supervisor.lighthouse",
+    "trainguard.supervisor.launch",
+    "trainguard.supervisor.local",  # the launcher without torch
+    "trainguard.supervisor.torchrun",  # torch's launcher: torch only once it launches
+    "trainguard.procs",
     "trainguard.diagnose",  # the GPU tests: torch/pynvml only when a test runs
     "trainguard.reliability",
 ]
@@ -59,12 +62,23 @@ def test_the_spine_imports_no_third_party_module(module):
 # fails the tests below: placing one is a one-line change. "trainguard" is the package's own
 # __init__.py. Imports are read from the AST, those inside functions and under TYPE_CHECKING too.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("trainguard", "records", "errors", "clock", "config", "rundir", "tokens", "palette"),  # nouns, files
+    (
+        "trainguard",
+        "records",
+        "errors",
+        "clock",
+        "config",
+        "rundir",
+        "control",
+        "procs",
+        "tokens",
+        "palette",
+    ),  # nouns, files
     ("telemetry",),  # look: NVML, the simulated node, kernel-log lines
     ("detect", "checkpoint", "diagnose"),  # judge: rules, verdicts, checkpoint checks, GPU tests
     ("incidents", "chaos"),  # record: the store, taxonomy, goodput; fault plans
-    ("remediate", "reliability", "torch"),  # the agent's act, failure models, the trainer's side
-    ("agent", "supervisor", "recover"),  # the two loops (and the supervisor's policy)
+    ("remediate", "reliability", "predictor", "torch"),  # the agent's act, failure models, the trainer's side
+    ("agent", "supervisor"),  # the two loops
     ("demo",),
     ("cli",),
 )
@@ -227,6 +241,15 @@ def test_only_the_agents_server_imports_aiohttp():
         if any(n.split(".")[0] == "aiohttp" for n in _imports(p))
     }
     assert importers == {"agent/server.py"}
+
+
+def test_only_the_checkpoint_sealing_imports_cryptography():
+    importers = {
+        str(p.relative_to(SRC))
+        for p in _modules(SRC)
+        if any(n.split(".")[0] == "cryptography" for n in _imports(p))
+    }
+    assert importers == {"checkpoint/sealing.py"}
 
 
 # Names of records.py's nouns that another module also gives a class, each with why it may. Empty

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["taxonomy", "correlate", "incident", "goodput", "store", "series"]
+MODULES = ["taxonomy", "correlate", "incident", "goodput", "store", "series", "flight", "flight_order"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainguard.records import Health
-from trainguard.recover.policy import (
+from trainguard.supervisor.policy import (
     PolicyState,
     Trouble,
     TroubleKind,
@@ -114,3 +114,13 @@ def test_a_nan_one_gpu_produced_is_diagnosed_before_training_goes_on():
     assert decide(with_diagnosis(nan, Health.FAILED), PolicyState(gpus_in_use=4)).verb is Verb.EXCLUDE_GPU
     # every rank saw it, no rank's own loss: no GPU to test
     assert decide(Trouble(kind=TroubleKind.NUMERICS, fatal=False), PolicyState()).verb is Verb.CONTINUE
+
+
+def test_a_degraded_gpu_still_in_service_asks_for_a_checkpoint_now():
+    degraded = Trouble(kind=TroubleKind.GPU_DEGRADED, gpu=2, gpu_health=Health.DEGRADED, fatal=False)
+    d = decide(with_diagnosis(degraded, Health.DEGRADED), PolicyState())
+    assert (d.verb, d.checkpoint) == (Verb.CONTINUE, True) and "checkpoint now" in d.reason
+    slow = decide(Trouble(kind=TroubleKind.STRAGGLER, rank=1, fatal=False), PolicyState())
+    assert (slow.verb, slow.checkpoint) == (Verb.CONTINUE, False)  # slow, not at risk of failing
+    failed = decide(with_diagnosis(degraded, Health.FAILED), PolicyState(gpus_in_use=2))
+    assert (failed.verb, failed.checkpoint) == (Verb.EXCLUDE_GPU, False)

@@ -4,6 +4,7 @@ install it, and is a skip that `make test` lists in its summary: never a silent 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -91,3 +92,80 @@ def test_the_crash_benchmark_fails_when_strace_is_missing(tmp_path):
     )
     assert done.returncode == 1 and "strace not found" in done.stdout, done.stdout + done.stderr
     assert shutil.which("strace", path=str(bin_dir)) is None
+
+
+# Tests whose real part is an extra `make install` installs (torchft) or a Debian package (the
+# browser): each must go through require_real/require_module, never a skip of its own.
+ROUTED = [
+    "tests/test_ft_ddp.py",
+    "tests/test_replicas_run.py",
+    "tests/test_demo_groups.py::test_the_replica_groups_demo_passes_its_self_test",
+    "tests/test_remediate_agent.py::test_dashboard_shows_an_open_breaker",
+]
+
+
+def _without_torchft_or_browser(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """pytest over ROUTED on a machine without torchft (``None`` in sys.modules: not importable,
+    no spec) and with nothing on PATH (no chromium, no chromedriver)."""
+    script = "import sys; sys.modules['torchft'] = None; import pytest; sys.exit(pytest.main(sys.argv[1:]))"
+    clean = {k: v for k, v in os.environ.items() if k not in ("CI", "TRAINGUARD_REQUIRE_REAL")}
+    (tmp_path / "bin").mkdir()
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "",
+            "--continue-on-collection-errors",
+            *ROUTED,
+        ],
+        cwd=ROOT,
+        env={**clean, "PATH": str(tmp_path / "bin"), **env},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+@pytest.mark.slow
+def test_a_missing_torchft_or_browser_fails_a_strict_run(tmp_path):
+    done = _without_torchft_or_browser(tmp_path, TRAINGUARD_REQUIRE_REAL="1")
+    assert done.returncode != 0, done.stdout[-3000:]
+    assert "2 failed" in done.stdout and "2 errors" in done.stdout, done.stdout[-3000:]
+    assert "missing real part: python module torchft" in done.stdout
+    assert "missing real part: chromium" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_missing_torchft_or_browser_is_a_listed_skip_in_make_test(tmp_path):
+    done = _without_torchft_or_browser(tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:]
+    summary = done.stdout[done.stdout.index("real parts missing: these tests did not run") :]
+    for target in ROUTED:
+        assert target.split("::")[0] in summary, summary
+
+
+def test_no_test_skips_a_missing_part_on_its_own():
+    """Every skip in tests/ for something missing goes through real_parts (so CI fails on it): the
+    other hand-written skips are for GPU hardware, judged by `make gpu-check` on a GPU machine.
+    (A bare ``importorskip("numpy")`` guards an import the package itself needs; one that says how
+    to install its module is a real part and must be a ``require_module``.)"""
+    gpu_only = re.compile(r"hardware:|GPU|NVIDIA|NVML|nvidia-smi|CUDA|driver|/proc")
+    offenders = []
+    for path in sorted(TESTS.glob("*.py")):
+        if path.name in ("real_parts.py", "test_gpu_paths.py"):  # the helper; the gpu-marked file
+            continue
+        text = path.read_text()
+        for m in re.finditer(
+            r"pytest\.skip\([^\n]*|\.skipif\([^\n]*|importorskip\((?:[^()]|\([^()]*\))*\)", text
+        ):
+            call = m.group(0)
+            if call.startswith("importorskip") and "reason=" not in call:
+                continue
+            if not gpu_only.search(call):
+                offenders.append(f"{path.name}:{text[: m.start()].count(chr(10)) + 1}: {call}")
+    assert offenders == []

@@ -23,6 +23,8 @@ from trainguard.telemetry.sim import SimNode
 
 DBE = Finding("ecc_dbe", Health.FAILED, Action.RESET_GPU, "1 uncorrectable ECC error", gpu=2, time=1.0)
 XID79 = Finding("xid", Health.FAILED, Action.REBOOT_NODE, "Xid 79: GPU has fallen off the bus.", gpu=1)
+# What NVML sees of the same fault: a kernel-log finding takes a node out only beside it.
+LOST = Finding("gpu_lost", Health.FAILED, Action.REBOOT_NODE, "GPU stopped answering", gpu=1)
 
 POLICY = """
 [remediation]
@@ -48,7 +50,7 @@ def test_dry_run_is_the_default_and_records_what_it_would_do(tmp_path: Path) -> 
     sched = SimScheduler(["n1"])
     with IncidentStore(tmp_path / "tg.db") as store:
         r = Remediator(Policy(), "n1", store, state_dir=tmp_path, providers={"node": sched})
-        (rec,) = r.act([XID79])
+        (rec,) = r.act([XID79, LOST])
         assert rec.resolution == "dry_run: would reboot_node"
         assert rec.action == "reboot_node" and rec.gpu == 1 and rec.node == "n1"
         assert "finding xid: Xid 79: GPU has fallen off the bus." in rec.evidence
@@ -60,7 +62,7 @@ def test_enforce_flag_turns_actions_on_and_the_reason_names_the_incident(tmp_pat
     sched = SimScheduler(["n1"])
     with IncidentStore(tmp_path / "tg.db") as store:
         r = Remediator(Policy(), "n1", store, state_dir=tmp_path, providers={"node": sched}, enforce=True)
-        (rec,) = r.act([XID79])
+        (rec,) = r.act([XID79, LOST])
     assert rec.resolved and rec.resolution.startswith("done")
     assert sched.state("n1") == ("reboot_requested", f"trainguard: xid GPU 1 inc {rec.id}")
     assert any("provider sim: done after 1 call(s)" in e for e in rec.evidence)
@@ -176,7 +178,7 @@ def test_job_breaker_holds_through_the_executor(tmp_path: Path) -> None:
         recs = [
             Remediator(Policy(enforce=True, breaker=BreakerLimits(max_nodes=10, max_fraction=1.0)), n, store,
                        state_dir=tmp_path / n, breaker_path=tmp_path / "b.json", providers={"node": sched},
-                       job=lambda: job).act([XID79])[0]
+                       job=lambda: job).act([XID79, LOST])[0]
             for n in ["n1", "n2"]
         ]  # fmt: skip
     assert recs[0].resolution.startswith("done")
@@ -186,7 +188,7 @@ def test_job_breaker_holds_through_the_executor(tmp_path: Path) -> None:
 def test_dry_run_says_when_the_breaker_would_hold(tmp_path: Path) -> None:
     pol = Policy(breaker=BreakerLimits(max_nodes=0))
     with IncidentStore(tmp_path / "tg.db") as store:
-        (rec,) = Remediator(pol, "n1", store, state_dir=tmp_path).act([XID79])
+        (rec,) = Remediator(pol, "n1", store, state_dir=tmp_path).act([XID79, LOST])
     assert "the breaker would hold it" in rec.resolution
     assert BreakerFile(tmp_path / "breaker.json").load() == BreakerState()  # a dry run changes nothing
 
@@ -197,7 +199,7 @@ def test_failures_are_retried_with_backoff(tmp_path: Path) -> None:
     with IncidentStore(tmp_path / "tg.db") as store:
         r = Remediator(Policy(enforce=True), "n1", store, state_dir=tmp_path, providers={"node": sched},
                        sleep=sleeps.append)  # fmt: skip
-        (rec,) = r.act([XID79])
+        (rec,) = r.act([XID79, LOST])
     assert rec.resolved and sleeps == [1.0, 2.0] and len(sched.calls) == 3
 
 
@@ -205,7 +207,7 @@ def test_an_ambiguous_call_is_verified_not_repeated(tmp_path: Path) -> None:
     sched = SimScheduler(["n1"], failures=[Status.AMBIGUOUS])  # the call timed out but took effect
     with IncidentStore(tmp_path / "tg.db") as store:
         (rec,) = Remediator(Policy(enforce=True), "n1", store, state_dir=tmp_path,
-                            providers={"node": sched}).act([XID79])  # fmt: skip
+                            providers={"node": sched}).act([XID79, LOST])  # fmt: skip
     assert rec.resolution.startswith("done") and "verified in effect" in rec.resolution
     assert len(sched.calls) == 1
 
@@ -214,7 +216,7 @@ def test_an_ambiguous_call_that_did_not_happen_is_retried(tmp_path: Path) -> Non
     sched = SimScheduler(["n1"], failures=[Status.AMBIGUOUS], applied_after_timeout=False)
     with IncidentStore(tmp_path / "tg.db") as store:
         (rec,) = Remediator(Policy(enforce=True), "n1", store, state_dir=tmp_path,
-                            providers={"node": sched}, sleep=lambda s: None).act([XID79])  # fmt: skip
+                            providers={"node": sched}, sleep=lambda s: None).act([XID79, LOST])  # fmt: skip
     assert rec.resolution.startswith("done") and len(sched.calls) == 2
 
 
@@ -239,7 +241,7 @@ def test_repeated_remediation_escalates_to_hardware_inspection_never_auto_resume
         for _ in range(4):
             clock[0] += 60
             sched.apply("resume", Target("n1"))  # as if someone resumed it between faults
-            got += [(i.action, (i.resolution or "").split(":")[0]) for i in r.act([XID79])]
+            got += [(i.action, (i.resolution or "").split(":")[0]) for i in r.act([XID79, LOST])]
     assert got == [("reboot_node", "done"), ("reboot_node", "done"), ("hardware_inspection", "done")]
     state = esc.EscalationFile(tmp_path / "escalation.json").load()
     assert esc.in_inspection(state, "n1", 1)
@@ -299,7 +301,7 @@ def test_a_rack_with_half_its_nodes_bad_is_recorded_once(tmp_path: Path) -> None
         for node in ["r1n0", "r2n0", "r1n1", "r1n2"]:  # the breaker holds all but the first
             r = Remediator(pol, node, store, state_dir=tmp_path / node, breaker_path=tmp_path / "b.json",
                            providers={"node": sched})  # fmt: skip
-            got += r.act([XID79])
+            got += r.act([XID79, LOST])
     rack = [i for i in got if i.job.startswith("rack:")]
     assert [(i.job, i.evidence) for i in rack] == [("rack:r1", ("bad node r1n0", "bad node r1n1"))]
     assert "2 of its 4 nodes bad" in rack[0].summary
@@ -316,3 +318,16 @@ def test_docstring_examples_run(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(f"trainguard.remediate.{module}"))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_resume_is_refused_while_one_gpu_of_the_node_is_in_inspection(tmp_path: Path) -> None:
+    """The usual inspection is a GPU's (issue 34: `remediate resume` put the node back to idle)."""
+    from trainguard.remediate.resume import resume_node
+
+    sched = SimScheduler(["n1"])
+    sched.apply("hardware_inspection", Target("n1", 3))
+    state = esc.EscalationState((), (("n1", 3, "Xid 79 twice"),))
+    out = resume_node(sched, "n1", passed=True, evidence="diagnose passed", escalation=state)
+    assert out.status is Status.FAILED and "GPU 3: Xid 79 twice" in out.detail
+    assert sched.state("n1")[0] != "idle"
+    assert resume_node(sched, "n1", passed=True, evidence="ok", escalation=esc.set_healthy(state, "n1")).ok

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent_service import TOKEN, Running, sim_config, write_token
+from real_parts import require_module, require_real
 from trainguard.agent import AgentDaemon
 from trainguard.agent.assemble import assemble, remediation_of
 from trainguard.agent.prometheus import MetricsView
@@ -126,12 +127,13 @@ def test_enforcing_agent_resets_a_gpu_and_the_next_tick_sees_it_healthy(tmp_path
 @pytest.mark.slow
 def test_dashboard_shows_an_open_breaker(tmp_path: Path) -> None:
     """In a real Chromium: the header says when the fleet breaker is open and how much it held."""
-    import shutil
     import time
 
-    if shutil.which("chromedriver") is None:
-        pytest.skip("Debian's chromium-driver is not installed (make test-integration installs it)")
-    from selenium import webdriver
+    require_real("chromium", install="apt-get install chromium (make integration-deps)")
+    chromedriver = require_real(
+        "chromedriver", install="apt-get install chromium-driver (make integration-deps)"
+    )
+    webdriver = require_module("selenium.webdriver", install="pip install 'trainguard[integration]'")
     from selenium.webdriver.chrome.service import Service
 
     policy = _policy(tmp_path, "[remediation]\nenforce = true\n[remediation.breaker]\nmax_nodes = 0\n")
@@ -139,7 +141,7 @@ def test_dashboard_shows_an_open_breaker(tmp_path: Path) -> None:
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}"):
         options.add_argument(arg)
     with Running(sim_config(tmp_path, policy=policy)) as agent:
-        driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+        driver = webdriver.Chrome(service=Service(chromedriver), options=options)
         try:
             agent.daemon.step()
             agent.daemon.sim.now().xid(79, gpu=2)

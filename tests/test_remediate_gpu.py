@@ -124,9 +124,10 @@ def test_procinfo_reads_user_command_and_slurm_job(tmp_path: Path) -> None:
     (fake / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_4711/step_0/user/task_0\n")
     p = describe(77, 1, 10.0, proc=tmp_path / "proc")
     assert (p.user, p.command, p.job) == ("root", "python train.py", "4711")
-    (fake / "environ").write_bytes(b"SLURM_JOB_ID=99\0")
-    assert describe(77, 1, proc=tmp_path / "proc").job == "99"
-    assert describe(78, 1, proc=tmp_path / "proc").job is None  # gone: nothing known, no crash
+    (fake / "environ").write_bytes(b"SLURM_JOB_ID=99\0")  # the process's own claim: not read
+    assert describe(77, 1, proc=tmp_path / "proc").job == "4711"
+    gone = describe(78, 1, proc=tmp_path / "proc")
+    assert gone.job is None and not gone.job_known  # nothing known, no crash
 
 
 def test_nvml_running_processes_become_gpu_processes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-kubernetes = pytest.importorskip(
-    "kubernetes", reason="pip install 'trainguard[kubernetes]' (make install does)"
-)
+from real_parts import require_module
+
+kubernetes = require_module("kubernetes", install="pip install 'trainguard[kubernetes]' (make install does)")
 yaml = pytest.importorskip("yaml")
 
 from k8s_fake import FakeApiServer  # noqa: E402
@@ -22,6 +22,7 @@ from trainguard.remediate.providers.kubernetes import CONDITION, TAINT_KEY, Kube
 
 RBAC = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes" / "trainguard-remediation-rbac.yaml"
 XID = Finding("xid", Health.FAILED, Action.RESET_GPU, "Xid 48: double bit ECC error", gpu=2)
+DBE = Finding("ecc_dbe", Health.FAILED, Action.RESET_GPU, "1 uncorrectable ECC error", gpu=2)  # NVML's view
 
 
 @pytest.fixture
@@ -37,11 +38,17 @@ def provider(api: FakeApiServer) -> KubernetesProvider:
 
 def test_cordon_taints_adds_a_condition_and_an_event(api: FakeApiServer, tmp_path: Path) -> None:
     policy = parse_policy(
-        {"remediation": {"enforce": True, "provider": "kubernetes", "actions": {"xid": "drain"}}}
+        {
+            "remediation": {
+                "enforce": True,
+                "provider": "kubernetes",
+                "actions": {"xid": "drain", "ecc_dbe": "drain"},
+            }
+        }
     )
     with IncidentStore(tmp_path / "tg.db") as store:
         (rec,) = Remediator(policy, "gpu-node-7", store, state_dir=tmp_path,
-                            providers={"node": provider(api)}).act([XID])  # fmt: skip
+                            providers={"node": provider(api)}).act([XID, DBE])  # fmt: skip
     assert rec.action == "cordon" and rec.resolved, rec
     spec = api.node["spec"]
     assert spec["unschedulable"] is True
@@ -70,11 +77,17 @@ def test_cordon_is_idempotent_and_resume_undoes_it(api: FakeApiServer) -> None:
 def test_a_conflicting_write_is_read_again_not_overwritten(api: FakeApiServer, tmp_path: Path) -> None:
     api.conflicts = 1
     policy = parse_policy(
-        {"remediation": {"enforce": True, "provider": "kubernetes", "actions": {"xid": "drain"}}}
+        {
+            "remediation": {
+                "enforce": True,
+                "provider": "kubernetes",
+                "actions": {"xid": "drain", "ecc_dbe": "drain"},
+            }
+        }
     )
     with IncidentStore(tmp_path / "tg.db") as store:
         (rec,) = Remediator(policy, "gpu-node-7", store, state_dir=tmp_path, providers={"node": provider(api)},
-                            sleep=lambda s: None).act([XID])  # fmt: skip
+                            sleep=lambda s: None).act([XID, DBE])  # fmt: skip
     assert rec.resolved and "after 2 call(s)" in rec.evidence[-1]
     assert [m for m, p, _ in api.requests if p.endswith("gpu-node-7")].count("GET") == 2
 
@@ -104,10 +117,14 @@ def test_the_rbac_check_notices_an_extra_verb(tmp_path: Path) -> None:
 
 
 def granted(path: Path) -> set[tuple[str, str, str]]:
+    """What the agent's ClusterRole grants, and its Role in its own namespace (events)."""
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
-    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role")]
+    assert [r["kind"] for r in roles] == ["ClusterRole", "Role"]
+    assert roles[1]["metadata"]["namespace"] == "trainguard"
     return {
         (g, r, v)
+        for role in roles
         for rule in role["rules"]
         for g in rule["apiGroups"]
         for r in rule["resources"]

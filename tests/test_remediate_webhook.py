@@ -70,7 +70,11 @@ def test_webhook_posts_the_incident_signed(receiver: Receiver, tmp_path: Path) -
     assert rec.resolved and rec.resolution == "done: HTTP 200"
     ((headers, body),) = receiver.requests
     assert verify_signature(
-        SECRET, headers["x-trainguard-timestamp"], body, headers["x-trainguard-signature"]
+        SECRET,
+        headers["x-trainguard-timestamp"],
+        body,
+        headers["x-trainguard-signature"],
+        headers["idempotency-key"],
     )
     assert not verify_signature(b"another-secret-of-16+", headers["x-trainguard-timestamp"], body,
                                 headers["x-trainguard-signature"])  # fmt: skip
@@ -82,8 +86,9 @@ def test_webhook_posts_the_incident_signed(receiver: Receiver, tmp_path: Path) -
 
 def test_tampered_body_fails_the_signature() -> None:
     sig = sign(SECRET, "100", b'{"node": "n1"}')
-    assert not verify_signature(SECRET, "100", b'{"node": "n2"}', sig)
-    assert not verify_signature(SECRET, "101", b'{"node": "n1"}', sig)
+    assert verify_signature(SECRET, "100", b'{"node": "n1"}', sig, now=100)
+    assert not verify_signature(SECRET, "100", b'{"node": "n2"}', sig, now=100)
+    assert not verify_signature(SECRET, "101", b'{"node": "n1"}', sig, now=100)
 
 
 def test_server_errors_are_retried_client_errors_are_not(receiver: Receiver) -> None:
@@ -111,8 +116,10 @@ def test_nobody_listening_is_a_retryable_failure(tmp_path: Path) -> None:
 
 
 def test_bad_webhook_settings_are_clear_errors() -> None:
-    with pytest.raises(ConfigError, match="http"):
+    with pytest.raises(ConfigError, match="https"):
         WebhookProvider("ftp://x", SECRET)
+    with pytest.raises(ConfigError, match="loopback"):
+        WebhookProvider("http://hooks.example.com/", SECRET)
     with pytest.raises(ConfigError, match="16 bytes"):
         WebhookProvider("http://127.0.0.1/", b"short")
 
@@ -122,12 +129,13 @@ def test_a_tripping_breaker_is_announced_once(receiver: Receiver, tmp_path: Path
     from trainguard.remediate.providers.sim import SimScheduler
 
     xid = Finding("xid", Health.FAILED, Action.REBOOT_NODE, "Xid 79: GPU has fallen off the bus.", gpu=1)
+    lost = Finding("gpu_lost", Health.FAILED, Action.REBOOT_NODE, "GPU stopped answering", gpu=1)  # NVML
     policy = Policy(enforce=True, breaker=BreakerLimits(max_nodes=1, max_fraction=1.0))
     hook = WebhookProvider(receiver.url, SECRET)
     with IncidentStore(tmp_path / "tg.db") as store:
         for node in ["a", "b", "c"]:
             Remediator(policy, node, store, state_dir=tmp_path / node, breaker_path=tmp_path / "b.json",
-                       providers={"node": SimScheduler([node]), "webhook": hook}).act([xid])  # fmt: skip
+                       providers={"node": SimScheduler([node]), "webhook": hook}).act([xid, lost])  # fmt: skip
     ((_headers, body),) = receiver.requests  # b trips it (announced); c is held quietly
     sent = json.loads(body)
     assert sent["node"] == "b" and sent["incident"]["resolution"].startswith("held: fleet breaker tripped")

@@ -3,9 +3,7 @@ replica groups of examples/train_ft.py over gloo, real faults in one group while
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -14,15 +12,20 @@ from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("torchft") is None:  # CI installs every extra: missing there is a failure
-    if os.environ.get("CI"):
-        pytest.fail("torchft is missing: pip install 'trainguard[ft]' (make install does)", pytrace=False)
-    pytest.skip("torchft is not installed: pip install 'trainguard[ft]'", allow_module_level=True)
+from real_parts import require_module
+
+require_module("torchft", install="pip install 'trainguard[ft]' (make install does)")
 torch = pytest.importorskip("torch")
 
 from trainguard.incidents import IncidentStore  # noqa: E402
 from trainguard.incidents.report import job_report  # noqa: E402
-from trainguard.supervisor.config import SupervisorConfig  # noqa: E402
+from trainguard.supervisor.config import (  # noqa: E402
+    HealthConfig,
+    LaunchConfig,
+    RecordConfig,
+    SupervisorConfig,
+    WatchConfig,
+)
 from trainguard.supervisor.replicas import ReplicaConfig, ReplicaSupervisor  # noqa: E402
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "train_ft.py"
@@ -134,28 +137,16 @@ def test_one_group_is_killed_hung_and_loses_a_gpu_while_the_other_never_stops(tm
 
 
 def test_the_lighthouse_is_restarted_and_the_groups_carry_on(tmp_path):
+    cmd = (sys.executable, str(EXAMPLE), "--steps", "300", "--step-delay", "0.1", "--all-groups-at-end")
     config = SupervisorConfig(
-        cmd=(
-            sys.executable,
-            str(EXAMPLE),
-            "--steps",
-            "300",
-            "--step-delay",
-            "0.1",
-            "--all-groups-at-end",
-            "--out",
-            str(tmp_path / "w{group}.pt"),
-        ),
-        standalone=True,
-        runs_root=tmp_path / "runs",
-        db=tmp_path / "tg.db",
-        tee=False,
-        warm_standby=False,
-        preflight=False,
+        LaunchConfig(cmd=(*cmd, "--out", str(tmp_path / "w{group}.pt")), standalone=True),
+        RecordConfig(runs_root=tmp_path / "runs", db=tmp_path / "tg.db"),
+        WatchConfig(tee=False),
+        HealthConfig(preflight=False),
     )
     sup = ReplicaSupervisor(config, ReplicaConfig(groups=2))
     out: dict = {}
-    runner = threading.Thread(target=lambda: out.update(sup.run()), daemon=True)
+    runner = threading.Thread(target=lambda: out.update(sup.run().to_dict()), daemon=True)
     runner.start()
     deadline = time.monotonic() + 300
     while min((g.last_step or 0) for g in sup.groups) < 30 and runner.is_alive():

@@ -14,9 +14,9 @@ from trainguard.incidents import Incident, IncidentStore, IntervalKind, RootCaus
 from trainguard.incidents.groups_report import groups_result, k_of_n
 from trainguard.incidents.report import job_report, render_report
 from trainguard.rundir import append_discarded
-from trainguard.supervisor.config import ExitCode, SupervisorConfig
+from trainguard.supervisor.config import ExitCode, LaunchConfig, RecordConfig, SupervisorConfig
 from trainguard.supervisor.record import JobRecorder
-from trainguard.supervisor.replicas import ReplicaConfig, ReplicaSupervisor
+from trainguard.supervisor.replicas import ReplicaConfig, ReplicaResult, ReplicaSupervisor
 
 K = IntervalKind
 T0 = 1_700_000_000.0
@@ -36,7 +36,10 @@ def record_replica_job(tmp_path: Path) -> tuple[Path, dict]:
     by 55 s."""
     db = tmp_path / "tg.db"
     clock = Clock()
-    config = SupervisorConfig(cmd=("python", "train.py"), job_id="llm", runs_root=tmp_path / "runs", db=db)
+    config = SupervisorConfig(
+        LaunchConfig(cmd=("python", "train.py")),
+        RecordConfig(job_id="llm", runs_root=tmp_path / "runs", db=db),
+    )
     sup = ReplicaSupervisor(config, ReplicaConfig(groups=2), clock=clock)
     sup.started = T0
     sup.recorder.start_job(T0, "python train.py", 2)
@@ -89,7 +92,8 @@ def record_replica_job(tmp_path: Path) -> tuple[Path, dict]:
         r.close()
     clock.now = T0 + 100
     result = sup._finish(ExitCode.OK, "training completed")
-    return db, result
+    assert ReplicaResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result  # as --json writes it
+    return db, result.to_dict()
 
 
 def test_a_replica_jobs_report_is_its_groups_capacity_weighted(tmp_path):
@@ -171,7 +175,7 @@ def test_the_module_examples_hold():
     import doctest
 
     import trainguard.incidents.groups_report as report_mod
-    import trainguard.supervisor.groups as groups_mod
+    import trainguard.supervisor.replicas.judge as groups_mod
 
     for mod in (report_mod, groups_mod):
         result = doctest.testmod(mod)

@@ -164,3 +164,39 @@ def test_when_no_standby_can_start_the_ranks_start_cold_and_the_pool_lives_on(tm
     finally:
         pool.close()
     assert not pool._spawner.is_alive()
+
+
+def test_a_rank_killed_while_its_standby_still_imports_keeps_its_log_files(tmp_path, monkeypatch):
+    # A standby opens the rank's log files when it reads its job, after its imports: the files
+    # must exist from the rank's start (as torch's start_processes makes them), outlive a kill
+    # that comes first, and outlive the next attempt.
+    from trainguard.supervisor.logs import make_logs_specs
+    from trainguard.supervisor.warm import WarmPool
+
+    gate = tmp_path / "gate"
+    (tmp_path / "slow_import.py").write_text(
+        f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.05)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the pool's standbys take this environment
+    script = tmp_path / "train.py"
+    script.write_text("import os\nprint('rank', os.environ['RANK'], 'started', flush=True)\n")
+    attempt = [0]
+    specs = make_logs_specs(lambda: tmp_path / "logs" / f"attempt{attempt[0]}")
+    args = {lr: (str(script),) for lr in (0, 1)}
+    files = ["rank0.stderr", "rank0.stdout", "rank1.stderr", "rank1.stdout"]
+    pool = WarmPool(preload=("slow_import",), refill_delay_s=600.0)
+    try:
+        first = pool.start("trainer", sys.executable, args, {lr: {"RANK": str(lr)} for lr in args}, specs)
+        assert first is not None
+        assert sorted(p.name for p in (tmp_path / "logs" / "attempt0").iterdir()) == files
+        first.close(signal.SIGKILL)  # both ranks die before their script's first line
+        attempt[0] = 1
+        second = pool.start("trainer", sys.executable, args, {lr: {"RANK": str(lr)} for lr in args}, specs)
+        assert second is not None
+        gate.touch()
+        codes = [h.proc.wait(60) for h in second.subprocess_handlers.values()]
+    finally:
+        pool.close()
+    assert codes == [0, 0]
+    assert sorted(p.name for p in (tmp_path / "logs" / "attempt0").iterdir()) == files
+    assert (tmp_path / "logs" / "attempt1" / "rank1.stdout").read_text() == "rank 1 started\n"

@@ -103,6 +103,32 @@ def test_a_second_fault_before_the_pool_refilled_still_restarts_on_ready_standby
     assert second["standbys"] == {"ready": 2, "importing": 0, "fresh": 0}
 
 
+@pytest.mark.parametrize("standby", ["--warm-standby", "--no-warm-standby"])
+def test_every_attempts_worker_logs_are_kept_through_three_restarts(tmp_path, standby):
+    # Rank 1 is killed three times, each at another moment: at once (before the first step: the
+    # ranks are starting, a standby may still be importing), mid-run (step 6), and as the save
+    # after step 15 is taken (checkpoints every 4 steps). Each attempt keeps its ranks' log files
+    # and what they printed.
+    plan = "".join(
+        f'[[fault]]\nkind = "kill"\nrank = 1\n{trigger}\n\n'
+        for trigger in ("at_s = 0", "step = 6", "step = 15")
+    )
+    args = ("--steps", "24", "--checkpoint-every", "4", "--step-sleep", "0.2")
+    code, result, _ = trainguard_run(tmp_path, standby, worker_args=args, plan=plan, timeout=400)
+    assert code == 0, result
+    assert [i["step"] is None or i["step"] < 15 for i in result["injected"]] == [True, True, False]
+    assert result["attempts"] == 4
+    [node] = (tmp_path / "runs" / result["job_id"] / "logs").iterdir()
+    for attempt in range(4):  # (and the error file of a rank that raised)
+        names = {p.name for p in (node / f"attempt{attempt}").iterdir()}
+        assert names >= {"rank0.stderr", "rank0.stdout", "rank1.stderr", "rank1.stdout"}, attempt
+    for attempt in (1, 2, 3):  # these ranks reached their training loop before the next kill
+        for rank in (0, 1):
+            printed = (node / f"attempt{attempt}" / f"rank{rank}.stdout").read_text()
+            assert f"rank {rank} resumes at step " in printed, (attempt, rank)
+    assert "rank 0 done" in (node / "attempt3" / "rank0.stdout").read_text()
+
+
 def test_the_same_application_error_three_times_stops_with_the_crash_loop_exit_code(tmp_path):
     code, result, store = trainguard_run(
         tmp_path,

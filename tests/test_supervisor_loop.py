@@ -12,7 +12,14 @@ from pathlib import Path
 
 from trainguard.incidents import IncidentStore, IntervalKind
 from trainguard.rundir import HeartbeatWriter
-from trainguard.supervisor import SupervisorConfig
+from trainguard.supervisor import (
+    HealthConfig,
+    LaunchConfig,
+    RecordConfig,
+    RecoveryConfig,
+    SupervisorConfig,
+    WatchConfig,
+)
 from trainguard.supervisor.assess import EXIT_GRACE_S, workers_done
 from trainguard.supervisor.attempt import Attempt
 from trainguard.supervisor.health import GpuMap
@@ -91,22 +98,19 @@ class FakeWorkers:
     def interrupted(self) -> None:
         pass
 
+    def standbys(self) -> dict[str, int] | None:
+        return None
+
     def beat(self, rank: int, step: int, t: float, phase: str = "train") -> None:
         HeartbeatWriter(self.run_dir, rank, self.attempt).beat(step, 1.0, 0.1, phase, now=t)
 
 
 def supervisor(tmp_path: Path, clock: VirtualClock) -> Supervisor:
     config = SupervisorConfig(
-        cmd=("python", "train.py"),
-        nproc_per_node=2,
-        standalone=True,
-        job_id="vjob",
-        runs_root=tmp_path / "runs",
-        db=tmp_path / "tg.db",
-        max_restarts=5,
-        backoff_base_s=4.0,
-        monitor_interval=0.5,
-        tee=False,
+        LaunchConfig(cmd=("python", "train.py"), nproc_per_node=2, standalone=True, monitor_interval=0.5),
+        RecordConfig(job_id="vjob", runs_root=tmp_path / "runs", db=tmp_path / "tg.db"),
+        WatchConfig(tee=False),
+        recovery=RecoveryConfig(max_restarts=5, backoff_base_s=4.0),
     )
     return Supervisor(config, clock=clock.time, sleep=clock.sleep)
 
@@ -266,18 +270,12 @@ class ShrinkingWorkers(FakeWorkers):
         return {lr: FakeProc(100 + lr) for lr in range(self.n)}
 
 
-def sim_supervisor(tmp_path: Path, clock: VirtualClock, **kw) -> Supervisor:
+def sim_supervisor(tmp_path: Path, clock: VirtualClock, **health) -> Supervisor:
     config = SupervisorConfig(
-        cmd=("python", "train.py"),
-        nproc_per_node=3,
-        standalone=True,
-        job_id="simjob",
-        runs_root=tmp_path / "runs",
-        db=tmp_path / "tg.db",
-        backend="sim",
-        monitor_interval=0.5,
-        tee=False,
-        **kw,
+        LaunchConfig(cmd=("python", "train.py"), nproc_per_node=3, standalone=True, monitor_interval=0.5),
+        RecordConfig(job_id="simjob", runs_root=tmp_path / "runs", db=tmp_path / "tg.db"),
+        WatchConfig(tee=False),
+        HealthConfig(backend="sim", **health),
     )
     return Supervisor(config, clock=clock.time, sleep=clock.sleep)
 
@@ -374,13 +372,51 @@ def test_the_diagnosis_after_a_degraded_gpu_is_stored_with_its_incident(tmp_path
 def test_the_watchers_line_says_whether_the_preflight_runs_and_why_not():
     from trainguard.supervisor.watch import watchers
 
-    sim = SupervisorConfig(cmd=("python", "x.py"), backend="sim")
+    launch = LaunchConfig(cmd=("python", "x.py"))
+    sim = SupervisorConfig(launch, health=HealthConfig(backend="sim"))
     assert "pre-flight diagnostics (level 1 + SDC) before each start" in watchers(sim, heartbeats=True)
-    off = SupervisorConfig(cmd=("python", "x.py"), backend="sim", preflight=False)
+    off = SupervisorConfig(launch, health=HealthConfig(backend="sim", preflight=False))
     assert "no pre-flight diagnostics (--no-preflight)" in watchers(off, heartbeats=True)
-    none = SupervisorConfig(cmd=("python", "x.py"))
+    none = SupervisorConfig(launch)
     assert "no pre-flight diagnostics (no GPU backend" in watchers(none, heartbeats=False)
-    nvml = SupervisorConfig(cmd=("python", "x.py"), backend="nvml")
+    nvml = SupervisorConfig(launch, health=HealthConfig(backend="nvml"))
     assert "no pre-flight diagnostics (the nvml backend did not open)" in watchers(
         nvml, True, backend_open=False
     )
+
+
+def test_a_degraded_gpu_that_passes_diagnostics_keeps_training_and_asks_for_a_checkpoint(tmp_path):
+    from trainguard.control import read_control
+    from trainguard.records import Health
+
+    clock = VirtualClock()
+    config = SupervisorConfig(
+        LaunchConfig(cmd=("python", "train.py"), nproc_per_node=3, standalone=True, monitor_interval=0.5),
+        RecordConfig(job_id="simjob", runs_root=tmp_path / "runs", db=tmp_path / "tg.db"),
+        WatchConfig(tee=False),
+        HealthConfig(backend="sim", health_interval=0.5, preflight=False),
+    )
+    # Diagnostics measure the GPU as degraded, not failed: it stays in service.
+    sup = Supervisor(config, diagnose=lambda gpu: Health.DEGRADED, clock=clock.time, sleep=clock.sleep)
+    events = []
+    sup._on_event = events.append
+
+    def script(w: ShrinkingWorkers, t: float) -> dict[int, int | None]:
+        if w.attempt == 0 and t < 30.0:
+            if t >= 1.0 and not w.stuck:
+                w.stuck = True
+                sup.health.fleet.now().straggler(gpu=2)  # clocks stuck at half: telemetry degrades
+            return dict.fromkeys(range(w.n))
+        return dict.fromkeys(range(w.n), 0)
+
+    workers = ShrinkingWorkers(clock, script, sup.run_dir, 3)
+    workers.stuck = False
+    sup.started = clock.now
+    assert sup.monitor(workers) is True
+    assert workers.sizes == [3]  # never restarted, never shrunk
+    [incident] = [i for i in sup.recorder.incidents if i.gpu == 2]
+    assert incident.action == "continue" and "checkpoint now" in incident.evidence[0]
+    control = read_control(sup.run_dir)
+    assert control is not None and control.save_now == control.seq and control.attempt == 0
+    assert "GPU 2 is degraded" in control.reason
+    assert [e.data["seq"] for e in events if e.kind == "checkpoint_requested"] == [control.seq]

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from trainguard.incidents import Incident, IncidentStore, RootCause
-from trainguard.supervisor.record import JobRecorder, signals_deferred
+from trainguard.procs import signals_deferred
+from trainguard.supervisor.record import JobRecorder
 
 
 class Stop(Exception):  # what trainguard run's handler raises (torch's SignalException is one)

@@ -8,6 +8,8 @@ import signal
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from trainguard.rundir import ErrorRecord, Heartbeat, append_discarded, heartbeat_path
 from trainguard.supervisor.config import checkpoint_dir_from_cmd
 from trainguard.supervisor.exits import Exited, aborted_after_finishing, exit_trouble
@@ -51,6 +53,66 @@ def test_hang_timeout_is_learned_from_step_times_with_a_floor(tmp_path):
     assert watch.poll(now=21.5).hung  # last progress at t=19, timeout 2 s
     beat(tmp_path, 0, 10, 22, step_time=1.0)
     assert watch.poll(now=23.0).timeout == 5.0  # 5 x the slowest recent step
+
+
+def _train_with_saves(run_dir: Path, ranks: tuple[int, ...], save_s: float) -> float:
+    """Steps 0..28 every 0.1 s on every rank, a save after every 5th taking ``save_s`` (its
+    checkpoint beat, then the next step's beat); returns the time of step 28's beat."""
+    t = 10.0
+    for step in range(29):
+        t += 0.1
+        for rank in ranks:
+            beat(run_dir, rank, step, t)
+        if (step + 1) % 5 == 0:
+            for rank in ranks:
+                beat(run_dir, rank, step, t + 0.01, step_time=None, phase="checkpoint")
+            t += save_s
+    return t
+
+
+@pytest.mark.parametrize("save_s", [0.05, 2.0])  # asynchronous saves (return at once), slow ones
+@pytest.mark.parametrize("saver", [0, 1])
+def test_a_hang_that_begins_while_another_rank_saves_is_caught_at_the_floor(tmp_path, saver, save_s):
+    # Both seen in bench_recovery's SIGSTOP of rank 1 (of 2, saves every 5 steps). saver 0: rank 1
+    # stopped in step 29 after its all-reduce; rank 0 finished step 29, beat "checkpoint" and
+    # waits in the save's collective. saver 1: rank 1 saved after step 29, then stopped in step
+    # 30 after its all-reduce, before its beat: its last beat is still "checkpoint", rank 0
+    # finished step 30. Either way one rank is in no save: the hang is due at the floor.
+    watch = ProgressWatch(tmp_path, hang_timeout_floor=3.0, hang_step_factor=5.0, startup_timeout=100)
+    watch.begin_attempt(0, [0, 1], started=0.0)
+    t = _train_with_saves(tmp_path, (0, 1), save_s) + 0.1
+    for rank in (0,) if saver == 0 else (0, 1):
+        beat(tmp_path, rank, 29, t)
+        beat(tmp_path, rank, 29, t + 0.01, step_time=None, phase="checkpoint")
+    if saver == 1:
+        t += save_s + 0.1
+        beat(tmp_path, 0, 30, t)
+    view = watch.poll(now=t + 2.9)
+    assert view.timeout == 3.0 and not view.hung
+    assert watch.poll(now=t + 3.1).hung
+
+
+def test_a_save_every_rank_is_in_may_take_factor_x_its_slowest_save_then_is_a_hang(tmp_path):
+    watch = ProgressWatch(tmp_path, hang_timeout_floor=3.0, hang_step_factor=5.0, startup_timeout=100)
+    watch.begin_attempt(0, [0, 1], started=0.0)
+    t = _train_with_saves(tmp_path, (0, 1), save_s=2.0) + 0.1
+    for rank in (0, 1):
+        beat(tmp_path, rank, 29, t)
+        beat(tmp_path, rank, 29, t + 0.01, step_time=None, phase="checkpoint")
+    allowance = 5.0 * 2.09  # each save measured from its checkpoint beat to the next step's beat
+    assert not watch.poll(now=t + 0.01 + allowance - 0.1).hung
+    assert watch.save_allowance(0) == pytest.approx(allowance)
+    assert watch.poll(now=t + 0.01 + allowance + 0.1).hung  # a save that never ends is a hang
+
+
+def test_a_ranks_save_allowance_follows_its_own_saves(tmp_path):
+    watch = ProgressWatch(tmp_path, hang_timeout_floor=3.0, hang_step_factor=5.0, startup_timeout=100)
+    watch.begin_attempt(0, [0, 1], started=0.0)
+    _train_with_saves(tmp_path, (0,), save_s=2.0)
+    _train_with_saves(tmp_path, (1,), save_s=0.05)
+    watch.poll(now=30.0)
+    assert watch.save_allowance(0) == pytest.approx(5.0 * 2.09)
+    assert watch.save_allowance(1) == 3.0  # 5 x 0.14 s: the floor
 
 
 def test_a_replica_group_that_discards_a_step_is_alive_until_it_tries_the_same_step_too_long(tmp_path):

@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -77,11 +76,10 @@ def _trainguard(argv: list[str]) -> tuple[object, list[str]]:
     from trainguard.cli import build_parser
     from trainguard.cli.run import config_from_args
     from trainguard.supervisor.elastic import launch_config
-    from trainguard.supervisor.supervisor import Supervisor
+    from trainguard.supervisor.torchrun import torchrun_argv
 
     cfg = config_from_args(build_parser().parse_args(["run", *argv]))
-    torchrun_argv = Supervisor.torchrun_argv(SimpleNamespace(config=cfg, job_id="job"))  # type: ignore[arg-type]
-    config, entry, args = launch_config(torchrun_argv)
+    config, entry, args = launch_config(torchrun_argv(cfg, "job"))
     return config, [entry, *args]
 
 

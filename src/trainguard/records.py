@@ -334,4 +334,5 @@ class GpuProcess:
     used_mib: float | None = None
     user: str | None = None
     command: str | None = None
-    job: str | None = None  # the scheduler job it belongs to (SLURM_JOB_ID, a cgroup); None: none found
+    job: str | None = None  # the scheduler job whose cgroup holds it (Slurm, a pod); None: none found
+    job_known: bool = True  # False: neither /proc nor the scheduler's cgroups could be read

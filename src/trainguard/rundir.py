@@ -15,11 +15,15 @@ Torch-free and documented so that any trainer (PyTorch, JAX, a shell script) can
                                 {"rank", "time", "pid", "attempt", "step", "exc_type", "message",
                                  "traceback"}. The earliest "time" across ranks is the root cause.
       dumps/rank<R>-<unix>.txt  hang dumps: every thread's Python stack (+ .fr flight recorder)
+      control.json              the other way, supervisor -> ranks: the supervisor's requests
+                                (a checkpoint now), versioned; see `trainguard.control`
       findings/rank<R>.jsonl    findings rank R raised in the loop (numerics, hang), one JSON per line:
                                 {"rank", "step", "rule", "health", "action", "reason", "gpu", "time",
                                  "category", "evidence"}  (records.Finding plus rank and step)
 
-The supervisor sets TRAINGUARD_RUN_DIR and TRAINGUARD_ATTEMPT for every worker it starts.
+The supervisor sets TRAINGUARD_RUN_DIR and TRAINGUARD_ATTEMPT for every worker it starts; under
+``--replica-groups N`` each group's supervisor and workers also get REPLICA_GROUP_ID (0..N-1) and
+NUM_REPLICA_GROUPS (N), the names torchft's examples read (`replica_group`).
 A worker that leaves on purpose says why with its exit code (``WorkerExit``; see docs/guard.md).
 """
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -48,6 +53,8 @@ class WorkerExit(IntEnum):
 
 RUN_DIR_ENV = "TRAINGUARD_RUN_DIR"
 ATTEMPT_ENV = "TRAINGUARD_ATTEMPT"
+REPLICA_GROUP_ENV = "REPLICA_GROUP_ID"
+NUM_REPLICA_GROUPS_ENV = "NUM_REPLICA_GROUPS"
 
 _TAIL_BYTES = 4096  # a heartbeat line is ~150 bytes; the last one always fits
 
@@ -80,6 +87,25 @@ class ErrorRecord:
 def run_dir_from_env(environ: dict[str, str] | None = None) -> Path | None:
     value = (os.environ if environ is None else environ).get(RUN_DIR_ENV)
     return Path(value) if value else None
+
+
+def replica_group_env(group: int, groups: int) -> dict[str, str]:
+    """The environment that makes a process part of replica group ``group`` of ``groups``."""
+    return {REPLICA_GROUP_ENV: str(group), NUM_REPLICA_GROUPS_ENV: str(groups)}
+
+
+def replica_group(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """(group, groups) of a process started under ``--replica-groups``; None outside one (or
+    when the environment is unreadable).
+
+    >>> replica_group(replica_group_env(1, 2)), replica_group({})
+    ((1, 2), None)
+    """
+    env = os.environ if environ is None else environ
+    try:
+        return int(env[REPLICA_GROUP_ENV]), int(env.get(NUM_REPLICA_GROUPS_ENV, "1"))
+    except (KeyError, ValueError):
+        return None
 
 
 def heartbeat_path(run_dir: Path, rank: int) -> Path:

@@ -9,14 +9,23 @@ a connection at all::
            -> aiohttp -> Api
 
 Every error answer closes its connection; a connection whose answer the client does not read
-is aborted after ``write_timeout_s``; a connection counts until its socket is closed. docs/agent.md
-says why aiohttp and what each limit defends against.
+is aborted after ``write_timeout_s``; a connection counts until its socket is closed.
+
+A request's head (request line and headers) is bounded before aiohttp parses it: the bytes a
+connection sends before its request is complete are counted, and past ``max_header_bytes`` it is
+answered 431 and closed (aiohttp's keep-alive timeout already closes a head trickled byte by
+byte). aiohttp's parser keeps copies of an unfinished head (about twice its size), so what all
+unfinished requests can hold is bounded by max_connections x max_header_bytes x a small factor
+(128 x 16 KiB: a few MiB). When many connections go at once, freed memory is handed back to the system
+(``malloc_trim``), so a burst does not leave the agent's resident size high. docs/agent.md says
+why aiohttp and what each limit defends against.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import functools
 import logging
 import socket
@@ -39,13 +48,20 @@ from trainguard.agent.messages import SECURITY_HEADERS, Request, Response
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Awaitable[Response]]
-MAX_HEADERS = 100
+MAX_HEADERS = 32  # Prometheus sends 6, a browser about 15
+MAX_LINE = 8190  # request line, and each header line (aiohttp's own default)
 SWEEP_S = 0.5  # how often stuck writers are looked for
+LINGER_S = 2.0  # a refused connection's unread input is dropped this long before it is closed
+TRIM_AFTER = 16  # connections closed since the last trim that make the next sweep trim
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n"
+    b"Content-Type: text/plain\r\nContent-Length: 24\r\n\r\nrequest head is too large"
+)
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    max_header_bytes: int = 16384  # request line, and each header line
+    max_header_bytes: int = 16384  # a request's head: request line plus every header
     max_body_bytes: int = 1024
     max_connections: int = 128  # held at once, all clients
     max_connections_per_client: int = 16  # held at once by one address
@@ -57,7 +73,17 @@ class Limits:
 class _Conn:
     """One accepted connection: its client, and whether it ever carried the right token."""
 
-    __slots__ = ("authenticated", "client", "handler", "sock", "stuck_since", "waiting")
+    __slots__ = (
+        "authenticated",
+        "client",
+        "handler",
+        "head_bytes",
+        "lingering",
+        "sock",
+        "stuck_since",
+        "tail",
+        "waiting",
+    )
 
     def __init__(self, client: str, sock: socket.socket) -> None:
         self.client, self.sock = client, sock
@@ -65,6 +91,9 @@ class _Conn:
         self.waiting: asyncio.Task[Any] | None = None  # waiting for a ClientHello: still ours to close
         self.authenticated = False
         self.stuck_since: float | None = None
+        self.head_bytes = 0  # bytes received since the last request was complete
+        self.tail = b""  # the last bytes received: a head's end may be split between reads
+        self.lingering: float | None = None  # refused at: reading and dropping what the client sends
 
 
 class _Protocol(RequestHandler):
@@ -72,6 +101,11 @@ class _Protocol(RequestHandler):
     traceback (a malformed request is the client's problem, not ours)."""
 
     on_refusal: Callable[[str], None] = staticmethod(lambda reason: None)
+    on_data: Callable[[Any, bytes], bool] = staticmethod(lambda handler, data: True)
+
+    def data_received(self, data: bytes) -> None:
+        if self.on_data(self, data):  # False: the head is too large, the gate has closed us
+            super().data_received(data)
 
     def handle_error(
         self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
@@ -90,14 +124,20 @@ class _AiohttpServer(web.Server):
     """aiohttp's low-level server, telling the gate when a connection is gone."""
 
     def __init__(
-        self, *args: Any, on_lost: Callable[[Any], None], on_refusal: Callable[[str], None], **kw: Any
+        self,
+        *args: Any,
+        on_lost: Callable[[Any], None],
+        on_refusal: Callable[[str], None],
+        on_data: Callable[[Any, bytes], bool],
+        **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
-        self._on_lost, self._on_refusal = on_lost, on_refusal
+        self._on_lost, self._on_refusal, self._on_data = on_lost, on_refusal, on_data
 
     def __call__(self) -> RequestHandler:
         handler = _Protocol(self, loop=self._loop, **self._kwargs)
         handler.on_refusal = self._on_refusal
+        handler.on_data = self._on_data
         return handler
 
     def connection_lost(self, handler: Any, exc: BaseException | None = None) -> None:
@@ -115,6 +155,7 @@ class HttpServer:
         self._sock: socket.socket | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._tls: ssl.SSLContext | None = None
+        self._closed_since_trim = 0
 
     @property
     def connections(self) -> int:
@@ -138,9 +179,10 @@ class HttpServer:
             self._handle,
             on_lost=self._lost,
             on_refusal=self.on_refusal,
+            on_data=self._on_data,
             keepalive_timeout=self.limits.idle_timeout_s,
-            max_line_size=self.limits.max_header_bytes,
-            max_field_size=self.limits.max_header_bytes,
+            max_line_size=min(MAX_LINE, self.limits.max_header_bytes),
+            max_field_size=min(MAX_LINE, self.limits.max_header_bytes),
             max_headers=MAX_HEADERS,
             lingering_time=1.0,
             access_log=None,
@@ -192,12 +234,16 @@ class HttpServer:
 
     def _admit(self, client: str) -> bool:
         """Room for one more connection from ``client``, within its own share and the total;
-        when either is full, the oldest connection there that never showed the token makes room
-        (so strangers holding connections open cannot keep a scraper out)."""
+        when either is full, the oldest connection that never showed the token makes room: of
+        ``client`` itself when its share is full, else of the address holding the most (so
+        strangers opening and holding connections cannot evict a scraper's one)."""
         if self._per_client[client] >= self.limits.max_connections_per_client:
             return self._evict(lambda c: c.client == client)
         if len(self._conns) >= self.limits.max_connections:
-            return self._evict(lambda c: True)
+            for holder, _ in self._per_client.most_common():
+                if self._evict(lambda c, holder=holder: c.client == holder):  # type: ignore[misc]
+                    return True
+            return False
         return True
 
     def _evict(self, among: Callable[[_Conn], bool]) -> bool:
@@ -226,6 +272,8 @@ class HttpServer:
                     conn.waiting = None
                 if not self._holds(conn):
                     raise ConnectionAbortedError("evicted before its handshake")
+                if _closed_by_peer(conn.sock):  # a churned connection: no TLS state for it
+                    raise ConnectionAbortedError("closed before its ClientHello")
             await loop.connect_accepted_socket(
                 factory,
                 conn.sock,
@@ -247,6 +295,35 @@ class HttpServer:
         conn = self._by_handler.pop(id(handler), None)
         if conn is not None:
             self._release(conn)
+        self._closed_since_trim += 1
+
+    def _on_data(self, handler: Any, data: bytes) -> bool:
+        """Count what a connection sends until its request head is complete; False (the data
+        is dropped) once that is more than a request head may be: the connection is answered
+        431, its sending side shut, and what the client still sends is read and dropped until
+        it closes or ``LINGER_S`` passes (closing at once would make the client's kernel drop
+        the answer when the next bytes it sends are answered with a reset)."""
+        conn = self._by_handler.get(id(handler))
+        if conn is None:
+            return True
+        if conn.lingering is not None:
+            return False
+        seen = conn.tail + data
+        end = seen.rfind(b"\r\n\r\n")  # the last complete head: the count starts after it
+        conn.head_bytes = len(seen) - end - 4 if end >= 0 else conn.head_bytes + len(data)
+        conn.tail = seen[-3:]
+        if conn.head_bytes <= self.limits.max_header_bytes + self.limits.max_body_bytes:
+            return True
+        self.on_refusal("oversized")
+        conn.lingering = asyncio.get_running_loop().time()
+        transport = handler.transport
+        if transport is not None:
+            transport.write(_TOO_LARGE)
+            if transport.can_write_eof():
+                transport.write_eof()
+            else:  # TLS: no half-close
+                transport.close()
+        return False
 
     def _holds(self, conn: _Conn) -> bool:
         return self._conns.get(id(conn.sock)) is conn
@@ -276,12 +353,19 @@ class HttpServer:
             conn.sock.shutdown(socket.SHUT_RDWR)
 
     async def _sweep_loop(self) -> None:
-        """Abort connections whose answers sit unread past the write timeout."""
+        """Abort connections whose answers sit unread past the write timeout, and refused ones
+        past their lingering time; hand memory back after many connections closed."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(SWEEP_S)
             now = loop.time()
+            if self._closed_since_trim >= TRIM_AFTER:
+                self._closed_since_trim = 0
+                _trim()
             for conn in list(self._conns.values()):
+                if conn.lingering is not None and now - conn.lingering > LINGER_S:
+                    self._abort(conn)
+                    continue
                 transport = getattr(conn.handler, "transport", None)
                 if transport is None or transport.get_write_buffer_size() == 0:
                     conn.stuck_since = None
@@ -306,7 +390,7 @@ class HttpServer:
             {k.lower(): v for k, v in request.headers.items()},
             client,
         )
-        answer = self._body_check(request) or await self.handler(req)
+        answer = self._body_check(request) or _header_check(req) or await self.handler(req)
         if answer.refusal:
             self.on_refusal(answer.refusal)
         if answer.authenticated:
@@ -333,6 +417,25 @@ class HttpServer:
         return None
 
 
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether a readable socket's client has already gone (EOF or reset, nothing to read)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def _header_check(req: Request) -> Response | None:
+    """A credential header that is not ASCII cannot hold a token (ours are hex): a 400 here,
+    before the API compares it (where encoding it failed as a 500)."""
+    value = req.headers.get("authorization")
+    if value is not None and not value.isascii():
+        return Response.error(400, "the Authorization header must be ASCII", "bad_request")
+    return None
+
+
 async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
     """Until ``sock`` has bytes to read (or is closed)."""
     ready: asyncio.Future[None] = loop.create_future()
@@ -347,6 +450,16 @@ async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
         await ready
     finally:
         loop.remove_reader(fd)
+
+
+def _trim() -> None:
+    """Hand freed heap memory back to the system (glibc's malloc_trim; elsewhere nothing): after
+    many connections closed, their parsers' buffers would otherwise stay in the resident size."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _reset(sock: socket.socket) -> None:

@@ -52,7 +52,23 @@ class Injected:
             "gpu": self.gpu,
             "pid": self.pid,
             "detail": self.detail,
+            "fault": self.fault.to_dict(),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Injected:
+        """The value `to_dict` wrote (a replica group's result, read back by the replica loop)."""
+        fault = Fault.from_dict(data.get("fault") or {"kind": data["kind"], "name": data.get("label", "")})
+        return cls(
+            int(data["index"]),
+            fault,
+            float(data["time"]),
+            data.get("step"),
+            data.get("rank"),
+            data.get("gpu"),
+            data.get("pid"),
+            str(data.get("detail", "")),
+        )
 
 
 class ChaosExecutor:

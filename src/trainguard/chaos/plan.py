@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from trainguard.errors import ConfigError
+from trainguard.rundir import replica_group
 
 
 class FaultKind(str, Enum):
@@ -140,6 +142,21 @@ class Fault:
     def cuda_message(self) -> str:
         return self.message or XID_CUDA_MESSAGE.get(self.xid, DEFAULT_XID_MESSAGE)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that are not their default (JSON-ready; `from_dict` reads it back)."""
+        defaults = Fault(kind=self.kind)
+        out: dict[str, Any] = {"kind": self.kind.value}
+        for name in Fault.__dataclass_fields__:
+            value = getattr(self, name)
+            if name != "kind" and value != getattr(defaults, name):
+                out[name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Fault:
+        known = {k: v for k, v in data.items() if k in Fault.__dataclass_fields__ and k != "kind"}
+        return cls(kind=FaultKind(data["kind"]), **known)
+
 
 @dataclass(frozen=True, slots=True)
 class ChaosPlan:
@@ -147,14 +164,17 @@ class ChaosPlan:
     source: str = "<plan>"
 
 
-GROUP_ENV = "REPLICA_GROUP_ID"  # set in each replica group's supervisor by --replica-groups
-
-
-def for_group(plan: ChaosPlan, group: str | int | None) -> ChaosPlan:
-    """The faults of a plan that hit one replica group (``group`` unset: the plan as it is)."""
+def for_group(plan: ChaosPlan, group: int | None) -> ChaosPlan:
+    """The faults of a plan that hit one replica group (``group`` None: the plan as it is)."""
     if group is None:
         return plan
-    return ChaosPlan(tuple(f for f in plan.faults if f.group is None or f.group == int(group)), plan.source)
+    return ChaosPlan(tuple(f for f in plan.faults if f.group is None or f.group == group), plan.source)
+
+
+def for_this_group(plan: ChaosPlan, environ: Mapping[str, str] | None = None) -> ChaosPlan:
+    """The faults that hit this process's replica group (`rundir.replica_group`), else all."""
+    group = replica_group(environ)
+    return for_group(plan, group[0] if group is not None else None)
 
 
 def plan_toml(faults: tuple[Fault, ...] | list[Fault]) -> str:

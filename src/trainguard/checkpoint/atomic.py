@@ -3,7 +3,8 @@
 The commit protocol, in order (each step durable before the next):
 
 1. payload files are written into ``.tmp-step-N-...`` next to the target and fsync'd;
-2. ``manifest.json`` (sizes + CRC-32 of every file) is written and fsync'd, then the directory;
+2. ``manifest.json`` (sizes, CRC-32 and SHA-256 of every file, signed: see ``signing``) is
+   written and fsync'd, then the directory;
 3. the temporary directory is renamed to ``step-N`` and the parent directory fsync'd;
 4. the ``latest`` pointer is replaced atomically (temp file + rename), last.
 
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
+import hashlib
 import logging
 import os
 import queue
@@ -33,7 +36,17 @@ from trainguard.checkpoint.layout import (
     step_dir_name,
     write_latest,
 )
-from trainguard.checkpoint.manifest import FileEntry, Manifest, crc32, crc_hex, encode_manifest
+from trainguard.checkpoint.manifest import (
+    FileEntry,
+    Manifest,
+    Signature,
+    crc32,
+    crc_hex,
+    encode_manifest,
+    file_entry,
+    signed_bytes,
+)
+from trainguard.checkpoint.signing import ALGORITHM, Key, load_keyring
 from trainguard.rundir import fsync_dir
 
 log = logging.getLogger(__name__)
@@ -62,7 +75,7 @@ _sync_file_range = _find_sync_file_range()
 
 
 class ChecksumFile:
-    """A write-only file that computes CRC-32 and size of what passes through it.
+    """A write-only file that computes CRC-32, SHA-256 and size of what passes through it.
 
     ``write`` accepts any buffer (torch.save hands over memoryviews of tensor storage, so nothing is
     copied in Python). Large buffers are written in 64 MiB slices; with ``overlap=True`` their
@@ -76,6 +89,7 @@ class ChecksumFile:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.crc = 0
         self.size = 0
+        self._sha = hashlib.sha256()
         self._queue: queue.SimpleQueue[memoryview | None] | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -89,6 +103,7 @@ class ChecksumFile:
         while (item := self._queue.get()) is not None:
             try:
                 self.crc = crc32(item, self.crc)
+                self._sha.update(item)  # releases the GIL on large buffers, as crc32 does
             except BaseException as exc:  # reported by close()
                 self._error = exc
 
@@ -111,6 +126,7 @@ class ChecksumFile:
                 self._queue.put(chunk)
             else:
                 self.crc = crc32(chunk, self.crc)
+                self._sha.update(chunk)
         return total
 
     def flush(self) -> None:
@@ -133,7 +149,7 @@ class ChecksumFile:
                 self._fd = -1
         if self._error is not None:
             raise self._error
-        return FileEntry(self.size, crc_hex(self.crc))
+        return FileEntry(self.size, crc_hex(self.crc), self._sha.hexdigest())
 
     def abort(self) -> None:
         self._join()
@@ -152,12 +168,29 @@ def write_bytes_file(path: Path, data: bytes) -> FileEntry:
     return sink.close()
 
 
-def commit(tmp_dir: Path, manifest: Manifest) -> Path:
-    """Write the manifest into ``tmp_dir`` and atomically publish it as ``step-N``; returns the path.
+def sign(manifest: Manifest, key: Key, directory: Path) -> Manifest:
+    """``manifest`` signed with ``key``; a file entry without its SHA-256 is hashed from
+    ``directory`` first (the writers compute it while writing)."""
+    files = {
+        name: entry
+        if entry.sha256
+        else dataclasses.replace(entry, sha256=file_entry(directory / name).sha256)
+        for name, entry in manifest.files.items()
+    }
+    unsigned = dataclasses.replace(manifest, files=files, signature=None)
+    return dataclasses.replace(
+        unsigned, signature=Signature(key.id, key.mac(signed_bytes(unsigned)), ALGORITHM)
+    )
+
+
+def commit(tmp_dir: Path, manifest: Manifest, key: Key | None = None) -> Path:
+    """Sign the manifest (with ``key``, else the environment's signing key: see ``signing``),
+    write it into ``tmp_dir`` and atomically publish it as ``step-N``; returns the path.
 
     Payload files must already be fsync'd. If ``step-N`` exists (a corrupt or abandoned
     checkpoint of the same step), it is moved aside first and deleted after the commit.
     """
+    manifest = sign(manifest, key if key is not None else load_keyring(create=True).signing, tmp_dir)
     directory = tmp_dir.parent
     target = directory / step_dir_name(manifest.step)
     manifest_path = tmp_dir / MANIFEST_NAME

@@ -2,13 +2,17 @@
 
 ``manifest.json`` is canonical JSON (sorted keys, one-space indent) carrying its own CRC-32::
 
-    {"checksum": "crc32", "files": {"state.pt": {"crc32": "89abcdef", "size": 1234}},
+    {"checksum": "crc32", "files": {"state.pt": {"crc32": "89abcdef", "sha256": "...", "size": 1234}},
      "format_version": 1, "kind": "replicated", "manifest_crc32": "01234567", "sharded": false,
+     "signature": {"alg": "hmac-sha256", "key_id": "...", "mac": "..."},
      "step": 100, "time": 1700000000.0, "torch_version": "2.13.0", "trainguard_version": "0.1.0",
      "world_size": 2}
 
 ``manifest_crc32`` covers the canonical encoding of every other field, and a reader also requires
-the file bytes to equal the canonical encoding, so any changed byte is detected. Payload files are
+the file bytes to equal the canonical encoding, so any changed byte is detected. CRC-32 finds
+accidents only; ``signature`` (``trainguard.checkpoint.signing``) covers every field but itself
+and ``manifest_crc32``, files' SHA-256 included, and finds a rewrite. A file encrypted at rest
+carries ``sealed`` (``trainguard.checkpoint.sealing``); its checksums are of what is on disk. Payload files are
 checked with CRC-32 (zlib's polynomial; it detects every error burst of up to 32 bits, so every
 single flipped byte). ``crc32`` computes it with ISA-L (``isal``, in the ``torch`` extra; about
 12 GB/s here, with carry-less multiply) when installed, else with zlib (about 3 GB/s): the same
@@ -17,6 +21,7 @@ values either way, so checkpoints written with one verify with the other.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import zlib
@@ -31,9 +36,40 @@ _READ_CHUNK = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
+class Sealed:
+    """How a file is encrypted at rest: AES-256-GCM in ``chunk``-byte pieces under a key derived
+    from the signing key and ``salt`` (see ``trainguard.checkpoint.sealing``)."""
+
+    salt: str  # 32 hex digits, fresh for every file
+    chunk: int  # plaintext bytes per piece; each piece on disk is 16 bytes longer (its tag)
+    plain_size: int
+    alg: str = "aes-256-gcm"
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"alg": self.alg, "chunk": self.chunk, "plain_size": self.plain_size, "salt": self.salt}
+
+
+@dataclass(frozen=True, slots=True)
 class FileEntry:
     size: int
     crc32: str  # 8 lowercase hex digits
+    sha256: str = ""  # 64 lowercase hex digits; required in a signed manifest
+    sealed: Sealed | None = None  # encrypted at rest
+
+    def to_json_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"crc32": self.crc32, "size": self.size}
+        if self.sha256:
+            out["sha256"] = self.sha256
+        if self.sealed is not None:
+            out["sealed"] = self.sealed.to_json_dict()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    key_id: str
+    mac: str  # hex HMAC-SHA256 of ``signed_bytes(manifest)``
+    alg: str = "hmac-sha256"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,12 +84,13 @@ class Manifest:
     trainguard_version: str = ""
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)  # small JSON-able notes (e.g. writer timings)
+    signature: Signature | None = None
 
-    def to_json_dict(self) -> dict[str, Any]:
-        return {
+    def to_json_dict(self, signature: bool = True) -> dict[str, Any]:
+        out = {
             "checksum": CHECKSUM_ALGORITHM,
             "extra": self.extra,
-            "files": {n: {"crc32": e.crc32, "size": e.size} for n, e in sorted(self.files.items())},
+            "files": {n: e.to_json_dict() for n, e in sorted(self.files.items())},
             "format_version": self.format_version,
             "kind": self.kind,
             "sharded": self.sharded,
@@ -63,6 +100,15 @@ class Manifest:
             "trainguard_version": self.trainguard_version,
             "world_size": self.world_size,
         }
+        if signature and self.signature is not None:
+            sig = self.signature
+            out["signature"] = {"alg": sig.alg, "key_id": sig.key_id, "mac": sig.mac}
+        return out
+
+
+def signed_bytes(manifest: Manifest) -> bytes:
+    """What the signature covers: the canonical encoding of every field but the signature."""
+    return _canonical(manifest.to_json_dict(signature=False))
 
 
 def _canonical(obj: dict[str, Any]) -> bytes:
@@ -94,7 +140,8 @@ def decode_manifest(data: bytes) -> Manifest:
     if body.get("checksum") != CHECKSUM_ALGORITHM:
         raise ValueError(f"unsupported checksum algorithm {body.get('checksum')!r}")
     try:
-        files = {str(n): FileEntry(int(e["size"]), str(e["crc32"])) for n, e in body["files"].items()}
+        files = {str(n): _file_entry(e) for n, e in body["files"].items()}
+        sig = body.get("signature")
         return Manifest(
             step=int(body["step"]),
             files=files,
@@ -105,9 +152,24 @@ def decode_manifest(data: bytes) -> Manifest:
             torch_version=str(body["torch_version"]),
             trainguard_version=str(body["trainguard_version"]),
             extra=dict(body.get("extra") or {}),
+            signature=None
+            if sig is None
+            else Signature(str(sig["key_id"]), str(sig["mac"]), str(sig["alg"])),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"manifest is missing or has a bad field ({exc!r})") from None
+
+
+def _file_entry(raw: dict[str, Any]) -> FileEntry:
+    sealed = raw.get("sealed")
+    return FileEntry(
+        int(raw["size"]),
+        str(raw["crc32"]),
+        str(raw.get("sha256", "")),
+        None
+        if sealed is None
+        else Sealed(str(sealed["salt"]), int(sealed["chunk"]), int(sealed["plain_size"]), str(sealed["alg"])),
+    )
 
 
 _crc32_impl: Callable[[Any, int], int] | None = None
@@ -141,23 +203,35 @@ def crc_hex(value: int) -> str:
 
 def file_crc32(path: Path) -> tuple[int, str]:
     """(size, crc32 hex) of a file, read in large chunks."""
-    crc, size = 0, 0
+    entry = file_entry(path, sha256=False)
+    return entry.size, entry.crc32
+
+
+def file_sha256(path: Path) -> tuple[int, str]:
+    """(size, sha256 hex) of a file, read in large chunks."""
+    digest, size = hashlib.sha256(), 0
     with open(path, "rb", buffering=0) as f:
-        while True:
-            chunk = f.read(_READ_CHUNK)
-            if not chunk:
-                break
-            crc = crc32(chunk, crc)
+        while chunk := f.read(_READ_CHUNK):
+            digest.update(chunk)  # hashlib releases the GIL on large buffers
             size += len(chunk)
-    return size, crc_hex(crc)
+    return size, digest.hexdigest()
+
+
+def file_entry(path: Path, sha256: bool = True) -> FileEntry:
+    """The manifest entry of a file on disk: size, CRC-32 and (``sha256``) SHA-256, one read."""
+    crc, size = 0, 0
+    digest = hashlib.sha256() if sha256 else None
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(_READ_CHUNK):
+            crc = crc32(chunk, crc)
+            if digest is not None:
+                digest.update(chunk)
+            size += len(chunk)
+    return FileEntry(size, crc_hex(crc), digest.hexdigest() if digest is not None else "")
 
 
 def describe_files(directory: Path, names: list[str] | None = None) -> dict[str, FileEntry]:
     """FileEntry for each payload file (default: every regular file except the manifest)."""
     if names is None:
         names = sorted(e.name for e in os.scandir(directory) if e.is_file() and e.name != "manifest.json")
-    out = {}
-    for name in names:
-        size, crc = file_crc32(directory / name)
-        out[name] = FileEntry(size, crc)
-    return out
+    return {name: file_entry(directory / name) for name in names}

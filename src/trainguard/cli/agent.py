@@ -77,6 +77,10 @@ def load_config(args: argparse.Namespace) -> Any:
     from trainguard.incidents.backend import check_cli_target
 
     check_cli_target(getattr(args, "db", None))  # a database password on the command line is refused
+    for item in args.settings:  # ... whichever flag carries it
+        name, _, value = item.partition("=")
+        if name.strip() == "agent.db":
+            check_cli_target(value.strip())
     flags = [
         f"agent.{field}={getattr(args, dest)}"
         for dest, field in FLAGS.items()

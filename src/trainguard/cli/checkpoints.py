@@ -3,9 +3,12 @@
     trainguard checkpoints list ckpt/           # every checkpoint, its size, age, and whether it verifies
     trainguard checkpoints verify ckpt/         # exit 0 when the newest checkpoint is valid
     trainguard checkpoints verify ckpt/step-00000300 --json
+    trainguard checkpoints key                  # where the signing key is, and the ids it accepts
+    trainguard checkpoints key --rotate         # a new signing key; the old ones still verify
 
-Verification reads every file and checks sizes and CRC-32 checksums against the manifest, exactly
-as a resume does (torch-free, so it runs on a login node). See docs/checkpoints.md for the layout.
+Verification checks the manifest's signature and reads every file, checking sizes and SHA-256
+against the manifest, exactly as a resume does (torch-free, so it runs on a login node). See
+docs/checkpoints.md for the layout and docs/security.md for the keys.
 """
 
 from __future__ import annotations
@@ -38,6 +41,15 @@ def register(subparsers: Any) -> None:
         q.add_argument("--json", action="store_true", help="one JSON object instead of a table")
         q.add_argument("--quick", action="store_true", help="check sizes only, not checksums")
         q.set_defaults(func=func)
+    q = sub.add_parser(
+        "key",
+        help="the checkpoint signing keys: where they are, their ids; --rotate adds one",
+        description="Show the keyring checkpoints are signed and verified with (never a secret).",
+    )
+    q.add_argument(
+        "--rotate", action="store_true", help="put a fresh signing key first; old keys still verify"
+    )
+    q.set_defaults(func=_key)
 
 
 def _rows(directory: Path, quick: bool) -> list[dict[str, Any]]:
@@ -115,6 +127,7 @@ def _verify(args: argparse.Namespace) -> int:
                     "valid": result.ok,
                     "reason": result.reason,
                     "step": result.step,
+                    "signed": result.signed,
                     "resume_step": fallback if not result.ok else result.step,
                 }
             )
@@ -128,6 +141,26 @@ def _verify(args: argparse.Namespace) -> int:
                 else "no valid checkpoint left: a resume starts at 0"
             )
     return 0 if result.ok else 1
+
+
+def _key(args: argparse.Namespace) -> int:
+    import os
+
+    from trainguard.checkpoint.signing import KEY_ENV, key_path, load_keyring, rotate
+
+    if args.rotate:
+        if os.environ.get(KEY_ENV):
+            raise InputError(f"the keyring comes from ${KEY_ENV}: rotate it where that variable is set")
+        key = rotate(key_path())
+        print(f"new signing key {key.id} first in {key_path()}; the old keys still verify")
+        return 0
+    ring = load_keyring()
+    print(f"keyring: {ring.source}")
+    if not ring.keys:
+        print("no key yet: the first save makes one (0600)")
+    for i, key in enumerate(ring.keys):
+        print(f"  {key.id}  {'signs and verifies' if i == 0 else 'verifies'}")
+    return 0
 
 
 def human_size(n: int) -> str:

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import functools
 import signal
-import threading
 import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, TypeVar
+
+from trainguard.procs import install
 
 __all__ = ["CtrlC", "forget_caught_interrupts", "quits_on_ctrl_c"]
 
@@ -52,8 +53,7 @@ class CtrlC:
 
     def __init__(self) -> None:
         self.pressed = False
-        self._previous: Any = None
-        self._installed = False
+        self._restore: Callable[[], None] = lambda: None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.pressed:
@@ -71,15 +71,12 @@ class CtrlC:
         return self.pressed
 
     def __enter__(self) -> CtrlC:
-        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-            self._installed = True
+        self._restore = install([signal.SIGINT], self._handle, take_foreign=True)  # main thread only
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.SIG_DFL)
-            self._installed = False
+        self._restore()
+        self._restore = lambda: None
 
 
 def quits_on_ctrl_c(func: F) -> F:
@@ -87,13 +84,11 @@ def quits_on_ctrl_c(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            return func(*args, **kwargs)
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        restore = install([signal.SIGINT], signal.default_int_handler, take_foreign=True)
         try:
             return func(*args, **kwargs)
         finally:
-            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+            restore()
 
     return wrapper  # type: ignore[return-value]
 

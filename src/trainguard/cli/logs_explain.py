@@ -49,6 +49,12 @@ def explanation_json(
         root = {"ranks": list(flight.ranks), "category": flight.category, "source": "flight_recorder",
                 "evidence": evidence, "log_root": root,
                 "rank": flight.ranks[0] if len(flight.ranks) == 1 else None}  # fmt: skip
+    if flight is not None and not flight.ranks and flight.category == "unknown":  # the dumps cannot decide
+        evidence = {
+            str(r): [f"{e.group} {e.op}: {e.text}" for e in evs] for r, evs in flight.suspects.items()
+        }
+        root = {"ranks": [], "category": "unknown", "source": "flight_recorder", "suspects": sorted(flight.suspects),
+                "evidence": evidence, "log_root": root, "rank": None}  # fmt: skip
     cause = ex.cause.value
     if lone is not None and node is None and not (flight is not None and flight.ranks):
         root = {"ranks": [lone], "rank": lone, "category": "hang_origin", "source": "logs", "log_root": root,
@@ -90,7 +96,10 @@ def _when(t: float | None) -> str:
 
 
 def render_flight(v: FlightVerdict, out: TextIO) -> None:
-    if not v.ranks:
+    if not v.ranks and v.category == "unknown":
+        who = _ranges(list(v.suspects))
+        out.write(f"flight recorder ({v.dumps} dumps): unknown: the evidence cannot decide; suspects {who}\n")
+    elif not v.ranks:
         out.write(f"flight recorder ({v.dumps} dumps): no rank stands out\n")
     else:
         late = f"; late, joined in the end: {_ranges(list(v.late))}" if v.late else ""

@@ -1,13 +1,15 @@
 """`trainguard reliability fit|predict`: survival models fitted to real GPU lifetimes.
 
     trainguard reliability fit (--titan DIR | --store PATH) [--json] [--plot PATH.png]
-    trainguard reliability predict (--titan DIR | --store PATH) [--seed S] [--json]
+    trainguard reliability predict (--titan DIR [--neural] | --store PATH) [--seed S] [--json]
+    trainguard reliability train-predictor (--sim | --store PATH) [--out FILE]   (cli/predictor.py)
 
 ``fit`` reports Kaplan-Meier survival, Weibull and exponential fits, MTTF, the competing causes
 and the effect of a covariate (Titan: per batch, DBE vs OTB, by cage; a store: hours between a
 job's interruptions, by root cause, by job). ``predict`` scores a Cox model and gradient
 boosting on held-out Titan GPUs, or on a store's own incident history (plumbing: accuracy is
-claimed only on real fleet data). Needs ``pip install 'trainguard[analytics]'``. Exit codes: 0
+claimed only on real fleet data); ``--neural`` adds a DeepSurv model beside Cox on Titan, both
+with bootstrap intervals. ``train-predictor`` trains the neural failure predictor. Needs ``pip install 'trainguard[analytics]'``. Exit codes: 0
 shown, 2 bad usage or unreadable data.
 """
 
@@ -25,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Fit survival models to real GPU lifetimes (the Titan supercomputer's public "
         "data or a trainguard incident store) and predict which GPUs fail next.",
     )
-    sub = p.add_subparsers(dest="reliability_command", metavar="{fit,predict}")
+    sub = p.add_subparsers(dest="reliability_command", metavar="{fit,predict,train-predictor}")
     fit = sub.add_parser("fit", help="KM survival, Weibull/exponential MLE, MTTF, causes, covariates")
     src = fit.add_mutually_exclusive_group(required=True)
     src.add_argument("--titan", metavar="DIR", help="folder with the TitanGPULife gc_summary_loc.csv")
@@ -39,10 +41,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--windows", type=int, default=4, help="--store: parts of the job time to cut records at (default 4)"
     )
     pred.add_argument("--seed", type=int, default=0, help="seed of the 70/30 split (default 0)")
+    pred.add_argument(
+        "--neural",
+        action="store_true",
+        help="--titan: also a DeepSurv model (an MLP on Cox's partial likelihood), both with 95%% "
+        "bootstrap intervals (needs trainguard[predictor])",
+    )
     for q in (fit, pred):
         q.add_argument("--json", action="store_true", help="print one JSON object")
     fit.set_defaults(func=run_fit)
     pred.set_defaults(func=run_predict)
+    from trainguard.cli import predictor
+
+    predictor.register(sub)
 
     def usage(args: argparse.Namespace) -> int:
         p.print_help()
@@ -146,6 +157,10 @@ def _p(p: float) -> str:
 
 
 def run_predict(args: argparse.Namespace) -> int:
+    if args.store and args.neural:
+        from trainguard.errors import ConfigError
+
+        raise ConfigError("--neural compares DeepSurv with Cox on Titan's lifetimes: use it with --titan DIR")
     if args.store:
         from trainguard.cli.incidents import open_store
         from trainguard.reliability.store_predict import predict_store
@@ -157,7 +172,12 @@ def run_predict(args: argparse.Namespace) -> int:
     from trainguard.reliability.predict import predict_titan
     from trainguard.reliability.titan import load_titan
 
-    result = predict_titan(load_titan(args.titan), seed=args.seed)
+    gpus = load_titan(args.titan)
+    result = predict_titan(gpus, seed=args.seed)
+    if args.neural:
+        from trainguard.predictor.titan import compare_titan
+
+        result["neural"] = compare_titan(gpus, seed=args.seed)
     if args.json:
         print(json.dumps(result, indent=1, allow_nan=False))
         return 0
@@ -180,6 +200,7 @@ def run_predict(args: argparse.Namespace) -> int:
         ),
         f"failed among held-out GPUs: {result['failed_share_holdout']:.1%}; among the top risk decile: "
         f"{result['failed_share_top_decile']:.1%}",
+        *(render_neural(result["neural"]) if "neural" in result else []),
         "",
         f"highest predicted risk ({result['best_model']}, relative to the median GPU):",
         *format_table(
@@ -198,6 +219,33 @@ def run_predict(args: argparse.Namespace) -> int:
     ]
     print("\n".join(lines))
     return 0
+
+
+def render_neural(n: dict[str, Any]) -> list[str]:
+    from trainguard.incidents.report import format_table
+
+    d = n["difference_deepsurv_minus_cox"]
+    return [
+        "",
+        f"neural survival model on the same split ({n['bootstrap_resamples']} bootstrap resamples of the "
+        f"{n['n_test']} held-out GPUs):",
+        *format_table(
+            [["model", "concordance", "95% interval"]]
+            + [
+                [m, f"{v['concordance']:.4f}", f"{v['ci95'][0]:.4f}-{v['ci95'][1]:.4f}"]
+                for m, v in n["models"].items()
+            ]
+            + [
+                [
+                    "deepsurv - cox_ph",
+                    f"{d['concordance']:+.4f}",
+                    f"{d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f}",
+                ]
+            ]
+        ),
+        f"DeepSurv: {n['deepsurv']['parameters']:,} parameters, {n['deepsurv']['epochs']} epochs, "
+        f"{n['deepsurv']['train_s']:.0f} s on the CPU",
+    ]
 
 
 def render_store_predict(r: dict[str, Any]) -> str:

@@ -17,10 +17,17 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainguard.cli.options import add_config_args, thresholds
 from trainguard.cli.torchrun_args import add_torchrun_options
+from trainguard.supervisor.config import PRELOAD
+from trainguard.supervisor.launch import LAUNCHERS
+
+if TYPE_CHECKING:
+    from trainguard.supervisor.config import SupervisorConfig
+    from trainguard.supervisor.replicas import ReplicaResult
+    from trainguard.supervisor.result import RunEvent, RunResult
 
 
 def register(subparsers: Any) -> None:
@@ -42,6 +49,13 @@ def register(subparsers: Any) -> None:
         help="restart budget; GPU exclusions and membership changes are free (default 3)",
     )
     g = p.add_argument_group("trainguard options")
+    g.add_argument(
+        "--launcher",
+        default="torch",
+        choices=sorted(LAUNCHERS),
+        help="how workers start: torch (torch's elastic agent, as torchrun; default) or local "
+        "(N plain processes with torchrun's per-rank variables; no torch needed)",
+    )
     g.add_argument("--job-id", default="", help="default: --rdzv-id, else a timestamp")
     g.add_argument(
         "--runs-dir", type=Path, default=Path("runs"), help="run directories go here (default runs/)"
@@ -90,6 +104,9 @@ def register(subparsers: Any) -> None:
     )
     g.add_argument("--kernel-log", type=Path, default=None, help="kernel log the health agent follows")
     g.add_argument(
+        "--health-interval", type=float, default=0.5, metavar="S", help="seconds between node-health ticks"
+    )
+    g.add_argument(
         "--agent-url",
         default="",
         metavar="URL",
@@ -111,6 +128,20 @@ def register(subparsers: Any) -> None:
         help="stop with exit 3 after the same application error N times in a row (default 3)",
     )
     g.add_argument("--backoff-base", type=float, default=1.0, metavar="S")
+    g.add_argument(
+        "--backoff-max",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="longest backoff between restarts (default 60)",
+    )
+    g.add_argument(
+        "--kill-grace",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="SIGTERM grace before SIGKILL when stopping failed workers (default 0: SIGKILL at once)",
+    )
     g.add_argument("--min-nproc", type=int, default=1, help="fewest local workers to continue with")
     g.add_argument(
         "--gpus",
@@ -141,6 +172,12 @@ def register(subparsers: Any) -> None:
         help="spare interpreters per local rank (default 2: a second fault before the pool has "
         "refilled still restarts warm; 1 saves memory)",
     )
+    g.add_argument(
+        "--warm-standby-preload",
+        default=",".join(PRELOAD),
+        metavar="MODULES",
+        help=f"modules each standby imports ahead, comma-separated (default {','.join(PRELOAD)})",
+    )
     g.add_argument("--no-tee", action="store_true", help="do not copy worker output to the console")
     g.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the run result as JSON")
     p.add_argument(
@@ -151,13 +188,24 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def config_from_args(args: argparse.Namespace) -> Any:
-    from trainguard.cli.torchrun_args import resolve, split_command
-    from trainguard.supervisor.config import SupervisorConfig
+def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
+    from trainguard.cli.torchrun_args import resolve, resolve_plain, split_command
+    from trainguard.supervisor.config import (
+        HealthConfig,
+        LaunchConfig,
+        RecordConfig,
+        RecoveryConfig,
+        StandbyConfig,
+        SupervisorConfig,
+        WatchConfig,
+    )
 
     tokens = list(getattr(args, "torchrun_args", None) or [])
     words, full = split_command(list(args.cmd), tokens)
-    launch = resolve(tokens, words, full, args.max_restarts)
+    if args.launcher == "torch":  # torchrun's options, read by torchrun's parser
+        launch = resolve(tokens, words, full, args.max_restarts)
+    else:
+        launch = resolve_plain(tokens, words, full, args.max_restarts, args.launcher)
     if launch.ignored:
         print(
             f"trainguard run: {', '.join(launch.ignored)} do not apply: worker output goes to the run "
@@ -167,46 +215,68 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from trainguard.incidents.backend import check_cli_target
 
     check_cli_target(args.db)  # a database password on the command line is refused
-    if args.warm_standby_sets < 1:
-        from trainguard.errors import ConfigError
+    from trainguard.errors import ConfigError
 
+    if args.warm_standby_sets < 1:
         raise ConfigError(
             f"--warm-standby-sets {args.warm_standby_sets}: give 1 or more (--no-warm-standby turns them off)"
         )
+    if args.replica_groups < 0:
+        raise ConfigError(f"--replica-groups {args.replica_groups}: give 1 or more groups")
     return SupervisorConfig(
-        cmd=launch.cmd,
-        nproc_per_node=launch.nproc_per_node,
-        nnodes=launch.nnodes,
-        standalone=launch.standalone,
-        rdzv_endpoint=launch.rdzv_endpoint,
-        rdzv_id=launch.rdzv_id,
-        rdzv_backend=launch.rdzv_backend,
-        rdzv_conf=launch.rdzv_conf,
-        max_restarts=launch.max_restarts,
-        monitor_interval=launch.monitor_interval,
-        extra_torchrun_args=launch.extra,
-        job_id=args.job_id,
-        runs_root=args.runs_dir,
-        db=args.db,
-        checkpoint_dir=args.checkpoint_dir,
-        hang_timeout_floor=args.hang_timeout_floor,
-        hang_step_factor=args.hang_step_factor,
-        startup_timeout=args.startup_timeout,
-        idle_timeout=args.idle_timeout,
-        preflight=not args.no_preflight,
-        backend=args.backend,
-        kernel_log=args.kernel_log,
-        agent_url=args.agent_url,
-        agent_token_file=args.agent_token_file,
+        LaunchConfig(
+            cmd=launch.cmd,
+            nproc_per_node=launch.nproc_per_node,
+            nnodes=launch.nnodes,
+            standalone=launch.standalone,
+            rdzv_endpoint=launch.rdzv_endpoint,
+            rdzv_id=launch.rdzv_id,
+            rdzv_backend=launch.rdzv_backend,
+            rdzv_conf=launch.rdzv_conf,
+            monitor_interval=launch.monitor_interval,
+            extra_torchrun_args=launch.extra,
+            launcher=args.launcher,
+            gpus=_gpus(args.gpus),
+            kill_grace_s=args.kill_grace,
+        ),
+        RecordConfig(
+            job_id=args.job_id,
+            runs_root=args.runs_dir,
+            db=args.db,
+            checkpoint_dir=args.checkpoint_dir,
+            result_file=args.json,
+        ),
+        WatchConfig(
+            hang_timeout_floor=args.hang_timeout_floor,
+            hang_step_factor=args.hang_step_factor,
+            startup_timeout=args.startup_timeout,
+            idle_timeout=args.idle_timeout,
+            tee=not args.no_tee,
+        ),
+        HealthConfig(
+            backend=args.backend,
+            kernel_log=args.kernel_log,
+            health_interval=args.health_interval,
+            agent_url=args.agent_url,
+            agent_token_file=args.agent_token_file,
+            thresholds=thresholds(args),
+            config_file=Path(args.config) if args.config else None,
+            preflight=not args.no_preflight,
+        ),
+        RecoveryConfig(
+            max_restarts=launch.max_restarts,
+            crash_loop_after=args.crash_loop_after,
+            backoff_base_s=args.backoff_base,
+            backoff_max_s=args.backoff_max,
+            min_nproc=args.min_nproc,
+        ),
+        StandbyConfig(
+            enabled=args.warm_standby,
+            sets=args.warm_standby_sets,
+            preload=tuple(m.strip() for m in args.warm_standby_preload.split(",") if m.strip()),
+        ),
         chaos=args.chaos,
-        crash_loop_after=args.crash_loop_after,
-        backoff_base_s=args.backoff_base,
-        min_nproc=args.min_nproc,
-        warm_standby=args.warm_standby,
-        warm_standby_sets=args.warm_standby_sets,
-        tee=not args.no_tee,
-        thresholds=thresholds(args),
-        gpus=_gpus(args.gpus),
+        replica_groups=args.replica_groups,
     )
 
 
@@ -221,66 +291,49 @@ def _gpus(text: str) -> tuple[int, ...]:
 
 def run(args: argparse.Namespace) -> int:
     from trainguard.chaos import load_plan
-    from trainguard.chaos.plan import step_triggered
-    from trainguard.supervisor import Supervisor
+    from trainguard.chaos.plan import for_this_group, step_triggered
 
     config = config_from_args(args)
     plan = load_plan(config.chaos) if config.chaos is not None else None  # bad plan: usage error now
     if plan is not None:
-        import os
-
-        from trainguard.chaos.plan import GROUP_ENV, for_group
-
-        plan = for_group(plan, os.environ.get(GROUP_ENV))  # a replica group's supervisor: its faults
+        plan = for_this_group(plan)  # a replica group's supervisor: its faults
     if plan is not None and (steps := step_triggered(plan)):
         print(
             f"trainguard run: chaos fault(s) {', '.join(f'#{i + 1}' for i in steps)} fire at a training "
             "step, which only trainguard's Guard reports; if no rank has reported one after "
-            f"--startup-timeout ({config.startup_timeout:g}s), they are refused",
+            f"--startup-timeout ({config.watch.startup_timeout:g}s), they are refused",
             file=sys.stderr,
         )
-    if args.replica_groups:
-        from trainguard.cli.replicas import run_groups
+    result: RunResult | ReplicaResult
+    if config.replica_groups:
+        from trainguard.supervisor.replicas import ReplicaConfig, ReplicaSupervisor, program
 
-        return run_groups(args, config)
-    result = Supervisor(config, on_event=_say).run()
-    if plan is not None:
+        program()  # torchft missing: the install hint now, before anything starts
+        result = ReplicaSupervisor(config, ReplicaConfig(groups=config.replica_groups), on_event=_say).run()
+    else:
+        from trainguard.supervisor import Supervisor
+
+        result = Supervisor(config, on_event=_say).run()
         fired = {inj.index for inj in result.injected}
-        unfired = [f"#{i + 1} ({f.label})" for i, f in enumerate(plan.faults) if i not in fired]
+        unfired = (
+            [f"#{i + 1} ({f.label})" for i, f in enumerate(plan.faults) if i not in fired] if plan else []
+        )
         if unfired:
             print(f"trainguard run: chaos fault(s) never fired: {', '.join(unfired)}", file=sys.stderr)
-    ettr = result.goodput.get("ettr")
-    print(
-        f"trainguard run: {result.exit_code.name.lower()} (exit {int(result.exit_code)}): {result.reason}; "
-        f"{len(result.incidents)} incident(s), {result.attempts} attempt(s), "
-        f"ETTR {'n/a (no heartbeats: the Guard reports steps)' if ettr is None else f'{ettr:.2f}'}; "
-        f"run dir {result.run_dir}",
-        file=sys.stderr,
-    )
-    if args.json is not None:
-        args.json.write_text(json.dumps(result_to_dict(result), indent=1, default=str))
+    print(f"trainguard run: {result.summary()}", file=sys.stderr)
+    if config.record.result_file is not None:
+        config.record.result_file.write_text(json.dumps(result.to_dict(), indent=1, default=str))
     return int(result.exit_code)
 
 
-def _say(event: Any) -> None:
-    """The few events a user of the plain CLI needs to read: what is watched."""
+_GROUP_EVENTS = ("group_started", "group_healed", "group_stopped", "lighthouse_restarted", "restart_all")
+
+
+def _say(event: RunEvent) -> None:
+    """The few events a user of the plain CLI needs to read: what is watched; with replica
+    groups, group starts, heals and stops."""
     if "watchers" in event.data:
         print(f"trainguard run: {event.data['watchers']}", file=sys.stderr, flush=True)
-
-
-def result_to_dict(result: Any) -> dict[str, Any]:
-    return {
-        "exit_code": int(result.exit_code),
-        "status": result.exit_code.name.lower(),
-        "reason": result.reason,
-        "job_id": result.job_id,
-        "run_dir": str(result.run_dir),
-        "attempts": result.attempts,
-        "final_step": result.final_step,
-        "goodput": result.goodput,
-        "incidents": [i.to_dict() for i in result.incidents],
-        "injected": [i.to_dict() for i in result.injected],
-        "recoveries": list(result.recoveries),
-        "world_sizes": list(result.world_sizes),
-        "diagnostics": list(result.diagnostics),
-    }
+    elif event.kind in _GROUP_EVENTS:
+        detail = " ".join(f"{k}={v}" for k, v in event.data.items())
+        print(f"trainguard run: {event.kind} {detail}", file=sys.stderr, flush=True)

@@ -136,7 +136,7 @@ def bench_costs(path: str, restart_s: float, wait_s: float = 0.0) -> dict[str, d
     except (ValueError, KeyError, TypeError) as exc:
         raise InputError(
             f"--from-bench {path}: not the JSON of `benchmarks/bench_recovery.py --json` with the hang "
-            f"case ({exc!r}); run it without --no-hang"
+            f"case and the MTTR rounds ({exc!r}); run it without --no-hang or --hang-only"
         ) from None
     return costs
 

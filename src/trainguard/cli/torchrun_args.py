@@ -10,7 +10,9 @@ the static rendezvous is on ``--master-addr:--master-port`` (127.0.0.1:29500 by 
 The worker command is torchrun's too: ``trainguard run [opts] train.py ARGS`` (or ``-- train.py``,
 ``-m pkg.mod``) runs ``python -u train.py ARGS``; ``--no-python CMD`` runs CMD; and trainguard's own
 form, ``-- python train.py ARGS`` (a command line whose first word is not a ``.py`` file), is the
-full command line, as torchrun's ``--no-python`` takes it. Imports torch (in ``resolve``).
+full command line, as torchrun's ``--no-python`` takes it. Imports torch (in ``resolve``); a
+launcher that is not torch's (``--launcher local``) reads the few options that apply to it
+without torch (``resolve_plain``).
 
     >>> split_command(["--", "python", "train.py"], [])
     (['python', 'train.py'], True)
@@ -28,7 +30,7 @@ from typing import Any
 
 from trainguard.errors import ConfigError, MissingDependency
 
-__all__ = ["LOG_OPTIONS", "TORCHRUN_OPTIONS", "Launch", "resolve", "split_command"]
+__all__ = ["LOG_OPTIONS", "TORCHRUN_OPTIONS", "Launch", "resolve", "resolve_plain", "split_command"]
 
 # (option strings, metavar; None: a flag), in torchrun's order. --max-restarts is trainguard's own
 # option (its default is a restart budget of 3; torchrun's is 0).
@@ -204,4 +206,65 @@ def resolve(tokens: list[str], words: list[str], full_command: bool, max_restart
         monitor_interval=ns.monitor_interval,
         extra=tuple(extra),
         ignored=ignored,
+    )
+
+
+def resolve_plain(
+    tokens: list[str], words: list[str], full_command: bool, max_restarts: int | None, launcher: str
+) -> Launch:
+    """The options a launcher that is not torch's takes (one node: ``--nproc-per-node N``,
+    ``--nnodes 1``, ``--standalone``, ``--monitor-interval``, ``-m``, ``--no-python``), read
+    without torch; any other torchrun option is an error that names it."""
+    if not words:
+        raise ConfigError("no worker command: use `trainguard run [options] -- python train.py ...`")
+    parser = argparse.ArgumentParser(
+        prog=f"trainguard run --launcher {launcher}", add_help=False, exit_on_error=False
+    )
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", default="1")
+    parser.add_argument("--nnodes", default="1:1")
+    parser.add_argument("--standalone", action="store_true")
+    parser.add_argument("--monitor-interval", "--monitor_interval", type=float, default=0.1)
+    parser.add_argument("-m", "--module", action="store_true")
+    parser.add_argument("--no-python", "--no_python", action="store_true")
+    for names, _metavar in TORCHRUN_OPTIONS:  # accepted, and said not to apply (as under torch)
+        if names[-1].lstrip("-").replace("-", "_") in LOG_OPTIONS:
+            parser.add_argument(*names, dest=names[-1].lstrip("-").replace("-", "_"), default=None)
+    try:
+        ns, rest = parser.parse_known_args(tokens)
+    except argparse.ArgumentError as exc:
+        raise ConfigError(f"--launcher {launcher}: {exc}") from None
+    if rest:
+        given = ", ".join(t for t in rest if t.startswith("-"))
+        raise ConfigError(
+            f"{given}: torchrun's option(s) that only --launcher torch takes (--launcher {launcher})"
+        )
+    if not ns.nproc_per_node.isdigit() or int(ns.nproc_per_node) < 1:
+        raise ConfigError(
+            f"--nproc-per-node {ns.nproc_per_node}: --launcher {launcher} takes a number of processes"
+        )
+    if ns.nnodes not in ("1", "1:1"):
+        raise ConfigError(f"--nnodes {ns.nnodes}: --launcher {launcher} runs one node")
+    if ns.module and ns.no_python:
+        raise ConfigError("give either -m (a module) or --no-python (a command), as torchrun")
+    if ns.no_python or full_command:
+        cmd = list(words)
+    else:
+        python = os.getenv("PYTHON_EXEC", sys.executable)
+        cmd = [python, "-u", *(["-m"] if ns.module else []), *words]
+    restarts = 3 if max_restarts is None else max_restarts
+    if restarts < 0:
+        raise ConfigError(f"--max-restarts {restarts}: need restarts >= 0")
+    return Launch(
+        cmd=tuple(cmd),
+        nproc_per_node=int(ns.nproc_per_node),
+        nnodes=ns.nnodes,
+        standalone=ns.standalone,
+        rdzv_backend="c10d",
+        rdzv_endpoint="",
+        rdzv_id="",
+        rdzv_conf="",
+        max_restarts=restarts,
+        monitor_interval=ns.monitor_interval,
+        extra=(),
+        ignored=tuple(f"--{k.replace('_', '-')}" for k in LOG_OPTIONS if getattr(ns, k) is not None),
     )

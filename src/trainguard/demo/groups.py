@@ -93,14 +93,18 @@ def check_groups(
                 f"starts {g.get('starts')}, attempts {attempts}, incidents {noise or 'none'}",
             )
         )
-        # Out from the fault until the failed group's workers are seen again (restarted: a step
-        # below the one it had reached; heartbeats of its dying workers do not count). It reached
-        # the fault's step at least: a group that joined late may be seen first at that step,
-        # after the fault.
+        # Out from the fault until the failed group's workers are seen again: its first step seen
+        # after the loop started it again. (A result without start times: a step below the one
+        # it had reached, which a group that joined late and was first seen after the fault,
+        # at step 0, also shows.)
         out_from = inj.get("time", 0.0)
-        seen = [s for t, s in bad.get("steps", []) if t <= out_from]
-        reached = max([inj.get("step") or 0, *seen])
-        back = [t for t, s in bad.get("steps", []) if t > out_from and s < reached]
+        restarted = (bad.get("started_at") or [])[1:2]
+        if restarted:
+            back = [t for t, _ in bad.get("steps", []) if t > max(out_from, restarted[0])]
+        else:
+            seen = [s for t, s in bad.get("steps", []) if t <= out_from]
+            reached = max([inj.get("step") or 0, *seen])
+            back = [t for t, s in bad.get("steps", []) if t > out_from and s < reached]
         during = sorted({s for t, s in g.get("steps", []) if back and out_from < t < back[0]})
         checks.append(
             Check(
@@ -139,9 +143,15 @@ def check_groups(
 def main(args: argparse.Namespace) -> int:
     from trainguard.incidents import IncidentStore
     from trainguard.incidents.report import job_report, render_report
-    from trainguard.supervisor.config import SupervisorConfig
-    from trainguard.supervisor.lighthouse import program
-    from trainguard.supervisor.replicas import ReplicaConfig, ReplicaSupervisor
+    from trainguard.supervisor.config import (
+        HealthConfig,
+        LaunchConfig,
+        RecordConfig,
+        RecoveryConfig,
+        SupervisorConfig,
+        WatchConfig,
+    )
+    from trainguard.supervisor.replicas import ReplicaConfig, ReplicaSupervisor, program
 
     n = args.replica_groups
     script = find_ft_example(getattr(args, "script", None))
@@ -163,19 +173,14 @@ def main(args: argparse.Namespace) -> int:
     delay = STEP_DELAY_S / (getattr(args, "speed", None) or 1.0)
     cmd: tuple[str, ...] = (sys.executable, str(script), "--steps", str(steps), "--step-delay", f"{delay:g}")
     cmd += ("--all-groups-at-end", "--out", str(workdir / "weights.g{group}.pt"))
+    db = workdir / "trainguard.db"
     config = SupervisorConfig(
-        cmd=cmd,
-        standalone=True,
-        job_id=time.strftime("demo-groups-%Y%m%d-%H%M%S"),
-        runs_root=workdir / "runs",
-        db=workdir / "trainguard.db",
-        gpus=tuple(range(n + 1)),  # one spare
-        backend="sim",
-        preflight=False,
+        LaunchConfig(cmd=cmd, standalone=True, gpus=tuple(range(n + 1))),  # one spare GPU
+        RecordConfig(job_id=time.strftime("demo-groups-%Y%m%d-%H%M%S"), runs_root=workdir / "runs", db=db),
+        WatchConfig(hang_timeout_floor=10.0, tee=False),
+        HealthConfig(backend="sim", preflight=False),
+        RecoveryConfig(backoff_base_s=0.1),
         chaos=plan,
-        tee=False,
-        backoff_base_s=0.1,
-        hang_timeout_floor=10.0,
     )
     t0 = time.time()
     print(f"work dir {workdir}: {n} replica groups, {steps} steps, GPU {n} spare; Xid 79 in group {n - 1}")
@@ -195,8 +200,8 @@ def main(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"trainguard demo --replica-groups: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    result = ReplicaSupervisor(config, ReplicaConfig(groups=n), on_event=say).run()
-    with IncidentStore(config.db or workdir / "trainguard.db") as store:
+    result = ReplicaSupervisor(config, ReplicaConfig(groups=n), on_event=say).run().to_dict()
+    with IncidentStore(db) as store:
         try:
             report: dict[str, Any] | None = job_report(store, result["job_id"])
         except ValueError:

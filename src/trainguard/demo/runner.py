@@ -52,35 +52,42 @@ def worker_cmd(script: Path, plan: DemoPlan, ckpt: Path, step_delay: float) -> t
 
 
 def supervisor_config(plan: DemoPlan, script: Path, workdir: Path, job: str, *, chaos: bool) -> Any:
-    from trainguard.supervisor import SupervisorConfig
+    from trainguard.supervisor import (
+        HealthConfig,
+        LaunchConfig,
+        RecordConfig,
+        RecoveryConfig,
+        StandbyConfig,
+        SupervisorConfig,
+        WatchConfig,
+    )
 
     ckpt = workdir / ("ckpt" if chaos else "ckpt-reference")
     plan_path = workdir / "chaos.toml"
     return SupervisorConfig(
-        cmd=worker_cmd(script, plan, ckpt, plan.step_delay if chaos else 0.0),
-        nproc_per_node=plan.nproc,
-        standalone=True,
-        max_restarts=5,
-        job_id=job,
-        runs_root=workdir / "runs",
-        db=workdir / "trainguard.db",
-        checkpoint_dir=ckpt,
+        LaunchConfig(
+            cmd=worker_cmd(script, plan, ckpt, plan.step_delay if chaos else 0.0),
+            nproc_per_node=plan.nproc,
+            standalone=True,
+            env={"OMP_NUM_THREADS": "1"},
+        ),
+        RecordConfig(
+            job_id=job, runs_root=workdir / "runs", db=workdir / "trainguard.db", checkpoint_dir=ckpt
+        ),
         # Far below gloo's 30 min / NCCL's 10 min, and above the stall of the first checkpoint
         # wait of an attempt (the writer process is still importing torch: 2-4 s on busy cores).
-        hang_timeout_floor=6.0,
-        hang_step_factor=3.0,
-        startup_timeout=180.0,
-        backend="sim" if chaos else "none",
-        health_interval=0.25,
+        WatchConfig(hang_timeout_floor=6.0, hang_step_factor=3.0, startup_timeout=180.0, tee=False),
+        HealthConfig(backend="sim" if chaos else "none", health_interval=0.25),
+        RecoveryConfig(
+            max_restarts=5,
+            crash_loop_after=3,
+            backoff_base_s=0.25,
+            backoff_max_s=2.0,
+            min_nproc=1,  # three of the four GPUs are excluded on the way (F2, F7, F6)
+        ),
+        # The reference run never restarts: no pool. 4 ranks on a 2-core laptop: one spare set.
+        StandbyConfig(enabled=chaos and plan.warm_standby, sets=1),
         chaos=plan_path if chaos else None,
-        crash_loop_after=3,
-        backoff_base_s=0.25,
-        backoff_max_s=2.0,
-        min_nproc=1,  # three of the four GPUs are excluded on the way (F2, F7, F6)
-        warm_standby=chaos and plan.warm_standby,  # the reference run never restarts: no pool
-        warm_standby_sets=1,  # 4 ranks on a 2-core laptop: one spare set, not the default two
-        tee=False,
-        env={"OMP_NUM_THREADS": "1"},
     )
 
 

@@ -8,6 +8,14 @@ Peaks are what the silicon can do; a healthy GPU sustains a share of it on large
     989.0
     >>> spec_for("cpu") is None
     True
+
+The link a GPU pair's all-reduce runs over, from what NVML reports (PCIe generation and width,
+NVLinks and their version), in GB/s per direction:
+
+    >>> link_gbps(pcie_gen=5, pcie_width=16)
+    63.0
+    >>> link_gbps(pcie_gen=5, pcie_width=16, nvlinks=18, nvlink_version=6)  # H100 SXM, NVLink 4
+    450.0
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["GPU_SPECS", "PEAK_FLOOR", "GpuSpec", "floor_of", "peak_of", "spec_for"]
+__all__ = ["GPU_SPECS", "LINK_FLOOR", "PEAK_FLOOR", "GpuSpec", "floor_of", "link_gbps", "peak_of", "spec_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,3 +84,26 @@ def peak_of(kind: str, model: str, what: str) -> float | None:
 
 def floor_of(what: str) -> tuple[float, float]:
     return PEAK_FLOOR.get(what, PEAK_FLOOR["fp32"])
+
+
+# PCIe per lane and direction after line encoding (GB/s): 8b/10b to gen 2, 128b/130b from gen 3,
+# gen 6's FLIT mode about 7.56. NVLink per link and direction (GB/s), keyed by NVML's
+# nvmlNvlinkVersion_t (1: 1.0 P100; 2, 3: 2.x V100; 4, 5: 3.x A100; 6: 4.0 H100; 7: 5.0 B200).
+PCIE_LANE_GBPS: dict[int, float] = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.56}
+NVLINK_GBPS: dict[int, float] = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 25.0, 6: 25.0, 7: 50.0}
+# The least share of that a healthy pair's 64 MiB all-reduce reaches (nccl-tests' bus bandwidth):
+# a pair on the link's floor is broken (a link down, P2P off through the host), not slow.
+LINK_FLOOR = 0.25
+
+
+def link_gbps(
+    pcie_gen: int | None, pcie_width: int | None, nvlinks: int = 0, nvlink_version: int | None = None
+) -> float | None:
+    """GB/s per direction a GPU can send a peer: its NVLinks to it when it has any (``nvlinks``
+    up, of ``nvlink_version``), else its PCIe link (use the maximum generation and width: an idle
+    link trains down); None when NVML did not say."""
+    if nvlinks and nvlink_version in NVLINK_GBPS:
+        return round(nvlinks * NVLINK_GBPS[nvlink_version], 1)
+    if pcie_gen in PCIE_LANE_GBPS and pcie_width:
+        return round(PCIE_LANE_GBPS[pcie_gen] * pcie_width, 1)
+    return None

@@ -76,18 +76,48 @@ def is_url(target: str | object) -> bool:
 
 
 def mask_url(url: str) -> str:
-    """The URL with its password (in the userinfo or a ``password=`` parameter) replaced by ***."""
-    url = re.sub(r"(://[^:/@?#]*):[^@/?#]*@", r"\1:***@", url)
-    return re.sub(r"(?i)(password=)[^&\s]*", r"\1***", url)
+    """The URL with its password (in the userinfo or a ``password=`` parameter) replaced by ***.
+    A password with ``#``, ``?`` or ``/`` in it (not percent-encoded, as people type them) is
+    masked whole: everything from the user's ``:`` to the last ``@``.
+
+    >>> mask_url("postgresql://tg:pa#ss?w/rd@db/fleet")
+    'postgresql://tg:***@db/fleet'
+    """
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        userinfo, _, host = rest.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        if colon:
+            url = f"{scheme}://{user}:***@{host}"
+    return re.sub(r"(?i)(password\s*=\s*)('[^']*'|[^&\s]*)", r"\1***", url)
+
+
+def password_of(url: str) -> str | None:
+    """The password in a URL's userinfo, as ``mask_url`` finds it (``#`` and all)."""
+    _scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return None
+    _user, colon, password = rest.rpartition("@")[0].partition(":")
+    return password if colon and password else None
 
 
 def url_has_password(url: str) -> bool:
     return mask_url(url) != url
 
 
+_KEYWORDS = re.compile(
+    r"^\s*(host|hostaddr|port|dbname|user|password|passfile|sslmode|service|options)\s*=", re.I
+)
+
+
+def is_keyword_string(target: str | object) -> bool:
+    """A libpq ``key=value`` connection string (``host=db dbname=fleet``), not a path."""
+    return isinstance(target, str) and _KEYWORDS.match(target) is not None
+
+
 def check_cli_target(target: str | None) -> None:
     """Refuse credentials on the command line (visible to every user in ``ps``)."""
-    if target and is_url(target) and url_has_password(target):
+    if target and (is_url(target) or is_keyword_string(target)) and url_has_password(target):
         raise ConfigError(
             f"--db {mask_url(target)}: a password on the command line is visible to every user of "
             "this host; put the URL in $TRAINGUARD_DB, or the password in a passfile "
@@ -97,6 +127,11 @@ def check_cli_target(target: str | None) -> None:
 
 def open_backend(target: str, *, create: bool = True, timeout_s: float = 30.0) -> Backend:
     """The backend for a path or URL (see the module docstring)."""
+    if is_keyword_string(target):
+        raise ConfigError(
+            f"{mask_url(target)}: a libpq key=value connection string is not a store name (it would "
+            "become a SQLite file of that name); write it as a URL, postgresql://user@host:5432/dbname"
+        )
     parts = urlsplit(target) if is_url(target) else None
     if parts is not None and parts.scheme in POSTGRES_SCHEMES:
         from trainguard.incidents.postgres import PostgresBackend

@@ -13,9 +13,18 @@ The judgement, per process group (collectives matched by ``collective_seq_id``, 
 2. a blocker is a *victim* when its own last operation waits in another stalled group (or was
    released from one by an error): the stall came from there, so follow it;
 3. the culprits are the blockers that are not victims. Every rank that waits only because of
-   another is left out; a cycle with no culprit (ranks waiting on each other in two groups) names
-   the cycle's ranks as ``collective_order_deadlock``; nothing that stands out names no one;
-4. a rank that entered a group's last collective late, on its own time (``incidents.late``: the
+   another is left out. In a cycle with no culprit (ranks waiting on each other in two groups) the
+   order of collectives decides (``incidents.flight_order``): a rank of the cycle whose next
+   collective differs from the one most ranks issued next skipped, added or swapped one, and is
+   named (``collective_desync``); without such a rank no one is named and the cycle's ranks are
+   suspects (category ``unknown``). Likewise a size/type mismatch with as many ranks on each side
+   names no one: both sides are suspects. A false culprit is a wrong action (a healthy GPU
+   excluded), so what the evidence cannot decide stays unknown; nothing that stands out names no
+   one;
+4. a rank that completed a collective and issued nothing since, while most ranks that completed it
+   went on (``incidents.flight_order.stopped``), stopped outside communication even where no group
+   shows it (its next group's peers are all held by another culprit), and is named too;
+5. a rank that entered a group's last collective late, on its own time (``incidents.late``: the
    entry times show it free long before it entered, where its peers in that step entered at once),
    is named too, as ``late`` (it joined in the end, so the stall does not wait on it: `causes`
    leaves it out). Entries of groups no pg_config lists (gloo's own dumps) get their members from
@@ -37,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.incidents.flight_order import deviants, stopped
 from trainguard.incidents.late import Timed, late_ranks
 from trainguard.incidents.late import describe as describe_late
 
@@ -49,6 +59,7 @@ NOT_ISSUED = "not_issued"
 NOT_STARTED = "not_started"
 MISMATCH = "collective_mismatch"
 DEADLOCK = "collective_order_deadlock"
+DESYNC = "collective_desync"  # left the order of collectives every other rank followed
 LATE = "late"  # entered the group's last collective late, on its own time (``incidents.late``)
 _CATEGORY = {  # culprit kind -> root_cause.category when all culprits agree
     NO_DUMP: "rank_unresponsive",
@@ -56,6 +67,7 @@ _CATEGORY = {  # culprit kind -> root_cause.category when all culprits agree
     NOT_STARTED: "gpu_not_progressing",
     MISMATCH: "collective_mismatch",
     DEADLOCK: "collective_order_deadlock",
+    DESYNC: "collective_desync",
     LATE: "rank_late",  # only when no rank is named for anything else
 }
 
@@ -99,14 +111,15 @@ class RankEvidence:
 @dataclass(frozen=True, slots=True)
 class FlightVerdict:
     ranks: tuple[int, ...]  # every culprit rank, no victim
-    category: str  # see _CATEGORY; "multiple" when culprits differ; "none" when nothing stands out
+    category: str  # see _CATEGORY; "multiple" when culprits differ; "unknown" when only suspects
+    # stand out (the evidence cannot decide between them); "none" when nothing stands out
     evidence: dict[int, list[RankEvidence]] = field(default_factory=dict)
     victims: tuple[int, ...] = ()  # ranks that wait because of a culprit
     stalled_groups: tuple[str, ...] = ()
     dumps: int = 0
     notes: tuple[str, ...] = ()
     late: tuple[int, ...] = ()  # ranks named only for entering late (they joined in the end)
-    suspects: dict[int, list[RankEvidence]] = field(default_factory=dict)  # late, or held: can't tell
+    suspects: dict[int, list[RankEvidence]] = field(default_factory=dict)  # the evidence can't tell
 
     @property
     def causes(self) -> tuple[int, ...]:
@@ -275,10 +288,11 @@ def judge(
         )
 
     blockers: dict[int, list[RankEvidence]] = {}
+    suspects: dict[int, list[RankEvidence]] = {}
     stall_at: dict[tuple[str, tuple[int, ...]], int] = {}  # group -> seq it stopped agreeing at
     quiet: dict[tuple[str, tuple[int, ...]], int] = {}  # group whose only oddity is a missing dump
     for key in descs:
-        _judge_group(key, ops, by_rank, descs, matcher, blockers, stall_at, quiet, away)
+        _judge_group(key, ops, by_rank, descs, matcher, blockers, stall_at, quiet, away, suspects)
     _judge_p2p(ops, by_rank, descs, blockers, away)
 
     def waits_elsewhere(r: int) -> str | None:
@@ -317,21 +331,58 @@ def judge(
             culprits[r] = evs
     waiting = {r for r, rops in ops.items() if rops and not rops[-1].done}
     victims |= waiting - set(culprits)
+    colls = {r: [o for o in rops if o.kind == "coll"] for r, rops in ops.items()}
+    finished = {(o.key, o.seq) for cs in colls.values() for o in cs if o.done}
+    # Completed for every member, each with a dump: an error releases a rank from a collective too
+    # (a dead peer), which leaves the collective pending, or undumped, on another member.
+    agreed = {
+        (key, seq)
+        for key, seq in finished
+        if all(m in colls and any(o.key == key and o.seq == seq and o.done for o in colls[m]) for m in key[1])
+    }
+    held = stopped(
+        {
+            r: [((descs.get(o.key) or "", o.seq), (o.key, o.seq) in agreed) for o in cs]
+            for r, cs in colls.items()
+        }
+    )
+    for r, why in held.items():  # stopped where no group shows it (its next group's peers are held)
+        if r not in culprits:
+            last = colls[r][-1]
+            text = f"{why}: stopped outside communication"
+            culprits[r] = [
+                RankEvidence(r, NOT_ISSUED, _describe(last.key, descs), f"{last.name} #{last.seq}", text)
+            ]
+            victims.discard(r)
     if not culprits and blockers:  # everyone blocking waits on someone else: a cycle
-        culprits = {r: [RankEvidence(r, DEADLOCK, e[0].group, e[0].op, e[0].text + f"; itself waits in {waits_elsewhere(r)}")]
-                    for r, e in blockers.items()}  # fmt: skip
-        victims -= set(culprits)
+        cycle = {r: RankEvidence(r, DEADLOCK, e[0].group, e[0].op, e[0].text + f"; itself waits in {waits_elsewhere(r)}")
+                 for r, e in blockers.items()}  # fmt: skip
+        order = deviants(
+            {
+                r: [(descs.get(o.key) or "", o.seq) for o in rops if o.kind == "coll"]
+                for r, rops in ops.items()
+            }
+        )
+        culprits = {r: [RankEvidence(r, DESYNC, ev.group, ev.op, f"{order[r]}; {ev.text}")]
+                    for r, ev in cycle.items() if r in order}  # fmt: skip
+        if not culprits:  # a cycle no rank's order explains: the evidence cannot decide
+            suspects.update({r: [ev] for r, ev in cycle.items()})
+            notes.append(
+                f"ranks {sorted(cycle)} wait on each other; no rank left the order the others followed"
+            )
+        victims = (victims | set(cycle)) - set(culprits) - set(suspects)
     silent = sorted(set(all_ranks) - set(by_rank) - set(culprits) - away)
-    if not culprits and silent and by_rank:
+    if not culprits and not suspects and silent and by_rank:
         for r in silent:
             text = "no flight-recorder dump while every other rank left one; no group shows a stall"
             culprits[r] = [RankEvidence(r, NO_DUMP, "-", "-", text)]
         silent = []
-    suspects: dict[int, list[RankEvidence]] = {}
     late = _late(ops, descs, culprits, victims, suspects)
     kinds = {e[0].kind for r, e in culprits.items() if r not in late}
     if culprits:
         category = _CATEGORY[kinds.pop() if kinds else LATE] if len(kinds) <= 1 else "multiple"
+    elif any(e.kind != LATE for evs in suspects.values() for e in evs):
+        category = "unknown"
     else:
         category = "none"
         if waiting:
@@ -410,6 +461,7 @@ def _judge_group(
     stall_at: dict[tuple[str, tuple[int, ...]], int],
     quiet: dict[tuple[str, tuple[int, ...]], int],
     away: frozenset[int] = frozenset(),
+    suspects: dict[int, list[RankEvidence]] | None = None,
 ) -> None:
     members = key[1]
     mine = {r: [o for o in ops[r] if o.key == key and o.kind == "coll"] for r in members if r in ops}
@@ -424,7 +476,13 @@ def _judge_group(
     for seq in sorted(by_seq):  # the first disagreement in sizes/types
         here = by_seq[seq]
         if _mismatch(
-            here, key, _describe(key, descs), f"{next(iter(here.values())).name} #{seq}", matcher, blockers
+            here,
+            key,
+            _describe(key, descs),
+            f"{next(iter(here.values())).name} #{seq}",
+            matcher,
+            blockers,
+            {} if suspects is None else suspects,
         ):
             stall_at[key] = seq
             return
@@ -475,8 +533,10 @@ def _mismatch(
     opname: str,
     matcher: Matcher | None,
     blockers: dict[int, list[RankEvidence]],
+    suspects: dict[int, list[RankEvidence]],
 ) -> bool:
-    """The ranks whose entry of this collective differs from the majority's (a tie names both)."""
+    """The ranks whose entry of this collective differs from the majority's; with as many ranks
+    on each side, every rank of both sides is a suspect (either side may be wrong)."""
     if len(here) < 2:
         return False
     counts = Counter(_sig(o.raw) for o in here.values())
@@ -496,7 +556,9 @@ def _mismatch(
             continue
         text = why or f"{_sig(o.raw)} where others issued {_sig(other.raw)}"
         text += "" if not tie else " (as many ranks on each side: either may be wrong)"
-        blockers.setdefault(r, []).append(RankEvidence(r, MISMATCH, group, opname, text))
+        (suspects if tie else blockers).setdefault(r, []).append(
+            RankEvidence(r, MISMATCH, group, opname, text)
+        )
         found = True
     return found
 

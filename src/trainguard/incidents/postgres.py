@@ -192,7 +192,7 @@ class PostgresBackend:
 
 def _clean(exc: BaseException, url: str) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    from urllib.parse import urlsplit
+    from trainguard.incidents.backend import password_of
 
-    password = urlsplit(url).password
+    password = password_of(url)
     return text.replace(password, "***") if password else text

@@ -58,7 +58,7 @@ class Spool:
             self._rewrite()
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
+        with open(_private(self.path, os.O_APPEND), "a") as f:  # incidents: the agent's eyes only
             f.write(json.dumps(entry, default=str, separators=(",", ":")) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -91,7 +91,7 @@ class Spool:
             self.path.unlink(missing_ok=True)
             return
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as f:
+        with open(_private(tmp, os.O_TRUNC), "w") as f:
             for e in self._entries:
                 f.write(json.dumps(e, default=str, separators=(",", ":")) + "\n")
             f.flush()
@@ -102,3 +102,10 @@ class Spool:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _private(path: Path, flag: int) -> int:
+    """A descriptor of ``path`` for writing, created 0600 (and made so, if an older one was not)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flag, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd

@@ -71,7 +71,7 @@ class BreakerState:
         t_at = d.get("tripped_at")
         return cls(
             tuple(Actioned(float(t), str(n), None if j is None else str(j)) for t, n, j in acts),
-            None if d.get("tripped") is None else str(d["tripped"]),
+            _tripped(d.get("tripped")),
             None if t_at is None else float(t_at),
             tuple((str(j), str(w)) for j, w in jobs),
             int(d.get("held") or 0),
@@ -80,6 +80,14 @@ class BreakerState:
             ),
             tuple((str(r), float(t)) for r, t in d.get("racks_reported") or []),
         )
+
+
+def _tripped(raw: Any) -> str | None:
+    """The fleet breaker's reason as stored: null is closed; anything else is open, an empty
+    reason included (shown open and holding, never shown open while actions go through)."""
+    if raw is None:
+        return None
+    return str(raw).strip() or "tripped (no reason recorded)"
 
 
 def fleet_limit(limits: BreakerLimits, fleet_size: int) -> int:
@@ -107,7 +115,7 @@ def admit(
     recent = tuple(a for a in state.actioned if now - a.time < horizon)
     bad = tuple(a for a in state.bad if now - a.time < limits.window_s and a.node != node)
     state = replace(state, actioned=recent, bad=(*bad, Actioned(now, node, job)))
-    if state.tripped:
+    if state.tripped is not None:
         return _hold(state, f"fleet breaker open: {state.tripped}")
     tripped_job = dict(state.jobs_tripped).get(job) if job else None
     if tripped_job:

@@ -108,6 +108,15 @@ def in_inspection(state: EscalationState, node: str, gpu: int | None = None) -> 
     return None
 
 
+def node_in_inspection(state: EscalationState, node: str) -> str | None:
+    """Why the node, or any GPU of it, is in inspection; None when none is (what resuming the
+    whole node must respect: a GPU out for a person keeps its node out)."""
+    for n, g, why in state.inspection:
+        if n == node:
+            return why if g is None else f"GPU {g}: {why}"
+    return None
+
+
 def set_healthy(state: EscalationState, node: str, gpu: int | None = None) -> EscalationState:
     """A person clears the node (every GPU when ``gpu`` is None) and its remediation count."""
 

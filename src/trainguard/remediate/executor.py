@@ -1,6 +1,6 @@
 """The one place remediation acts: decide (policy, escalation, breaker: pure), then call providers.
 
-    findings -> choose -> inspection? -> breaker.admit -> provider (retry) -> incident record
+    findings -> choose -> corroborate -> inspection? -> breaker.admit -> provider (retry) -> incident record
                                                                         -> fleet store (fleetlog.py)
 
 Every remedy other than ``none`` becomes an incident record whatever happens to it: ``dry_run``
@@ -15,7 +15,7 @@ each action is also a ``remediation_actions`` row and each breaker trip or held 
     >>> from trainguard.records import Action, Finding, Health
     >>> d = tempfile.mkdtemp()
     >>> r = Remediator(Policy(), "n1", IncidentStore(f"{d}/tg.db"), state_dir=d)
-    >>> [i.resolution for i in r.act([Finding("xid", Health.FAILED, Action.RESET_GPU, "Xid 48", gpu=2)])]
+    >>> [i.resolution for i in r.act([Finding("ecc_dbe", Health.FAILED, Action.RESET_GPU, "1 DBE", gpu=2)])]
     ['dry_run: would reset_gpu']
 """
 
@@ -35,7 +35,7 @@ from trainguard.records import Finding
 from trainguard.remediate import breaker as brk
 from trainguard.remediate import escalation as esc
 from trainguard.remediate import fleetlog
-from trainguard.remediate.policy import Decision, Policy, Remedy, choose, strongest
+from trainguard.remediate.policy import Decision, Policy, Remedy, choose, corroborate, strongest
 from trainguard.remediate.providers import Outcome, Provider, Status, Target, with_retry
 
 log = logging.getLogger(__name__)
@@ -107,12 +107,15 @@ class Remediator:
     def act(self, findings: Iterable[Finding]) -> list[Incident]:
         """Decide and (when enforced) carry out a remedy for each new finding; the records made."""
         decisions = []
+        findings = list(findings)
         for f in findings:
             d = choose(self.policy, f, self.node, self.gpu_model)
             if self.enforce is not None:
                 d = replace(d, enforce=self.enforce or d.enforce)
             if d.remedy is not Remedy.NONE:
                 decisions.append(d)
+        if self.policy.corroborate:
+            decisions = corroborate(decisions, findings)
         out: list[Incident] = []
         for d in strongest(decisions):
             out.extend(self._one(d))

@@ -1,8 +1,10 @@
 """Intrusion detection (pure): a compute process on a training GPU that belongs to no known job.
 
 A stranger's miner, or a job started outside the scheduler, shows up in NVML's running-process
-list without a scheduler job (``GpuProcess.job`` is None) and without being one of the node's
-allowed services. Each is a finding ``unexpected_gpu_process`` naming pid, user and command; the
+list without a scheduler job (``GpuProcess.job`` is None: no Slurm job's or pod's cgroup holds
+it, whatever its environment says) and without being one of the node's allowed services. A
+process whose job could not be read (``job_known`` False) is not reported: unknown is not a
+stranger. Each is a finding ``unexpected_gpu_process`` naming pid, user and command; the
 policy decides what happens (``webhook`` is a good start)::
 
     >>> from trainguard.records import GpuProcess
@@ -35,7 +37,7 @@ def unexpected_processes(
     commands, users = tuple(allowed_commands), set(allowed_users)
     out = []
     for p in procs:
-        if p.job is not None and (jobs is None or p.job in jobs):
+        if not p.job_known or (p.job is not None and (jobs is None or p.job in jobs)):
             continue
         if (p.user is not None and p.user in users) or (
             p.command and p.command.startswith(commands or ("\0",))

@@ -35,10 +35,13 @@ class JsonFile(Generic[T]):
 
     def load(self) -> T:
         try:
-            return self._decode(json.loads(self.path.read_text(encoding="utf-8")))
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError(f"a JSON {type(data).__name__}, not an object")
+            return self._decode(data)
         except FileNotFoundError:
             return self._empty()
-        except (OSError, ValueError, TypeError, KeyError) as exc:
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             # Unreadable state must not silently become empty (an open breaker closing itself).
             raise StoreError(f"state file {self.path} unreadable ({exc}): fix or remove it") from None
 
@@ -46,7 +49,8 @@ class JsonFile(Generic[T]):
     def update(self) -> Iterator[list[T]]:
         """``with f.update() as box: box[0] = new_state``: saved on exit when it changed."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+        lock_fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+        with os.fdopen(lock_fd, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             box = [self.load()]
             before = box[0]

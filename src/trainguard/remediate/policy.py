@@ -23,13 +23,19 @@ overrides. **Dry run is the default**: nothing is done unless ``enforce = true``
     >>> d = choose(p, Finding("xid", Health.FAILED, Action.RESET_GPU, "Xid 48", gpu=2), "n1", "H100")
     >>> d.remedy.value, d.enforce
     ('reset_gpu', False)
+
+A kernel-log line is a claim anyone who can write to the log may make (a user's message in
+syslog reads like the driver's), so a finding from the log takes a node out only when NVML
+corroborates it: a finding about the same GPU from NVML itself (lost, ECC, remapping...) in the
+same batch. Alone, it is told to a person (``webhook``) instead; the NVML finding, when the GPU
+really is broken, gets its own remedy. ``corroborate = false`` turns this off.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -46,6 +52,7 @@ __all__ = [
     "Policy",
     "Remedy",
     "choose",
+    "corroborate",
     "load_policy",
     "parse_policy",
     "strongest",
@@ -79,6 +86,10 @@ DEFAULT_ACTIONS: dict[str, Remedy] = {
 # Rules whose remedy is not their suggested action's: a stranger's process is news, not a broken GPU.
 DEFAULT_RULES: dict[str, Remedy] = {"unexpected_gpu_process": Remedy.WEBHOOK}
 PROVIDERS = ("slurm", "kubernetes", "none")
+# Findings read from the kernel log (detect/xid_rules.py): the log's word, not the GPU's state.
+LOG_RULES = frozenset(
+    {"xid", "sxid", "gpu_lost_log", "xid_fatal_repeat", "xid_app", "xid_app_repeat", "xid_recovery_action"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +138,7 @@ class Policy:
     intrusion: bool = True  # look for GPU processes that belong to no job
     allowed_commands: tuple[str, ...] = ()  # command prefixes that may use a GPU outside a job
     allowed_users: tuple[str, ...] = ()  # users who may
+    corroborate: bool = True  # a kernel-log finding takes a node out only with NVML's evidence
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +172,28 @@ def choose(policy: Policy, finding: Finding, node: str, gpu_model: str | None = 
     if remedy in (Remedy.DRAIN, Remedy.CORDON):
         remedy = Remedy.CORDON if policy.provider == "kubernetes" else Remedy.DRAIN
     return Decision(finding, remedy, enforce, group.name if group else None, why)
+
+
+def corroborate(decisions: list[Decision], findings: list[Finding]) -> list[Decision]:
+    """``decisions`` with each kernel-log finding that would take the node out, and that no NVML
+    finding of ``findings`` backs (the same GPU; for a node-scoped one, any GPU), turned into a
+    webhook: a forged log line must not drain a healthy node (see the module docstring)."""
+    backed = {
+        f.gpu for f in findings if f.rule not in LOG_RULES and f.health in (Health.DEGRADED, Health.FAILED)
+    }
+    out = []
+    for d in decisions:
+        f = d.finding
+        if (
+            d.remedy.takes_node_out
+            and f.rule in LOG_RULES
+            and not (f.gpu in backed or (f.gpu is None and backed))
+        ):
+            where = f"GPU {f.gpu}" if f.gpu is not None else "every GPU"
+            why = f"{d.why}; {d.remedy.value} not taken on the kernel log's word alone: NVML shows {where} healthy"
+            d = replace(d, remedy=Remedy.WEBHOOK, why=why)
+        out.append(d)
+    return out
 
 
 def strongest(decisions: list[Decision]) -> list[Decision]:
@@ -207,6 +241,7 @@ def parse_policy(data: dict[str, Any], where: str = "policy") -> Policy:
         "racks",
         "intrusion",
         "breaker_file",
+        "corroborate",
     }
     _no_unknown(table, known, f"{where}: [remediation]")
     provider = table.get("provider", "slurm")
@@ -253,6 +288,7 @@ def parse_policy(data: dict[str, Any], where: str = "policy") -> Policy:
         intrusion=_bool(intrusion.get("enabled", True), f"{where}: [remediation.intrusion] enabled"),
         allowed_commands=tuple(str(c) for c in intrusion.get("allowed_commands", [])),
         allowed_users=tuple(str(u) for u in intrusion.get("allowed_users", [])),
+        corroborate=_bool(table.get("corroborate", True), f"{where}: corroborate"),
     )
 
 

@@ -12,7 +12,7 @@ import logging
 import subprocess
 from collections.abc import Sequence
 
-from trainguard.remediate.escalation import EscalationState, in_inspection
+from trainguard.remediate.escalation import EscalationState, node_in_inspection
 from trainguard.remediate.providers import Outcome, Provider, Status, Target, with_retry
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,9 @@ def resume_node(
     evidence: str,
     escalation: EscalationState | None = None,
 ) -> Outcome:
-    """Resume ``node`` when its diagnostic ``passed`` and it is not in hardware inspection."""
-    why = in_inspection(escalation, node) if escalation is not None else None
+    """Resume ``node`` when its diagnostic ``passed`` and neither it nor any GPU of it is in
+    hardware inspection."""
+    why = node_in_inspection(escalation, node) if escalation is not None else None
     if why is not None:
         return Outcome(Status.FAILED, f"{node} is in hardware inspection ({why}): a person clears it with "
                        "`trainguard agent set-healthy`")  # fmt: skip

@@ -1,25 +1,50 @@
-"""supervisor: `trainguard run`, torchrun kept alive. Launches workers through torch's elastic
-agent and c10d rendezvous, watches them (exit codes, error files, heartbeats, logs, node health),
-asks `trainguard.recover.policy` what to do, and records incidents and the goodput ledger.
+"""supervisor: `trainguard run`, torchrun kept alive. Its room holds the loop and its decisions:
+workers come to life through a `Launcher` (torch's elastic agent, or plain local processes), the
+monitor loop watches them (exit codes, error files, heartbeats, logs, node health), asks its
+policy (`supervisor.policy`) what to do, acts, and records incidents and the goodput ledger. With
+``--replica-groups N`` the replica loop (`supervisor.replicas`) runs N such jobs as torchft
+replica groups.
 
-Importing this package does not import torch; `Supervisor.run()` does.
+Importing this package does not import torch; the torch launcher's `launch` does.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainguard.supervisor.config import ExitCode, SupervisorConfig
+from trainguard.supervisor.config import (
+    ExitCode,
+    HealthConfig,
+    LaunchConfig,
+    RecordConfig,
+    RecoveryConfig,
+    StandbyConfig,
+    SupervisorConfig,
+    WatchConfig,
+)
+from trainguard.supervisor.result import RunEvent, RunResult
 
 if TYPE_CHECKING:
-    from trainguard.supervisor.supervisor import RunEvent, RunResult, Supervisor
+    from trainguard.supervisor.supervisor import Supervisor
 
-__all__ = ["ExitCode", "RunEvent", "RunResult", "Supervisor", "SupervisorConfig"]
+__all__ = [
+    "ExitCode",
+    "HealthConfig",
+    "LaunchConfig",
+    "RecordConfig",
+    "RecoveryConfig",
+    "RunEvent",
+    "RunResult",
+    "StandbyConfig",
+    "Supervisor",
+    "SupervisorConfig",
+    "WatchConfig",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("RunEvent", "RunResult", "Supervisor"):
+    if name == "Supervisor":
         from trainguard.supervisor import supervisor
 
-        return getattr(supervisor, name)
+        return supervisor.Supervisor
     raise AttributeError(name)

@@ -2,7 +2,7 @@
 
 Pure functions over plain data (exit codes, error records, classified log events, heartbeats,
 the node verdict, numerics findings): `supervisor.observe` gathers, this module judges,
-`recover.policy.decide` decides, the supervisor acts. Worker deaths are judged in
+`supervisor.policy.decide` decides, the supervisor acts. Worker deaths are judged in
 `supervisor.exits`. Root causes follow from evidence, not from which detector fired; where the
 evidence cannot separate causes, the trouble says "unknown" and lists the suspects. When a trouble
 started is what the run itself saw (the first timestamped evidence, the last progress before a
@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 from trainguard.detect.numerics import sources_of
 from trainguard.incidents import RootCause, suspects
 from trainguard.records import Category, Event, Health
-from trainguard.recover.policy import Trouble, TroubleKind
 from trainguard.supervisor.attempt import Attempt, History
 from trainguard.supervisor.exits import Exited, exit_trouble, gpu_trouble
 from trainguard.supervisor.logs import default_classifier
 from trainguard.supervisor.peers import peer_node_trouble
+from trainguard.supervisor.policy import Trouble, TroubleKind
 from trainguard.supervisor.watch import straggler
 
 if TYPE_CHECKING:

@@ -17,9 +17,9 @@ from typing import Any
 from trainguard.chaos import Injected
 from trainguard.incidents import Incident
 from trainguard.records import Event
-from trainguard.recover.policy import PolicyState
 from trainguard.supervisor.config import SupervisorConfig
 from trainguard.supervisor.health import GpuMap
+from trainguard.supervisor.policy import PolicyState
 from trainguard.supervisor.state import RunState
 
 
@@ -102,13 +102,13 @@ class History:
 
     def policy_state(self, config: SupervisorConfig, gpus_in_use: int, fatal: bool) -> PolicyState:
         return PolicyState(
-            max_restarts=config.max_restarts,
+            max_restarts=config.recovery.max_restarts,
             restarts_used=self.restarts_used,
             failures_in_a_row=self.failures_in_a_row + (1 if fatal else 0),
             recent_signatures=tuple(self.signatures),
-            crash_loop_after=config.crash_loop_after,
+            crash_loop_after=config.recovery.crash_loop_after,
             gpus_in_use=gpus_in_use,
-            min_gpus=config.min_nproc,
-            backoff_base_s=config.backoff_base_s,
-            backoff_max_s=config.backoff_max_s,
+            min_gpus=config.recovery.min_nproc,
+            backoff_base_s=config.recovery.backoff_base_s,
+            backoff_max_s=config.recovery.backoff_max_s,
         )

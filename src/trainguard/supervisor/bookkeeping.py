@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.chaos import Injected
 from trainguard.incidents import Incident, IntervalKind
-from trainguard.recover.policy import Decision, Trouble, TroubleKind, Verb
 from trainguard.rundir import Heartbeat
 from trainguard.supervisor.assess import numerics_verdicts
 from trainguard.supervisor.attempt import Attempt, History, Pending
 from trainguard.supervisor.config import ExitCode
 from trainguard.supervisor.observe import Observation
 from trainguard.supervisor.peers import peer_left
+from trainguard.supervisor.policy import Decision, Trouble, TroubleKind, Verb
 from trainguard.supervisor.record import JobRecorder
+from trainguard.supervisor.result import RunResult
 from trainguard.supervisor.torn import torn_cause
 from trainguard.supervisor.watch import ProgressWatch
 
@@ -38,33 +37,6 @@ STATUS = {
     ExitCode.NO_CAPACITY: "no_capacity",
     ExitCode.INTERRUPTED: "interrupted",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class RunEvent:
-    """One thing that happened, for live displays: kind is job_started | attempt_started |
-    progress | chaos | incident | diagnosis | preflight | recovered | teardown_abort | finished |
-    watchers (what is watched, at start in ``job_started`` and again when heartbeats appear)."""
-
-    kind: str
-    time: float
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    exit_code: ExitCode
-    job_id: str
-    run_dir: Path
-    reason: str
-    attempts: int
-    final_step: int | None
-    incidents: tuple[Incident, ...] = ()
-    injected: tuple[Injected, ...] = ()
-    goodput: dict[str, Any] = field(default_factory=dict)
-    recoveries: tuple[dict[str, Any], ...] = ()  # per restart: failure time, first step after, mttr
-    world_sizes: tuple[int, ...] = ()  # per attempt: the job's world size after rendezvous
-    diagnostics: tuple[dict[str, Any], ...] = ()  # per pre-flight / diagnosis: verdict, summary, file
 
 
 Emit = Callable[..., None]  # emit(kind, **data)
@@ -90,6 +62,38 @@ def redone_since(beats: Sequence[Heartbeat], failed_at: float, resume: int, step
     return max(first, reached.time - (reached.step - kept) * step_time)
 
 
+def incident_of(
+    job: str,
+    node: str,
+    trouble: Trouble,
+    action: str,
+    reason: str,
+    attempt: int | None,
+    resolution: str | None = None,
+) -> Incident:
+    """The incident that records ``trouble`` and the ``action`` taken on it for ``reason`` (pure;
+    the job loop's and the replica loop's incidents alike). A ``resolution``: resolved already."""
+    return Incident(
+        job=job,
+        time=trouble.time,
+        root_cause=trouble.root_cause,
+        action=action,
+        summary=trouble.summary,
+        started=trouble.started,
+        category=trouble.category or trouble.kind.value,
+        # A diagnostics report is stored whole, after the lines that say what it measured.
+        evidence=(reason, *trouble.evidence, *[r for r in [trouble.extra.get("report")] if r]),
+        gpu=trouble.gpu,
+        node=trouble.extra.get("node") or node,  # a failed peer node: that one
+        rank=trouble.rank,
+        attempt=attempt,
+        detected_by=trouble.detected_by,
+        detection_delay_s=max(0.0, trouble.time - trouble.started),
+        resolved=resolution is not None,
+        resolution=resolution,
+    )
+
+
 class Bookkeeper:
     """Records what the loop saw and did; owns no workers and decides nothing."""
 
@@ -112,29 +116,10 @@ class Bookkeeper:
     def incident(self, trouble: Trouble, decision: Decision, attempt: int) -> Incident:
         history = self.history
         continuing = decision.verb is Verb.CONTINUE
+        resolution = "workers kept running" if continuing else None
         incident = self.recorder.add(
-            Incident(
-                job=self.job_id,
-                time=trouble.time,
-                root_cause=trouble.root_cause,
-                action=decision.verb.value,
-                summary=trouble.summary,
-                started=trouble.started,
-                category=trouble.category or trouble.kind.value,
-                # A diagnostics report is stored whole, after the lines that say what it measured.
-                evidence=(
-                    decision.reason,
-                    *trouble.evidence,
-                    *[r for r in [trouble.extra.get("report")] if r],
-                ),
-                gpu=trouble.gpu,
-                node=trouble.extra.get("node") or self.node,  # a failed peer node: that one
-                rank=trouble.rank,
-                attempt=attempt,
-                detected_by=trouble.detected_by,
-                detection_delay_s=max(0.0, trouble.time - trouble.started),
-                resolved=continuing,
-                resolution="workers kept running" if continuing else None,
+            incident_of(
+                self.job_id, self.node, trouble, decision.verb.value, decision.reason, attempt, resolution
             )
         )
         if "key" in trouble.extra:

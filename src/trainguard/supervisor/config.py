@@ -1,16 +1,43 @@
 """Supervisor configuration and exit codes (stdlib only, so the CLI parses without torch).
 
-Launch options mirror torchrun's (they are handed to torchrun's own parser); the rest are the
-supervisor's. Precedence: flag > TRAINGUARD_* environment > default.
+`SupervisorConfig` is one frozen value in sections, each a small frozen dataclass:
+
+    launch    how the workers come to life: the command, torchrun's options, the launcher
+    record    where the run is recorded: job id, run directories, incident store, result file
+    watch     when a rank counts as hung: hang, startup and idle timeouts; the console tee
+    health    the node's health: telemetry backend, the node agent, thresholds, pre-flight
+    recovery  the policy's limits: restart budget, crash loop, backoff, fewest workers
+    standby   warm standby interpreters for fast restarts
+
+``to_argv()`` gives the ``trainguard run`` flags that rebuild the same value (thresholds through
+``--set``, the settings file through ``--config``, everything else as flags; a test parses them
+back for every flag of ``trainguard run``): the replica loop starts each group with it.
+
+    >>> c = SupervisorConfig(LaunchConfig(cmd=("python", "train.py"), nproc_per_node=2))
+    >>> c.to_argv()[:6]
+    ['--nproc-per-node', '2', '--nnodes', '1:1', '--monitor-interval', '0.1']
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 
 from trainguard.detect.thresholds import Thresholds
+
+__all__ = [
+    "ExitCode",
+    "HealthConfig",
+    "LaunchConfig",
+    "RecordConfig",
+    "RecoveryConfig",
+    "StandbyConfig",
+    "SupervisorConfig",
+    "WatchConfig",
+    "checkpoint_dir_from_cmd",
+]
 
 
 class ExitCode(IntEnum):
@@ -28,8 +55,8 @@ class ExitCode(IntEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class SupervisorConfig:
-    """Everything `Supervisor` needs. ``cmd`` is the worker command (``python train.py ...``)."""
+class LaunchConfig:
+    """How the workers come to life. ``cmd`` is the worker command (``python train.py ...``)."""
 
     cmd: tuple[str, ...]
     nproc_per_node: int = 1
@@ -39,62 +66,190 @@ class SupervisorConfig:
     rdzv_id: str = ""  # shared by every node of the job; also the default job id
     rdzv_backend: str = "c10d"
     rdzv_conf: str = ""  # torchrun's key=value,... rendezvous options (e.g. join_timeout=60)
-    max_restarts: int = 3  # restart budget; exclusions and membership changes are free
     monitor_interval: float = 0.1  # seconds between looks at the workers
     extra_torchrun_args: tuple[str, ...] = ()  # any other torchrun flag, passed through
+    launcher: str = "torch"  # torch: torch's elastic agent; local: N plain processes (no torch)
+    gpus: tuple[int, ...] = ()  # the physical GPUs local ranks use (default 0..nproc-1)
+    kill_grace_s: float = 0.0  # SIGTERM grace before SIGKILL when stopping failed workers
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for the workers
+
+
+@dataclass(frozen=True, slots=True)
+class RecordConfig:
+    """Where the run is recorded."""
+
     job_id: str = ""  # default: rdzv_id, else a timestamp
     runs_root: Path = Path("runs")  # run directories: <runs_root>/<job_id>/
     db: str | Path | None = None  # incident store (path or URL); default $TRAINGUARD_DB or ./trainguard.db
     checkpoint_dir: Path | None = None  # default: the worker command's --checkpoint-dir
+    result_file: Path | None = None  # the run's result as JSON (`RunResult.to_dict`), at the end
+
+
+@dataclass(frozen=True, slots=True)
+class WatchConfig:
+    """When a rank counts as hung, and what the console shows."""
+
     hang_timeout_floor: float = 30.0  # never call a hang sooner than this many seconds
     hang_step_factor: float = 5.0  # ... nor sooner than this many slowest recent steps
     startup_timeout: float = 300.0  # first heartbeat of an attempt must come within this
     idle_timeout: float = 600.0  # no heartbeats: hung when every rank shows no work this long
-    preflight: bool = True  # diagnostics (level 1 + SDC) on the GPUs before each (re)start
+    tee: bool = True  # copy worker output to the console with rank prefixes
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    """The node's health: where the verdict comes from and how it is judged."""
+
     backend: str = "none"  # node health telemetry: nvml | sim | none
     kernel_log: Path | None = None  # kernel log for the agent (sim: the fleet's own file)
     health_interval: float = 0.5  # seconds between node-health ticks
     agent_url: str = ""  # the node agent's API; "" = http://127.0.0.1:9410 when its token is readable (nvml)
     agent_token_file: Path | None = None  # the agent's token; default <agent state dir>/agent.token
     thresholds: Thresholds | None = None  # node-health thresholds (default: Thresholds())
-    chaos: Path | None = None  # chaos plan (TOML)
+    config_file: Path | None = None  # the settings file given with --config (else $TRAINGUARD_CONFIG)
+    preflight: bool = True  # diagnostics (level 1 + SDC) on the GPUs before each (re)start
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryConfig:
+    """The recovery policy's limits (`supervisor.policy.PolicyState`)."""
+
+    max_restarts: int = 3  # restart budget; exclusions and membership changes are free
     crash_loop_after: int = 3  # same application error this many times in a row -> exit 3
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
     min_nproc: int = 1  # fewest local workers to continue with after excluding GPUs
-    gpus: tuple[int, ...] = ()  # the physical GPUs local ranks use (default 0..nproc-1)
-    warm_standby: bool = False  # keep pre-imported spare interpreters for fast restarts
-    warm_standby_sets: int = 2  # standbys per local rank: restarts in quick succession stay warm
-    # Modules standbys import ahead: torch, and torch._dynamo (DDP's constructor imports it: ~3 s).
-    preload: tuple[str, ...] = (
-        "torch",
-        "torch.distributed",
-        "torch._dynamo",
-        "numpy",
-        "trainguard.torch.guard",
-    )
-    tee: bool = True  # copy worker output to the console with rank prefixes
-    kill_grace_s: float = 0.0  # SIGTERM grace before SIGKILL when stopping failed workers
-    env: dict[str, str] = field(default_factory=dict)  # extra environment for the workers
+
+
+# Modules standbys import ahead: torch, and torch._dynamo (DDP's constructor imports it: ~3 s).
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "numpy", "trainguard.torch.guard")
+
+
+@dataclass(frozen=True, slots=True)
+class StandbyConfig:
+    """Warm standbys: pre-imported spare interpreters that take a restarted rank."""
+
+    enabled: bool = False
+    sets: int = 2  # standbys per local rank: restarts in quick succession stay warm
+    preload: tuple[str, ...] = PRELOAD
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorConfig:
+    """Everything `Supervisor` needs, in sections (see the module docstring)."""
+
+    launch: LaunchConfig
+    record: RecordConfig = field(default_factory=RecordConfig)
+    watch: WatchConfig = field(default_factory=WatchConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    standby: StandbyConfig = field(default_factory=StandbyConfig)
+    chaos: Path | None = None  # chaos plan (TOML)
+    replica_groups: int = 0  # N > 0: N torchft replica groups under one Lighthouse (supervisor.replicas)
 
     def resolved_db(self) -> str | Path:
         from trainguard.incidents.store import default_db
 
-        return self.db if self.db is not None else default_db()
+        return self.record.db if self.record.db is not None else default_db()
 
     def resolved_job_id(self) -> str:
-        if self.job_id:
-            return self.job_id
-        if self.rdzv_id and self.rdzv_id != "none":
-            return self.rdzv_id
+        if self.record.job_id:
+            return self.record.job_id
+        rdzv_id = self.launch.rdzv_id
+        if rdzv_id and rdzv_id != "none":
+            return rdzv_id
         import time
 
         return time.strftime("job-%Y%m%d-%H%M%S")
 
     def resolved_checkpoint_dir(self) -> Path | None:
-        if self.checkpoint_dir is not None:
-            return self.checkpoint_dir
-        return checkpoint_dir_from_cmd(self.cmd)
+        if self.record.checkpoint_dir is not None:
+            return self.record.checkpoint_dir
+        return checkpoint_dir_from_cmd(self.launch.cmd)
+
+    def to_argv(self) -> list[str]:
+        """The ``trainguard run`` arguments (after ``run``) that rebuild this value. The workers'
+        extra ``launch.env`` is not a flag: it travels in the environment of the process started
+        with these arguments."""
+        c, launch, record, watch, health = self, self.launch, self.record, self.watch, self.health
+        argv = ["--nproc-per-node", str(launch.nproc_per_node), "--nnodes", launch.nnodes]
+        argv += ["--monitor-interval", _num(launch.monitor_interval)]
+        if launch.launcher != "torch":
+            argv += ["--launcher", launch.launcher]
+        if launch.standalone:
+            argv.append("--standalone")
+        elif launch.launcher == "torch":
+            argv += ["--rdzv-backend", launch.rdzv_backend]
+            argv += ["--rdzv-endpoint", launch.rdzv_endpoint] if launch.rdzv_endpoint else []
+        for flag, value in (("--rdzv-id", launch.rdzv_id), ("--rdzv-conf", launch.rdzv_conf)):
+            if value and value != "none":  # torchrun's default id
+                argv += [flag, value]
+        argv += [*launch.extra_torchrun_args, "--kill-grace", _num(launch.kill_grace_s)]
+        if launch.gpus:
+            argv += ["--gpus", ",".join(map(str, launch.gpus))]
+        argv += ["--job-id", record.job_id, "--runs-dir", str(record.runs_root)]
+        for flag, path in (
+            ("--db", record.db),
+            ("--checkpoint-dir", record.checkpoint_dir),
+            ("--json", record.result_file),
+            ("--kernel-log", health.kernel_log),
+            ("--agent-token-file", health.agent_token_file),
+            ("--config", health.config_file),
+            ("--chaos", c.chaos),
+        ):
+            if path is not None:
+                argv += [flag, str(path)]
+        argv += ["--hang-timeout-floor", _num(watch.hang_timeout_floor)]
+        argv += ["--hang-step-factor", _num(watch.hang_step_factor)]
+        argv += ["--startup-timeout", _num(watch.startup_timeout), "--idle-timeout", _num(watch.idle_timeout)]
+        argv += [] if watch.tee else ["--no-tee"]
+        argv += ["--backend", health.backend, "--health-interval", _num(health.health_interval)]
+        argv += ["--agent-url", health.agent_url] if health.agent_url else []
+        argv += [f"--set={item}" for item in _settings(health)]
+        argv += [] if health.preflight else ["--no-preflight"]
+        r = c.recovery
+        argv += ["--max-restarts", str(r.max_restarts), "--crash-loop-after", str(r.crash_loop_after)]
+        argv += ["--backoff-base", _num(r.backoff_base_s), "--backoff-max", _num(r.backoff_max_s)]
+        argv += ["--min-nproc", str(r.min_nproc)]
+        s = c.standby
+        argv += ["--warm-standby" if s.enabled else "--no-warm-standby", "--warm-standby-sets", str(s.sets)]
+        argv += ["--warm-standby-preload", ",".join(s.preload)]
+        if c.replica_groups:
+            argv += ["--replica-groups", str(c.replica_groups)]
+        # A first word that is a .py file would be read as torchrun's script: say it is a command.
+        script_first = bool(launch.cmd) and launch.cmd[0].endswith(".py")
+        return [*argv, *(["--no-python"] if script_first else []), "--", *launch.cmd]
+
+
+def _num(value: float) -> str:
+    return repr(float(value))
+
+
+def _settings(health: HealthConfig) -> list[str]:
+    """``thresholds.NAME=VALUE`` for each threshold that the settings file and the environment
+    (what the rebuilt value reads too) would not set to the same value."""
+    if health.thresholds is None:
+        return []
+    from trainguard.config import load
+    from trainguard.errors import ConfigError
+
+    try:
+        base = load(Thresholds, "thresholds", path=health.config_file)
+    except ConfigError:  # the file is gone: every threshold that is not the default
+        base = Thresholds()
+    out = []
+    for f in dataclasses.fields(Thresholds):
+        value = getattr(health.thresholds, f.name)
+        if value != getattr(base, f.name):
+            text = (
+                ",".join(map(str, value))
+                if isinstance(value, tuple)
+                else str(value).lower()
+                if isinstance(value, bool)
+                else repr(value)
+            )
+            out.append(f"thresholds.{f.name}={text}")
+    return out
 
 
 def checkpoint_dir_from_cmd(cmd: tuple[str, ...] | list[str]) -> Path | None:

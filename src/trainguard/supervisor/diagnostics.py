@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainguard.incidents import RootCause
 from trainguard.records import Health
-from trainguard.recover.policy import Trouble, TroubleKind
 from trainguard.rundir import atomic_write_bytes
+from trainguard.supervisor.policy import Trouble, TroubleKind
 
 if TYPE_CHECKING:
     from trainguard.diagnose import Report
@@ -46,12 +46,12 @@ _TEST_CAUSE = {
 def preflight_off(config: SupervisorConfig, backend_open: bool = True) -> str | None:
     """Why the pre-flight does not run for this job (None: it runs). It needs GPUs it can test:
     the simulated fleet's or the ones NVML sees, never worker slots of a CPU-only job."""
-    if not config.preflight:
+    if not config.health.preflight:
         return "--no-preflight"
-    if config.backend not in ("sim", "nvml"):
+    if config.health.backend not in ("sim", "nvml"):
         return "no GPU backend (--backend none)"
     if not backend_open:
-        return f"the {config.backend} backend did not open"
+        return f"the {config.health.backend} backend did not open"
     return None
 
 

@@ -1,4 +1,7 @@
-"""The seam into PyTorch's elastic launcher: torchrun's own code path, with our monitor loop.
+"""torch's elastic agent under the supervisor: torchrun's own code path, with our monitor loop.
+
+The torch half of the ``torch`` launcher (`supervisor.torchrun.TorchElastic`); its agent is the
+`Workers` handle the monitor loop drives (`supervisor.launch`).
 
 `launch` parses the torchrun options with torchrun's parser and runs torch's ``launch_agent``
 (what ``torchrun`` itself runs), so every option means what it means there: rendezvous,
@@ -27,7 +30,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -39,8 +41,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.launcher import api as launcher_api
 from torch.distributed.run import config_from_args, get_args_parser
 
+from trainguard.procs import DIE_WITH_PARENT_EXEC, stop_signals
 from trainguard.supervisor.ports import private_port
-from trainguard.supervisor.record import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +51,6 @@ EXIT_BARRIER_TIMEOUT_S = 60.0
 
 Monitor = Callable[["GuardedAgent"], bool]  # the loop: True when every worker finished
 EnvHook = Callable[[int, dict[str, str]], None]  # (local_rank, env) -> None, edits env in place
-
-# Run before the worker's own program: ask the kernel to SIGKILL this process when the thread
-# that started it exits (PR_SET_PDEATHSIG = 1), give up if the supervisor is already gone, then
-# become the worker (exec keeps the pid, torch's handle and the death signal).
-_PDEATHSIG_EXEC = (
-    "import ctypes,os,sys\n"
-    "ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)\n"
-    "os.getppid() == int(sys.argv[1]) or os._exit(1)\n"
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
-)
 
 
 class Stopped(Exception):
@@ -128,9 +120,10 @@ class GuardedAgent(LocalElasticAgent):
             warm = self._pool.start(kwargs["name"], entrypoint, args, kwargs["envs"], kwargs["logs_specs"])
             if warm is not None:
                 return warm
-        if isinstance(entrypoint, str) and sys.platform == "linux":
+        if isinstance(entrypoint, str) and sys.platform == "linux":  # dies with the supervisor
             wrapped = {
-                lr: ("-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), entrypoint, *a) for lr, a in args.items()
+                lr: ("-S", "-c", DIE_WITH_PARENT_EXEC, str(os.getpid()), entrypoint, *a)
+                for lr, a in args.items()
             }
             kwargs = {**kwargs, "entrypoint": sys.executable, "args": wrapped}
         return start_processes(**kwargs)
@@ -179,6 +172,11 @@ class GuardedAgent(LocalElasticAgent):
 
     def interrupted(self) -> None:
         raise_swallowed_signal()
+
+    def standbys(self) -> dict[str, int] | None:
+        """How the last start's ranks started (ready/importing/fresh standbys); None: cold."""
+        use = self._pool.take_use() if self._pool is not None else None
+        return use.to_dict() if use is not None else None
 
     def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
         """This node's rendezvous name and the other nodes' (``<host>_<pid>_<n>``, as torch's
@@ -293,15 +291,8 @@ def _signals_raise() -> Iterator[None]:
         raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
     _received.clear()
-    previous: dict[signal.Signals, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in STOP_SIGNALS:
-            previous[sig] = signal.signal(sig, _raise)
-    try:
+    with stop_signals(_raise):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

@@ -15,8 +15,8 @@ from typing import Any
 
 from trainguard.incidents import Evidence, RootCause, first_failure, suspects
 from trainguard.records import HARDWARE_CATEGORIES, Category, Event, Finding, Health, Severity
-from trainguard.recover.policy import Trouble, TroubleKind, error_signature
 from trainguard.rundir import ErrorRecord, WorkerExit
+from trainguard.supervisor.policy import Trouble, TroubleKind, error_signature
 
 
 @dataclass(frozen=True, slots=True)

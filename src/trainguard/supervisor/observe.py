@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from trainguard.records import Event, Finding, Health, NodeVerdict
 from trainguard.rundir import ErrorRecord, read_errors, read_findings
@@ -25,6 +25,7 @@ from trainguard.supervisor.exits import TEARDOWN_SIGNALS, aborted_after_finishin
 from trainguard.supervisor.hang import HangReport, collect
 from trainguard.supervisor.health import NodeHealth
 from trainguard.supervisor.idle import IdleWatch
+from trainguard.supervisor.launch import Workers
 from trainguard.supervisor.logs import LogTail
 from trainguard.supervisor.oom import oom_kills
 from trainguard.supervisor.watch import ProgressView, ProgressWatch
@@ -33,16 +34,6 @@ log = logging.getLogger(__name__)
 
 MEMBERSHIP_EVERY_S = 1.0  # how often the rendezvous is asked whether a node waits to join
 LAST_WORDS_S = 0.05  # a failed worker's peers and its own error file may land just after it
-
-
-class Workers(Protocol):
-    """What the observer reads from the launcher (`elastic.GuardedAgent` is one)."""
-
-    def exit_codes(self) -> dict[int, int | None]: ...
-
-    def procs(self) -> dict[int, Any]: ...
-
-    def nodes_waiting(self) -> int: ...
 
 
 FindingRow = tuple[tuple[Any, ...], int, int | None, Finding]  # (key, rank, step, finding)

@@ -24,8 +24,8 @@ from typing import Any
 from trainguard.incidents import RootCause, suspects
 from trainguard.incidents.nodes import NodeLine, node_failure
 from trainguard.records import HARDWARE_CATEGORIES, Event, Severity
-from trainguard.recover.policy import Trouble
 from trainguard.rundir import ErrorRecord
+from trainguard.supervisor.policy import Trouble
 
 __all__ = ["NODE_FAILURE", "peer_left", "peer_node_trouble"]
 

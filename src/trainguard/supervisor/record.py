@@ -13,10 +13,7 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
-import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,41 +22,14 @@ from trainguard.incidents import Incident, IncidentStore, Interval, IntervalKind
 from trainguard.incidents.backend import is_url
 from trainguard.incidents.goodput import GoodputSummary, JobInfo
 from trainguard.incidents.identity import gpu_uuids
+from trainguard.procs import signals_deferred
 from trainguard.records import NodeVerdict
 from trainguard.supervisor.lost import LostRun, lost_run_record, step_reached_at
 
 log = logging.getLogger(__name__)
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Deliver a stop signal after the block, not inside it. ``trainguard run`` turns SIGTERM,
-    SIGINT and SIGHUP into an exception in the main thread; raised inside a store write, it ends
-    the transaction (SQLite rolls it back: the record is lost) and the write's error handling
-    swallows it (the signal is lost too). Held here, it is raised again once the write is done."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    # A handler installed from C (getsignal: None) cannot be put back from Python: left alone.
-    previous = {sig: h for sig in STOP_SIGNALS if (h := signal.getsignal(sig)) is not None}
-    for sig in previous:
-        signal.signal(sig, lambda signum, _frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if caught:
-            signal.raise_signal(caught[0])  # to the handler in force before the block
-
-
 def node_name() -> str:
-    import os
-
     return f"{socket.gethostname()}:{os.getpid()}"
 
 

@@ -35,13 +35,15 @@ import threading
 from types import TracebackType
 from typing import NoReturn
 
-PR_SET_PDEATHSIG = 1
+from trainguard.procs import die_of, die_with_parent
+
 PARENT_ENV = "TRAINGUARD_STANDBY_PARENT"  # the pid of the supervisor that started it
 READY = b"ready\n"  # written to stdout once the preloads are imported
 
 
 def main(modules: list[str]) -> int:
-    _die_with_parent(int(os.environ.pop(PARENT_ENV, "") or os.getppid()))
+    # Killed when the pool's thread that started it exits; the poll covers non-Linux hosts.
+    die_with_parent(int(os.environ.pop(PARENT_ENV, "") or os.getppid()), poll_s=1.0)
     for name in modules:
         with contextlib.suppress(ImportError):  # a missing preload only costs the time it saves
             importlib.import_module(name)
@@ -124,8 +126,7 @@ def _exit(code: int) -> NoReturn:
     atexit._run_exitfuncs()
     _flush_files()
     if code < 0:  # died of a signal (Ctrl-C): die of it again, as python does
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
+        die_of(-code)
     os._exit(code)
 
 
@@ -149,25 +150,6 @@ def _apply_thread_env() -> None:
     torch = sys.modules.get("torch")
     if value.isdigit() and int(value) > 0 and torch is not None:
         torch.set_num_threads(int(value))
-
-
-def _die_with_parent(parent: int) -> None:
-    """The kernel kills this process when its parent *thread* exits (so the pool spawns from a
-    long-lived thread); the poll covers a parent that died before prctl, and non-Linux hosts."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it died while this interpreter started, before the signal was armed
-        os.kill(os.getpid(), signal.SIGKILL)
-    threading.Thread(target=_kill_if_orphaned, args=(parent,), daemon=True, name="standby-parent").start()
-
-
-def _kill_if_orphaned(parent: int) -> None:
-    event = threading.Event()
-    while os.getppid() == parent:
-        event.wait(1.0)
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _redirect(fd: int, path: str) -> None:

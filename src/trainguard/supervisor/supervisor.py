@@ -4,92 +4,61 @@ One monitor loop per node (`monitor`), every ``monitor_interval`` seconds, in th
 
     look    Observer.look(workers, attempt, now) -> Observation      (supervisor.observe)
     judge   assess(observation, attempt, history) -> Trouble | None  (supervisor.assess)
-            decide(trouble, history.policy_state(...)) -> Decision    (recover.policy)
+            Decider.decide(trouble, ...) -> Decision                  (supervisor.decide, .policy)
     act     record the incident; continue | restart (backoff) | exclude GPU | stop  (here)
+
+The workers come to life through a `Launcher` (`supervisor.launch`: torch's elastic agent by
+default, ``--launcher local`` for plain processes), which runs this loop over its `Workers`.
 
 State lives in two values: the `Attempt` of the current start (thrown away on restart) and the
 `History` of the run, whose ``state`` is a `RunState` (see supervisor.attempt, supervisor.state);
 what happened is written down by a `Bookkeeper` (supervisor.bookkeeping). Clock and sleep are parameters, so the loop runs
 on a virtual clock in tests. Usable as a library (the demo drives it with a live display)::
 
-    sup = Supervisor(SupervisorConfig(cmd=("python", "train.py"), nproc_per_node=2,
-                                      standalone=True), on_event=print)
+    launch = LaunchConfig(cmd=("python", "train.py"), nproc_per_node=2, standalone=True)
+    sup = Supervisor(SupervisorConfig(launch), on_event=print)
     result = sup.run()          # -> RunResult(exit_code=ExitCode.OK, ...)
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 import shlex
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import Any, TextIO
 
 from trainguard.chaos import ChaosExecutor, load_plan
-from trainguard.chaos.plan import GROUP_ENV, for_group, refusal, step_triggered
-from trainguard.errors import MissingDependency
+from trainguard.chaos.plan import for_this_group, refusal, step_triggered
+from trainguard.control import Control, read_control, write_control
 from trainguard.incidents import IntervalKind
-from trainguard.records import Health
-from trainguard.recover.policy import Decision, Trouble, TroubleKind, Verb, decide, with_diagnosis
 from trainguard.rundir import ATTEMPT_ENV, RUN_DIR_ENV
 from trainguard.supervisor.assess import assess, workers_done
 from trainguard.supervisor.attempt import Attempt, History, Pending
-from trainguard.supervisor.bookkeeping import HEALTHY_AFTER_S, Bookkeeper, RunEvent, RunResult
+from trainguard.supervisor.bookkeeping import HEALTHY_AFTER_S, Bookkeeper
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
-from trainguard.supervisor.diagnostics import Diagnostics, measured, preflight_off, preflight_troubles
+from trainguard.supervisor.decide import Decider, stop_code
 from trainguard.supervisor.hang import flight_recorder_env
 from trainguard.supervisor.health import Diagnose, GpuMap, NodeHealth
 from trainguard.supervisor.idle import IdleWatch
-from trainguard.supervisor.logs import LogTail, default_classifier, make_logs_specs
+from trainguard.supervisor.launch import Launcher, LaunchJob, Workers, launcher_for
+from trainguard.supervisor.logs import LogTail, default_classifier
 from trainguard.supervisor.lost import LostRun, find_lost_run, next_attempt
 from trainguard.supervisor.observe import Observation, Observer
 from trainguard.supervisor.oom import oom_kills
+from trainguard.supervisor.policy import Decision, Trouble, TroubleKind, Verb
 from trainguard.supervisor.record import JobRecorder, node_name
+from trainguard.supervisor.result import RunEvent, RunResult
 from trainguard.supervisor.resume import resume_point
 from trainguard.supervisor.state import RunState
 from trainguard.supervisor.watch import ProgressWatch, watchers
 
-if TYPE_CHECKING:
-    from trainguard.diagnose import Report
-
-__all__ = ["HEALTHY_AFTER_S", "Launcher", "RunEvent", "RunResult", "Supervisor"]
+__all__ = ["HEALTHY_AFTER_S", "RunEvent", "RunResult", "Supervisor"]
 
 log = logging.getLogger(__name__)
-
-_STOP_CODES = {Verb.STOP_CRASH_LOOP: ExitCode.CRASH_LOOP, Verb.STOP_NO_CAPACITY: ExitCode.NO_CAPACITY}
-
-
-class Launcher(Protocol):
-    """The workers as the loop drives them (`elastic.GuardedAgent`; a fake one in tests)."""
-
-    def start(self, local_world_size: int | None = None) -> None: ...
-
-    def restart(self, counts_as_retry: bool, local_world_size: int) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def ranks(self) -> dict[int, int]: ...
-
-    def world_size(self) -> int: ...
-
-    def exit_codes(self) -> dict[int, int | None]: ...
-
-    def procs(self) -> dict[int, Any]: ...
-
-    def pids(self) -> dict[int, int]: ...
-
-    def nodes_waiting(self) -> int: ...
-
-    def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
-        """This node's rendezvous name and the other nodes' -> their global ranks."""
-
-    def interrupted(self) -> None:
-        """Raise the stop signal the supervisor received, if a handler swallowed it."""
 
 
 class Supervisor:
@@ -100,67 +69,57 @@ class Supervisor:
         diagnose: Diagnose | None = None,
         console: TextIO | None = None,
         *,
+        launcher: Launcher | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if importlib.util.find_spec("torch") is None:
-            raise MissingDependency(
-                "trainguard run launches workers with torch: pip install 'trainguard[torch]'"
-            )
-        self.config = config
+        # Chosen where the supervisor is assembled: a missing dependency fails here, before
+        # anything starts, with its install hint.
+        self.launcher = launcher if launcher is not None else launcher_for(config.launch.launcher)
+        self.launcher.check()
         self.job_id = config.resolved_job_id()
-        self.run_dir = (config.runs_root / self.job_id).resolve()
+        # Pinned: a job id from the clock would differ when the launcher reads it.
+        self.config = config = replace(config, record=replace(config.record, job_id=self.job_id))
+        self.run_dir = (config.record.runs_root / self.job_id).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.node = node_name()
         self.clock, self.sleep = clock, sleep
         self._on_event = on_event
-        self._diagnose_hook = diagnose
         self.checkpoint_dir = config.resolved_checkpoint_dir()
         self.recorder = JobRecorder(self.job_id, self.run_dir, config.resolved_db())
-        gpus = config.gpus or tuple(range(config.nproc_per_node))
+        gpus = config.launch.gpus or tuple(range(config.launch.nproc_per_node))
+        h, w = config.health, config.watch
         self.health = NodeHealth(
-            config.backend,
+            h.backend,
             max(gpus) + 1,
             self.run_dir,
-            config.kernel_log,
-            config.health_interval,
-            config.thresholds,
-            agent_url=config.agent_url,
-            agent_token_file=config.agent_token_file,
+            h.kernel_log,
+            h.health_interval,
+            h.thresholds,
+            agent_url=h.agent_url,
+            agent_token_file=h.agent_token_file,
         )
-        watch = ProgressWatch(
-            self.run_dir, config.hang_timeout_floor, config.hang_step_factor, config.startup_timeout
-        )
+        watch = ProgressWatch(self.run_dir, w.hang_timeout_floor, w.hang_step_factor, w.startup_timeout)
         self.observer = Observer(
             self.run_dir,
             watch,
             self.health,
-            LogTail(default_classifier(), console, config.tee),
+            LogTail(default_classifier(), console, w.tee),
             self.attempt_dir,
             sleep,
-            IdleWatch(config.idle_timeout),
+            IdleWatch(w.idle_timeout),
         )
         self.chaos: ChaosExecutor | None = None
         if config.chaos is not None:
-            self.chaos = ChaosExecutor(
-                for_group(load_plan(config.chaos), os.environ.get(GROUP_ENV)),
-                self.run_dir,
-                0.0,
-                self.health.fleet,
-                self.checkpoint_dir,
-            )
+            plan = for_this_group(load_plan(config.chaos))
+            self.chaos = ChaosExecutor(plan, self.run_dir, 0.0, self.health.fleet, self.checkpoint_dir)
         self.history = History()
         self.book = Bookkeeper(self.job_id, self.node, self.recorder, self.history, watch, self._emit, clock)
-        # Active diagnostics need GPUs to test: the simulated fleet's or NVML's.
-        self.diagnostics: Diagnostics | None = None
-        if config.backend in ("sim", "nvml") and self.health.active:
-            self.diagnostics = Diagnostics(config.backend, self.health.fleet, self.run_dir)
-        self._preflight_on = preflight_off(config, self.health.active) is None
+        self.decider = Decider(config, self.history, self.health, self.book, self._emit, clock, diagnose)
         self.gpu_map = GpuMap(gpus)  # what the next start uses
         self.attempt_number = 0  # of the next (or current) start
         self.attempt: Attempt | None = None
         self.started = 0.0
-        self._pool: Any = None
         self._lost: LostRun | None = None  # this job id's previous run, killed with its supervisor
         self._heartbeats_announced = False
 
@@ -168,18 +127,12 @@ class Supervisor:
 
     def run(self) -> RunResult:
         """Launch the workers and watch them until the job finishes, is stopped or interrupted."""
-        try:
-            from trainguard.supervisor.elastic import launch
-        except ImportError as exc:
-            raise ImportError(
-                f"trainguard run needs torch ({exc}): pip install 'trainguard[torch]'"
-            ) from None
         cfg = self.config
         self.started = self.clock()
         self._lost = find_lost_run(self.recorder.job_info(), self.run_dir)
         self.attempt_number = next_attempt(self.run_dir)  # a re-run of a job id continues its attempts
         started = self._lost.started if self._lost is not None else self.started
-        self.recorder.start_job(started, shlex.join(cfg.cmd), cfg.nproc_per_node)
+        self.recorder.start_job(started, shlex.join(cfg.launch.cmd), cfg.launch.nproc_per_node)
         if self.chaos is not None:
             self.chaos.started = self.started
             self.chaos.prepare()
@@ -190,27 +143,10 @@ class Supervisor:
             gpus=list(self.gpu_map.gpus),
             watchers=watchers(cfg, heartbeats=False, backend_open=self.health.active),
         )
-        if cfg.warm_standby:
-            from trainguard.supervisor.warm import WarmPool
-
-            self._pool = WarmPool(cfg.preload)
-            self._pool.fill(
-                cfg.nproc_per_node * cfg.warm_standby_sets
-            )  # they import while the rendezvous runs
-        # Workers host a fresh TCPStore per attempt (torch's own opt-out of sharing the agent's):
-        # a shared store keeps the dead attempt's gloo addresses, and a restarted rank that reads
-        # a stale peer address before the peer rewrites it times out connecting.
-        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        job = LaunchJob(cfg, self.job_id, self._worker_env, lambda: self.attempt_dir(self.attempt_number))
         code, reason = ExitCode.FAILED, "launcher error"
         try:
-            signame = launch(
-                self.torchrun_argv(),
-                self.monitor,
-                self._worker_env,
-                make_logs_specs(lambda: self.attempt_dir(self.attempt_number)),
-                self._pool,
-                cfg.kill_grace_s,
-            )
+            signame = self.launcher.launch(job, self.monitor)
             if signame is not None:
                 code, reason = ExitCode.INTERRUPTED, f"supervisor received {signame}"
             elif (stop := self.history.stopping) is not None:
@@ -224,26 +160,26 @@ class Supervisor:
             code, reason = ExitCode.FAILED, f"launcher error: {exc}"
         return self._finish(code, reason)
 
-    def torchrun_argv(self) -> list[str]:
-        """The torchrun command line this job is (after ``torchrun``)."""
-        cfg = self.config
-        argv = ["--nproc-per-node", str(cfg.nproc_per_node), "--nnodes", cfg.nnodes]
-        argv += ["--max-restarts", str(cfg.max_restarts), "--monitor-interval", str(cfg.monitor_interval)]
-        if cfg.standalone:  # what torchrun's run() does for --standalone
-            argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", self.job_id]
-        else:
-            argv += ["--rdzv-backend", cfg.rdzv_backend, "--rdzv-endpoint", cfg.rdzv_endpoint]
-            argv += ["--rdzv-id", cfg.rdzv_id or self.job_id]
-        if cfg.rdzv_conf:
-            argv += ["--rdzv-conf", cfg.rdzv_conf]
-        return [*argv, *cfg.extra_torchrun_args, "--no-python", *cfg.cmd]
+    def request_checkpoint(self, reason: str) -> Control | None:
+        """Ask the running ranks for a checkpoint at their next step boundary, through the control
+        file (`trainguard.control`): a Guard with a checkpointer serves it, other trainers ignore
+        it. The document written; None when it could not be (training goes on either way)."""
+        current = read_control(self.run_dir) or Control()
+        control = current.asking_checkpoint(reason, self.clock(), self.attempt_number)
+        try:
+            write_control(self.run_dir, control)
+        except OSError as exc:
+            log.warning("could not ask the ranks for a checkpoint: %s", exc)
+            return None
+        self._emit("checkpoint_requested", reason=reason, seq=control.seq, attempt=self.attempt_number)
+        return control
 
     def attempt_dir(self, number: int) -> Path:
         return self.run_dir / "logs" / self.node.replace(":", "-") / f"attempt{number}"
 
     # -- the monitor loop: look, judge, act ----------------------------------------------------
 
-    def monitor(self, workers: Launcher) -> bool:
+    def monitor(self, workers: Workers) -> bool:
         """Watch the workers until they finish (True) or the policy stops the job (False)."""
         if not self._preflight(None):
             return False
@@ -257,7 +193,7 @@ class Supervisor:
             lost = self.recorder.lost_run(self._lost, attempt.started, attempt.resume_step)
             self.history.pending.append(Pending(lost, self._lost.last_seen, self._lost.furthest_step))
         while True:
-            self.sleep(self.config.monitor_interval)
+            self.sleep(self.config.launch.monitor_interval)
             workers.interrupted()
             obs = self.observer.look(workers, attempt, self.clock())
             self._remember(obs, attempt)
@@ -274,7 +210,7 @@ class Supervisor:
             trouble = assess(obs, attempt, self.history)
             if trouble is None:
                 continue
-            trouble, decision = self._decide(trouble)
+            trouble, decision = self.decider.decide(trouble, self.gpu_map, self.attempt_number)
             attempt = self._act(workers, attempt, obs, trouble, decision)
             if self.history.stopping is not None:
                 return False
@@ -294,83 +230,31 @@ class Supervisor:
             self._emit("teardown_abort", rank=rank)
             attempt.teardown_aborts.add(lr)
 
-    def _decide(self, trouble: Trouble) -> tuple[Trouble, Decision]:
-        state = self.history.policy_state(self.config, len(self.gpu_map.gpus), trouble.fatal)
-        decision = decide(trouble, state)
-        if decision.verb is Verb.DIAGNOSE and decision.gpu is not None:
-            health, lines, report = self._diagnose(decision.gpu)
-            summary = report.summary() if report is not None else None
-            self._emit(
-                "diagnosis", gpu=decision.gpu, health=health.value, summary=summary, measured=list(lines)
-            )
-            trouble = with_diagnosis(trouble, health)
-            extra = (
-                {**trouble.extra, "diagnostics": summary, "report": report.to_dict()}
-                if report
-                else trouble.extra
-            )
-            trouble = replace(trouble, evidence=(*trouble.evidence, *lines), extra=extra)
-            decision = decide(trouble, state)
-        return trouble, decision
-
-    def _diagnose(self, gpu: int) -> tuple[Health, tuple[str, ...], Report | None]:
-        """The GPU's health after diagnostics, the figures measured and the report:
-        the caller's hook, else the compute and SDC tests against the job's other GPUs, else
-        (no GPU backend) a fresh look at the node's telemetry."""
-        try:
-            if self._diagnose_hook is None and self.diagnostics is not None:
-                report = self.diagnostics.after_incident(gpu, self.gpu_map.gpus, self.attempt_number)
-                return report.gpu_health(gpu), measured(report, gpu), report
-            return (self._diagnose_hook or self.health.diagnose_builtin)(gpu), (), None
-        except Exception as exc:
-            log.warning("diagnostics on GPU %s failed: %s", gpu, exc)
-            return Health.UNKNOWN, (f"diagnostics on GPU {gpu} could not run: {exc}",), None
-
     def _preflight(self, ending: Attempt | None) -> bool:
-        """Diagnostics on the GPUs the next start uses; each GPU that fails them is an incident,
-        and excluded (the policy's call). False when the policy stops the job instead."""
-        if not self._preflight_on or self.diagnostics is None:
-            return True
-        try:
-            report = self.diagnostics.preflight(self.gpu_map.gpus, self.attempt_number)
-        except Exception as exc:  # a broken test must not keep training from starting
-            log.warning("pre-flight diagnostics could not run: %s", exc)
-            return True
-        self._emit(
-            "preflight",
-            attempt=self.attempt_number,
-            gpus=list(self.gpu_map.gpus),
-            verdict=report.verdict.value,
-            summary=report.summary(),
-            seconds=round(report.seconds, 3),
-        )
-        rank_of_gpu = ending.rank_of_gpu if ending is not None else (lambda g: None)
-        for trouble in preflight_troubles(report, self.gpu_map.gpus, self.clock(), rank_of_gpu):
-            decision = decide(trouble, self.history.policy_state(self.config, len(self.gpu_map.gpus), True))
-            incident = self.book.incident(trouble, decision, self.attempt_number)
-            if decision.verb.stops:
-                self.history.stop(int(_STOP_CODES.get(decision.verb, ExitCode.FAILED)), decision.reason)
-                return False
-            if decision.verb is Verb.EXCLUDE_GPU and decision.gpu is not None:
-                self.gpu_map = self.gpu_map.without(decision.gpu)
-                resolution = f"GPU {decision.gpu} excluded before attempt {self.attempt_number} started"
-                self.recorder.update(incident, resolved=True, resolution=resolution)
+        """The pre-flight on the GPUs of the next start (`Decider.preflight`); False when the
+        policy stops the job instead."""
+        gpus = self.decider.preflight(self.gpu_map, self.attempt_number, ending)
+        if gpus is None:
+            return False
+        self.gpu_map = gpus
         return True
 
     # -- acting: the one place that changes the workers, the store and the history ---------------
 
     def _act(
-        self, workers: Launcher, attempt: Attempt, obs: Observation, trouble: Trouble, decision: Decision
+        self, workers: Workers, attempt: Attempt, obs: Observation, trouble: Trouble, decision: Decision
     ) -> Attempt:
         history = self.history
         incident = self.book.incident(trouble, decision, attempt.number)
         if trouble.kind is TroubleKind.STRAGGLER:
             attempt.straggler_reported = True
         if decision.verb is Verb.CONTINUE:
+            if decision.checkpoint:
+                self.request_checkpoint(decision.reason)
             return attempt
         self.book.close_attempt(attempt, trouble.time, "failed", trouble)
         if decision.verb.stops:
-            history.stop(int(_STOP_CODES.get(decision.verb, ExitCode.FAILED)), decision.reason)
+            history.stop(stop_code(decision.verb), decision.reason)
             workers.stop()
             return attempt
         history.state = RunState.RECOVERING
@@ -406,13 +290,13 @@ class Supervisor:
         )
         return self._begin_attempt(workers)
 
-    def _drill(self, workers: Launcher, obs: Observation, attempt: Attempt) -> None:
+    def _drill(self, workers: Workers, obs: Observation, attempt: Attempt) -> None:
         if self.chaos is None:
             return
         if (
             not obs.heartbeats_seen
             and not self.chaos.refused
-            and obs.time - self.started > self.config.startup_timeout
+            and obs.time - self.started > self.config.watch.startup_timeout
             and (steps := step_triggered(self.chaos.plan))
         ):
             self.chaos.refused.update(steps)  # no heartbeats by now: no step will ever be seen
@@ -422,7 +306,7 @@ class Supervisor:
             self.history.injected.append(inj)
             self._emit("chaos", **inj.to_dict())
 
-    def _end_lingering(self, workers: Launcher, attempt: Attempt, local_ranks: tuple[int, ...]) -> None:
+    def _end_lingering(self, workers: Workers, attempt: Attempt, local_ranks: tuple[int, ...]) -> None:
         procs = workers.procs()
         for lr in local_ranks:
             log.warning("rank %s finished but is stuck in teardown; ending it", attempt.rank_of[lr])
@@ -430,10 +314,9 @@ class Supervisor:
 
     # -- attempts, progress, recovery ------------------------------------------------------------
 
-    def _begin_attempt(self, workers: Launcher) -> Attempt:
+    def _begin_attempt(self, workers: Workers) -> Attempt:
         point = resume_point(self.checkpoint_dir)
         node, peers = workers.peers()
-        use = self._pool.take_use() if self._pool is not None else None
         attempt = Attempt(
             number=self.attempt_number,
             started=self.clock(),
@@ -444,7 +327,7 @@ class Supervisor:
             node=node,
             peers=peers,
             oom_kills_at_start=oom_kills(),
-            standbys=use.to_dict() if use is not None else None,
+            standbys=workers.standbys(),
         )
         self.attempt = attempt
         self.history.state = RunState.RUNNING
@@ -464,7 +347,7 @@ class Supervisor:
         return attempt
 
     def _worker_env(self, local_rank: int, env: dict[str, str]) -> None:
-        env.update(self.config.env)
+        env.update(self.config.launch.env)
         env[RUN_DIR_ENV] = str(self.run_dir)
         env[ATTEMPT_ENV] = str(self.attempt_number)
         env.update(self.gpu_map.cuda_env())
@@ -495,11 +378,9 @@ class Supervisor:
             self.attempt,
             self.run_dir,
             self.attempt_number + 1,
-            tuple(self.diagnostics.reports) if self.diagnostics is not None else (),
+            self.decider.reports,
         )
         self.health.close()
-        if self._pool is not None:
-            self._pool.close()
         self.recorder.close()
         self._emit(
             "finished",

@@ -174,6 +174,18 @@ class WarmPool:
                 _kill(proc)
             return None
         dest = logs_specs.reify(envs)  # also sets TORCHELASTIC_ERROR_FILE in each env
+        try:
+            # The ranks' log files exist from their start, as torch's start_processes makes them:
+            # a standby still importing opens them only once it reads its job, and a rank killed
+            # before that would leave its attempt without them.
+            for lr in args:
+                _create(dest.stdouts[lr])
+                _create(dest.stderrs[lr])
+        except OSError as e:
+            log.warning("%s: cannot create the workers' log files (%s); starting them cold", role, e)
+            for proc in taken:
+                _kill(proc)
+            return None
         handlers: dict[int, _Handle] = {}
         for lr, proc in zip(sorted(args), taken, strict=True):
             env = {**os.environ, **{k: str(v) for k, v in envs[lr].items() if v is not None}}
@@ -270,6 +282,11 @@ class WarmPool:
             start_new_session=True,
             env={**self._env, PARENT_ENV: str(os.getpid())},  # who it must die with
         )
+
+
+def _create(path: str) -> None:
+    """Create ``path`` if it is not there; never truncate it (the standby appends to it)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -8,6 +8,12 @@ attempt (start, rendezvous, checkpoint load) the longer ``startup_timeout`` appl
 run has shown heartbeats at all: a script without the Guard never writes one, and its hangs are
 judged from process state (`supervisor.idle`).
 
+A save is collective: every rank beats ``checkpoint`` before it and ``train`` after the next
+step. While every local rank is in one, the job gets the save's allowance: per rank, ``factor x``
+the slowest of its own recent saves, at least the floor, counted from when it began (an attempt's
+first saves wait for a writer still starting up: `SETTLING_SAVES`). A rank not in the save is not
+waiting for one: one rank's save never stretches the detection of another rank's hang.
+
 A step that a replica group tried and discarded (``rundir.append_discarded``: its all-reduce
 timed out on a hung peer, its quorum failed) is progress too: the group is alive and steps on
 without the peer. Each step counts once, so a group that discards the same step over and over
@@ -39,6 +45,7 @@ class RankProgress:
     first_step: int | None = None  # first step this rank reported in this attempt
     ckpt_step: int | None = None  # step of this rank's last checkpoint in this attempt
     ckpt_since: float | None = None  # when this rank reported a checkpoint in progress
+    saves: int = 0  # saves this rank finished in this attempt (each one measured)
     nan_reported: bool = False
     discarded: tuple[int, float] | None = None  # (step, when) of the last step it discarded
 
@@ -77,8 +84,8 @@ class ProgressWatch:
         self._started = 0.0
         self._recent: deque[float] = deque(maxlen=50)  # step times across attempts (learning)
         self._steady: list[float] = []  # the run's first steady step times (the baseline)
-        self._ckpt_times: deque[float] = deque(maxlen=10)  # checkpoint stalls seen (learning)
-        self.checkpoint_timeout = 60.0  # allowance for a checkpoint before one was measured
+        self._save_times: dict[int, deque[float]] = {}  # per rank: its recent saves (learning)
+        self.checkpoint_timeout = 60.0  # allowance for an attempt's first saves (SETTLING_SAVES)
         self.checkpoint_stalls: list[tuple[float, float]] = []  # (start, end) of visible saves
         self.baseline_step_time: float | None = None  # median of the run's first steps
         self.history: list[Heartbeat] = []  # every train heartbeat seen (for the goodput ledger)
@@ -107,7 +114,9 @@ class ProgressWatch:
                 if beat.phase == "train":
                     self.history.append(beat)
                     if prog.ckpt_since is not None:
-                        self._ckpt_times.append(max(0.0, beat.time - prog.ckpt_since))
+                        took = max(0.0, beat.time - prog.ckpt_since)
+                        self._save_times.setdefault(rank, deque(maxlen=10)).append(took)
+                        prog.saves += 1
                         end = max(prog.ckpt_since, beat.time - (beat.step_time or 0.0))
                         self.checkpoint_stalls.append((prog.ckpt_since, end))
                         prog.ckpt_since = None
@@ -142,14 +151,16 @@ class ProgressWatch:
         last_progress = max(since, default=self._started) if trained else self._started
         timeout = self.timeout() if trained else max(self.startup_timeout, self.floor)
         phases = {p.last.phase for p in self._ranks.values() if p.last is not None}
+        saving = {
+            r: p.ckpt_since
+            for r, p in self._ranks.items()
+            if p.last is not None and p.last.phase == "checkpoint" and p.ckpt_since is not None
+        }
         if "exit" in phases:  # the final save and teardown
             timeout = max(timeout, self.startup_timeout)
-        elif "checkpoint" in phases:  # a synchronous save: as long as the slowest one seen, x factor
-            # An attempt's first save is often handed to a writer still starting up, and returns
-            # at once; the next one waits for that writer: never less than factor x the floor.
-            slowest = max(self._ckpt_times, default=None)
-            allowance = self.checkpoint_timeout if slowest is None else self.factor * max(slowest, self.floor)
-            timeout = max(timeout, allowance)
+        elif saving and len(saving) == len(self._ranks):  # every rank in the save (module docstring)
+            deadline = max(since + self.save_allowance(r) for r, since in saving.items())
+            timeout = max(timeout, deadline - last_progress)
         recent = [t for p in self._ranks.values() for t in p.step_times]
         low = min(self._ranks) if self._ranks else None
         low_beat = self._ranks[low].last if low is not None else None
@@ -175,6 +186,16 @@ class ProgressWatch:
     def timeout(self) -> float:
         slowest = max(self._recent, default=0.0)
         return max(self.floor, self.factor * slowest)
+
+    def save_allowance(self, rank: int) -> float:
+        """How long rank's save in progress may take: ``factor x`` the slowest of its recent saves,
+        at least the floor; at least ``checkpoint_timeout`` until it finished `SETTLING_SAVES` in
+        this attempt."""
+        allowance = max(self.floor, self.factor * max(self._save_times.get(rank, ()), default=0.0))
+        prog = self._ranks.get(rank)
+        if prog is None or prog.saves < SETTLING_SAVES:
+            allowance = max(allowance, self.checkpoint_timeout)
+        return allowance
 
     def _learn_baseline(self) -> None:
         if self.baseline_step_time is None and len(self._steady) >= 5:
@@ -207,6 +228,10 @@ class ProgressWatch:
         return data[:end].split(b"\n")
 
 
+# An asynchronous checkpointer's first save of an attempt is handed to a writer process still
+# importing torch and returns at once; the second waits for that writer. A rank's own save times
+# say how long its saves take from then on.
+SETTLING_SAVES = 2
 WARMUP_STEPS = 5  # after a (re)start: caches, allocator, DDP buckets; not a step to judge
 CKPT_STEPS = 2  # steps after a checkpoint carry its copy or write (async saves overlap them)
 STRAGGLER_FACTOR = 3.0  # slower than this many times the baseline ...
@@ -266,18 +291,18 @@ def straggler(
 
 def watchers(config: SupervisorConfig, heartbeats: bool, backend_open: bool = True) -> str:
     """What the supervisor watches in this job, said once at start and when heartbeats appear."""
-    seen = "exit codes, error files, worker logs"
-    if config.backend != "none":
-        seen += f", node health ({config.backend})"
+    seen, w = "exit codes, error files, worker logs", config.watch
+    if config.health.backend != "none":
+        seen += f", node health ({config.health.backend})"
     if heartbeats:
         hangs = (
-            f"hangs from heartbeats (no step for max({config.hang_timeout_floor:g}s, "
-            f"{config.hang_step_factor:g} x slowest step); first step within {config.startup_timeout:g}s)"
+            f"hangs from heartbeats (no step for max({w.hang_timeout_floor:g}s, "
+            f"{w.hang_step_factor:g} x slowest step); first step within {w.startup_timeout:g}s)"
         )
-    elif config.idle_timeout > 0:
+    elif w.idle_timeout > 0:
         hangs = (
             "no heartbeats yet (the Guard writes them): hangs from process state only (every rank "
-            f"without CPU time or output for {config.idle_timeout:g}s)"
+            f"without CPU time or output for {w.idle_timeout:g}s)"
         )
     else:
         hangs = "no heartbeats yet (the Guard writes them), and --idle-timeout 0: no hang detection"

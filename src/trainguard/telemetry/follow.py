@@ -151,6 +151,11 @@ class KmsgReader:
 
     A record overwritten in the ring buffer before we read it makes the read fail with EPIPE; the
     next read continues with the oldest record still there, so we note it and carry on.
+
+    Only the kernel's own records are returned: a process may write to ``/dev/kmsg`` too (root, or
+    whoever the device's mode lets), and the kernel stamps such a record with a user facility
+    whatever prefix it claims (``devkmsg_write``), so a record whose facility is not 0 (``kern``)
+    was not written by the driver; it is dropped and counted in ``untrusted``.
     """
 
     def __init__(
@@ -171,6 +176,7 @@ class KmsgReader:
         self._read = read
         self.lost = 0  # records overwritten before we could read them
         self.skipped = 0
+        self.untrusted = 0  # records a process wrote, not the kernel
 
     def poll(self, max_records: int = 100_000) -> list[str]:
         out: list[str] = []
@@ -190,6 +196,9 @@ class KmsgReader:
             if not record:
                 break
             # "prio,seq,usec,flags;message\n SUBSYSTEM=...": keep the first line, as dmesg -r would
+            if not _from_kernel(record):
+                self.untrusted += 1
+                continue
             text = decode_line(record.split(b"\n", 1)[0])
             if text is None:
                 self.skipped += 1
@@ -199,6 +208,13 @@ class KmsgReader:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _from_kernel(record: bytes) -> bool:
+    """Whether a ``/dev/kmsg`` record's facility is the kernel's (``prio`` = facility * 8 + level).
+    Text without the record prefix (a stand-in file) is taken as it is."""
+    head = record.split(b",", 1)[0]
+    return not head.isdigit() or int(head) >> 3 == 0
 
 
 def read_kmsg(path: str | Path = "/dev/kmsg", *, read: Callable[[int, int], bytes] = os.read) -> list[str]:

@@ -171,19 +171,17 @@ class NvmlBackend:
 
     def processes(self, k: int) -> list[GpuProcess]:
         """The compute processes on the k-th GPU (NVML's running-process list, /proc for the rest)."""
-        from trainguard.telemetry.procinfo import describe
+        from trainguard.telemetry.procinfo import describe_all
 
         try:
             running = pynvml.nvmlDeviceGetComputeRunningProcesses(self._handles[k])
         except pynvml.NVMLError as exc:
             raise map_nvml_error(exc, f"GPU {self._gpus[k].index} processes") from None
-        out = []
+        pids = []
         for p in running:
             used = getattr(p, "usedGpuMemory", None)
-            out.append(
-                describe(int(p.pid), self._gpus[k].index, used / 2**20 if isinstance(used, int) else None)
-            )
-        return out
+            pids.append((int(p.pid), used / 2**20 if isinstance(used, int) else None))
+        return describe_all(pids, self._gpus[k].index)
 
     # -- settings (pre-flight diagnostics) --------------------------------------------------
     def modes(self, k: int) -> GpuModes:

@@ -3,8 +3,8 @@
 Part of the Guard (``trainguard.torch.guard``). Reading a CUDA loss (``item()``) or waiting for a
 collective is a device synchronisation: the CPU stops queueing work until the GPU has drained its
 stream. So the Guard does not read each step's loss. It keeps the steps' loss tensors (a list
-append, no kernel) and, every ``every`` steps, packs them with the gradient and preemption flags
-into one small tensor, starts one ``all_reduce`` (SUM: mean loss, "any rank" flags, and which
+append, no kernel) and, every ``every`` steps, packs them with the gradient, preemption and
+checkpoint-request flags into one small tensor, starts one ``all_reduce`` (SUM: mean loss, "any rank" flags, and which
 ranks' own loss was non-finite: each rank adds its own bit) and one of the arrival times (MAX: how long each rank waited for the slowest), and copies the result into
 pinned host memory with ``non_blocking=True``. ``collect`` reads it ``lag`` steps later (0: at
 once), when the GPU has normally long finished it: in steady state nothing waits on the device.
@@ -28,6 +28,7 @@ import torch.distributed as dist
 NAN = float("nan")
 MASK_BITS = 52  # ranks per float64 of a source mask: sums of distinct powers of two below 2**53 are exact
 SLOT_WORLD = 64  # up to this many ranks, host windows carry each rank's arrivals in its own slots
+_FLAGS = 2  # one float per window after the per-step values: preemption, checkpoint request
 
 
 class Window(NamedTuple):  # a NamedTuple: built on every check, it must be cheap
@@ -41,6 +42,7 @@ class Window(NamedTuple):  # a NamedTuple: built on every check, it must be chea
     preempt: bool  # some rank was asked to stop
     sources: tuple[tuple[int, ...], ...]  # per step: the ranks whose own loss was non-finite
     step_s: float | None = None  # agreed seconds per step (the latest arrivals); None without peers
+    save: bool = False  # some rank saw the supervisor ask for a checkpoint (`trainguard.control`)
 
 
 @dataclass(slots=True)
@@ -51,6 +53,7 @@ class _Launched:
     works: tuple[Any, ...] = ()
     event: Any = None  # torch.cuda.Event recorded after the copy to host
     preempt: bool = False
+    save: bool = False
     slots: bool = False  # the arrivals are per-rank slots at the end of ``packed`` (host windows)
 
 
@@ -81,9 +84,11 @@ class Agreement:
         if not self._device_known:
             self.device, self._device_known = self._device([(0, loss, 0.0, 0.0, None)]), True
 
-    def launch(self, entries: list[tuple[int, Any, float, float, Any]], preempt: bool) -> _Launched:
+    def launch(
+        self, entries: list[tuple[int, Any, float, float, Any]], preempt: bool, save: bool = False
+    ) -> _Launched:
         """Start reading (and agreeing on) these steps; nothing here waits for the device."""
-        job = _Launched(entries, preempt=preempt)
+        job = _Launched(entries, preempt=preempt, save=save)
         if not self._device_known:
             self.device, self._device_known = self._device(entries), True
         device = self.device
@@ -105,6 +110,7 @@ class Agreement:
                     _present(entries, device),
                     _grad_flags(entries, device),
                     torch.full((1,), 1.0 if preempt else 0.0, dtype=torch.float64, device=device),
+                    torch.full((1,), 1.0 if save else 0.0, dtype=torch.float64, device=device),
                     mask.reshape(-1),
                 ]
             )
@@ -126,7 +132,7 @@ class Agreement:
                 job.event = torch.cuda.Event()
                 job.event.record()
         job.packed, job.arrivals, job.works = packed, arrivals, tuple(works)
-        assert packed.numel() == (3 + self._groups) * n + 1
+        assert packed.numel() == (3 + self._groups) * n + _FLAGS
         return job
 
     def collect(self, job: _Launched) -> Window:
@@ -138,7 +144,7 @@ class Agreement:
             losses = tuple([host_value(e[1]) for e in entries])
             bad = tuple([e[4] is not None and bool(e[4].item() > 0) for e in entries])
             own = tuple([(self.rank,) if v is not None and not math.isfinite(v) else () for v in losses])
-            return Window(steps, losses, bad, dts, None, job.preempt, own)
+            return Window(steps, losses, bad, dts, None, job.preempt, own, save=job.save)
         self.settle(job)
         if job.event is not None:
             job.event.synchronize()  # normally long done: launched at least a step ago
@@ -149,16 +155,18 @@ class Agreement:
         waits = step_s = None
         latest: list[float] | None = None  # per step, the last rank's arrival: the same on every rank
         if job.slots:
-            base, world = (3 + self._groups) * n + 1, self.world
+            base, world = (3 + self._groups) * n + _FLAGS, self.world
             latest = [max(values[base + i * world : base + (i + 1) * world]) for i in range(n)]
         elif job.arrivals is not None:
             latest = job.arrivals.tolist()
         if latest is not None:
             waits = tuple(max(0.0, t - (e[3] + self._wall)) for t, e in zip(latest, entries, strict=True))
             step_s = (latest[-1] - latest[0]) / (n - 1) if n > 1 else None
-        sources = _decode_masks(values[3 * n + 1 :], n, self._groups)
+        sources = _decode_masks(values[3 * n + _FLAGS :], n, self._groups)
         flagged = tuple(f > 0 for f in flags)
-        return Window(steps, losses, flagged, dts, waits, values[3 * n] > 0, sources, step_s)
+        return Window(
+            steps, losses, flagged, dts, waits, values[3 * n] > 0, sources, step_s, values[3 * n + 1] > 0
+        )
 
     def settle(self, job: _Launched) -> None:
         """Wait for the collectives of ``job`` (before its buffer is read or reused)."""
@@ -187,7 +195,7 @@ class Agreement:
         buffer per size is never overwritten while gloo reads it."""
         entries, n, groups, world, rank = job.entries, len(job.entries), self._groups, self.world, self.rank
         slots = world <= SLOT_WORLD
-        size = (3 + groups + (world if slots else 0)) * n + 1
+        size = (3 + groups + (world if slots else 0)) * n + _FLAGS
         buf = self._cpu.get(size)
         if buf is None:
             # The tensor owns its memory and Python writes through a ctypes view of it: gloo's
@@ -198,7 +206,7 @@ class Agreement:
             buf = self._cpu[size] = (raw, struct.Struct(f"={size}d"), packed)
         raw, layout, packed = buf
         values = [0.0] * size
-        own, bit = 3 * n + 1 + rank // MASK_BITS, float(2 ** (rank % MASK_BITS))
+        own, bit = 3 * n + _FLAGS + rank // MASK_BITS, float(2 ** (rank % MASK_BITS))
         self._wall = time.time() - time.perf_counter()  # follow NTP slewing
         for i, e in enumerate(entries):
             value = host_value(e[1])
@@ -209,8 +217,9 @@ class Agreement:
             if e[4] is not None:
                 values[2 * n + i] = 1.0 if e[4].item() > 0 else 0.0
         values[3 * n] = 1.0 if job.preempt else 0.0
+        values[3 * n + 1] = 1.0 if job.save else 0.0
         if slots:
-            base = (3 + groups) * n + 1 + rank
+            base = (3 + groups) * n + _FLAGS + rank
             for i, e in enumerate(entries):
                 values[base + i * world] = e[3] + self._wall
         layout.pack_into(raw, 0, *values)

@@ -9,6 +9,11 @@
     ...         ckpt.save(step + 1, state)    # returns at once: see "overlap" below
     >>> ckpt.close()                          # waits until the last save is durable
 
+Every checkpoint is signed and a resume loads only one signed with a key of the user's keyring,
+with the loader its signed manifest names (``trainguard.checkpoint.signing``: the key comes from
+a file or the environment, a per-user one made on the first save); ``encrypt=True`` also
+encrypts replicated checkpoints at rest (``trainguard.checkpoint.sealing``).
+
 ``step`` is the number of completed optimizer steps; ``resume`` returns it. Replicated state (one
 process or DDP) is written by rank 0 as ``step-N/state.pt`` (plain ``torch.load``-able) by a
 background writer process; sharded state (FSDP2 / DTensor parameters) goes through
@@ -38,18 +43,22 @@ from typing import Any
 
 import torch
 
-from trainguard.checkpoint import (
-    choose_resume,
-    step_dir_name,
-    verify,
+from trainguard.checkpoint import Manifest, choose_resume, step_dir_name
+from trainguard.checkpoint.signing import (
+    Key,
+    Keyring,
+    Trust,
+    allow_unsigned_from_env,
+    encrypt_from_env,
+    load_keyring,
 )
-from trainguard.errors import CheckpointCorrupt, CheckpointError
-from trainguard.torch import dist, sharded
+from trainguard.errors import CheckpointError
+from trainguard.torch import dist, loading, sharded
 from trainguard.torch.async_writer import BackgroundWriter
 from trainguard.torch.snapshot import Snapshot, optimizer_tensors
 from trainguard.torch.staging import Staging, flatten
 from trainguard.torch.state import TrainState
-from trainguard.torch.writer import STATE_FILE, write_replicated
+from trainguard.torch.writer import write_replicated
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +74,10 @@ class Checkpointer:
         async_save: bool = True,
         weights_only: bool = True,  # torch.load safety; set False for exotic objects in `extra`
         overlap: bool = True,  # copy params/optimizer state alongside the next step (see snapshot)
+        encrypt: bool | None = None,  # encrypt at rest; None: $TRAINGUARD_CHECKPOINT_ENCRYPT
+        allow_unsigned: bool
+        | None = None,  # resume from unsigned; None: $TRAINGUARD_CHECKPOINT_ALLOW_UNSIGNED
+        keyring: Keyring | None = None,  # None: the environment's (see trainguard.checkpoint.signing)
     ) -> None:
         self.directory = Path(directory).absolute()  # the writer process must not depend on the cwd
         self.keep_last = keep_last
@@ -73,6 +86,9 @@ class Checkpointer:
         self.weights_only = weights_only
         self.last_result: dict[str, Any] | None = None  # the writer's report of the last durable save
         self.overlap = overlap
+        self.encrypt = encrypt_from_env() if encrypt is None else encrypt
+        self.allow_unsigned = allow_unsigned
+        self._keyring = keyring  # loaded on first use when None: only rank 0 signs
         self.last_stall_s: float | None = None  # time save() (and the optimizer's wait) blocked training
         self._latest: int | None = None
         self._writer = BackgroundWriter() if async_save else None
@@ -99,6 +115,12 @@ class Checkpointer:
         error = self._collect_error()
         rank, world = dist.rank_and_world()
         if sharded.is_sharded(state):
+            if self.encrypt:
+                raise CheckpointError(
+                    "encryption at rest covers replicated checkpoints only: sharded (FSDP/DTensor) "
+                    "state is written by torch.distributed.checkpoint, which trainguard does not "
+                    "encrypt; use an encrypted filesystem for it, or Checkpointer(encrypt=False)"
+                )
             _raise_any(dist.all_gather_object(error))
             self._latest = sharded.save(self, step, state)
             self.last_stall_s = time.perf_counter() - started
@@ -114,7 +136,14 @@ class Checkpointer:
             if self._writer is None:
                 try:
                     self.last_result = write_replicated(
-                        self.directory, step, payload, world, self.keep_last, self.milestone_every
+                        self.directory,
+                        step,
+                        payload,
+                        world,
+                        self.keep_last,
+                        self.milestone_every,
+                        key=self.signing_key(),
+                        encrypt=self.encrypt,
                     )
                     self._latest = step
                 except Exception as exc:
@@ -146,6 +175,8 @@ class Checkpointer:
             "world_size": world,
             "keep_last": self.keep_last,
             "milestone_every": self.milestone_every,
+            "key": self.signing_key().secret.hex(),
+            "encrypt": self.encrypt,
         }
         # Started from this thread, never the copy thread: PR_SET_PDEATHSIG fires when the
         # thread that forked the writer ends.
@@ -326,25 +357,20 @@ class Checkpointer:
             # The writer imports torch (seconds): start it now, overlapping the trainer's own start-up,
             # not inside the first save, where the stall would look like a hang to the watchdog.
             self._writer.start()
-        choice: tuple[int, str] | None = None
+        choice: tuple[int, Manifest] | None = None
         if rank == 0:
             choice = self._choose()
         choice = dist.broadcast_object(choice)
         if choice is None:
             return 0
-        step, kind = choice
+        step, manifest = choice  # the loader is the one this verified, signed manifest names
         path = self.directory / step_dir_name(step)
-        if kind == "dcp":
-            sharded.load(path, state, weights_only=self.weights_only)
+        if rank != 0:
+            loading.check_same(path, manifest, rank)
+        if manifest.kind == "dcp":
+            sharded.load(path, state, manifest, weights_only=self.weights_only)
         else:
-            if rank != 0:
-                result = verify(path, deep=False)
-                if not result.ok:
-                    raise CheckpointCorrupt(
-                        f"rank {rank} cannot use checkpoint {path} that rank 0 chose ({result.reason}): "
-                        "the checkpoint directory must be on a filesystem every rank can read"
-                    )
-            payload = self._load_payload(path)
+            payload = loading.load_payload(path, manifest, self.weights_only, self._decryption_keys)
             state.load_global_state_dict(payload)
             local = payload.get("local") or []
             if local:
@@ -360,26 +386,31 @@ class Checkpointer:
         self.wait()
         return self.resume(state)
 
-    def _choose(self) -> tuple[int, str] | None:
-        """Rank 0: the newest checkpoint that verifies, as (step, kind)."""
-        choice = choose_resume(self.directory)
+    def _choose(self) -> tuple[int, Manifest] | None:
+        """Rank 0: the newest checkpoint that verifies, with its manifest."""
+        choice = choose_resume(self.directory, trust=self.trust())
         for step, reason in choice.skipped:
             log.warning("skipping invalid checkpoint %s: %s", self.directory / step_dir_name(step), reason)
         if choice.info is None or choice.manifest is None:
             return None
-        return choice.info.step, choice.manifest.kind
+        return choice.info.step, choice.manifest
 
-    def _load_payload(self, path: Path) -> dict[str, Any]:
-        try:
-            payload = torch.load(path / STATE_FILE, map_location="cpu", weights_only=self.weights_only)
-        except Exception as exc:
-            raise CheckpointError(
-                f"checkpoint {path} passed verification but torch.load failed ({exc}); "
-                "if it holds custom objects, use Checkpointer(..., weights_only=False)"
-            ) from exc
-        if not isinstance(payload, dict) or "trainguard" not in payload:
-            raise CheckpointError(f"{path / STATE_FILE} is not a trainguard checkpoint payload")
-        return payload
+    # ------------------------------------------------------------------ keys
+
+    def trust(self) -> Trust:
+        """What a resume accepts: this Checkpointer's keyring, and unsigned checkpoints if allowed."""
+        keyring = self._keyring if self._keyring is not None else load_keyring()
+        allow = self.allow_unsigned if self.allow_unsigned is not None else allow_unsigned_from_env()
+        return Trust(keyring, allow)
+
+    def signing_key(self) -> Key:
+        """The key saves are signed with (the default key file is made on the first save)."""
+        if self._keyring is None:
+            self._keyring = load_keyring(create=True)
+        return self._keyring.signing
+
+    def _decryption_keys(self) -> Keyring:
+        return self._keyring if self._keyring is not None else load_keyring()
 
 
 def _raise_any(errors: list[str | None]) -> None:

@@ -99,13 +99,15 @@ class LossWindow:
             self._fit(agreed)
         return agreed
 
-    def launch(self, step: int, times: Any, t_last: float, preempt: bool, now: bool = False) -> Window | None:
+    def launch(
+        self, step: int, times: Any, t_last: float, preempt: bool, now: bool = False, save: bool = False
+    ) -> Window | None:
         """Launch the window that ends with ``step`` once it holds ``every`` steps (``now``: any
         recorded steps, read at once: a flush). Returns its agreed numbers when it is read at
         once (lag 0), else None: it is in flight, `collect`ed ``lag`` steps later."""
         if not (self.losses if now else len(self.losses) >= self.every):
             return None
-        job = self._launch(step, times, t_last, preempt)
+        job = self._launch(step, times, t_last, preempt, save)
         if now or self.lag == 0:
             return self.agreement.collect(job)
         self._inflight = job
@@ -168,7 +170,7 @@ class LossWindow:
         if self.every > 1:  # not during a rollback's replay, which checks every step
             self.every = every
 
-    def _launch(self, step: int, times: Any, t_last: float, preempt: bool) -> Any:
+    def _launch(self, step: int, times: Any, t_last: float, preempt: bool, save: bool = False) -> Any:
         """Start reading the window that ends with ``step`` (consecutive steps)."""
         losses = self.losses[:]
         self.losses.clear()
@@ -185,7 +187,7 @@ class LossWindow:
         grads = self._grads
         entries = [(first + i, losses[i], dts[i], arrivals[i], grads.get(first + i)) for i in range(n)]
         grads.clear()
-        return self.agreement.launch(entries, preempt)
+        return self.agreement.launch(entries, preempt, save)
 
 
 def check_mode(monitor: NumericsMonitor, every: int | None, lag: int | None) -> tuple[int | None, int | None]:

@@ -31,7 +31,7 @@ from typing import Any
 
 from trainguard.incidents.flight import FlightDump, dump_files
 
-__all__ = ["DumpServer", "dump", "load_dumps", "serve_dump_requests", "torch_matcher"]
+__all__ = ["DumpServer", "dump", "load_dumps", "read_dump", "serve_dump_requests", "torch_matcher"]
 
 log = logging.getLogger(__name__)
 
@@ -122,18 +122,21 @@ def serve_dump_requests(prefix: str, rank: int | None = None, fmt: str = "pickle
     return DumpServer(pipe, thread, stopping)
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    from torch.distributed.flight_recorder.components.loader import read_dump
+def read_dump(path: Path) -> dict[str, Any] | None:
+    """One dump file as torch's reader returns it (``rank``, ``entries``, ``pg_config``,
+    ``version``), pickled or JSON."""
+    from torch.distributed.flight_recorder.components.loader import read_dump as torch_read_dump
 
-    head = path.open("rb").read(1)
+    rank = int(path.name[len(path.name.rstrip("0123456789")) :])
+    with path.open("rb") as fh:
+        head = fh.read(1)
     if head == b"{":
-        data = json.loads(path.read_text())
+        data: dict[str, Any] = json.loads(path.read_text())
         for e in data.get("entries", []):  # the JSON writer spells tuples as lists, None as 0
             if isinstance(e.get("process_group"), list):
                 e["process_group"] = tuple(e["process_group"])
-        return data
-    rank = int(path.name[len(path.name.rstrip("0123456789")) :])
-    return read_dump(path.name[: -len(str(rank))], str(path))
+        return {**data, "rank": rank}
+    return torch_read_dump(path.name[: -len(str(rank))], str(path))
 
 
 def load_dumps(directory: Path, prefix: str | None = None, since: float | None = None) -> list[FlightDump]:
@@ -145,7 +148,7 @@ def load_dumps(directory: Path, prefix: str | None = None, since: float | None =
         try:
             if since is not None and path.stat().st_mtime < since:
                 continue
-            data = _read(path)
+            data = read_dump(path)
         except (OSError, ValueError, EOFError, pickle.UnpicklingError, KeyError) as err:
             log.warning("%s: not a readable flight-recorder dump (%s)", path, err)
             continue

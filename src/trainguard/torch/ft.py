@@ -48,19 +48,18 @@ try:
 except ImportError:  # pragma: no cover - exercised without the extra
     raise ImportError("trainguard.torch.ft needs torchft: pip install 'trainguard[ft]'") from None
 
+from trainguard import rundir
 from trainguard.rundir import append_discarded, run_dir_from_env
 
 log = logging.getLogger(__name__)
 
-REPLICA_GROUP_ENV = "REPLICA_GROUP_ID"
-NUM_GROUPS_ENV = "NUM_REPLICA_GROUPS"
 
 __all__ = ["DistributedDataParallel", "Manager", "manager", "replica_group", "should_save"]
 
 
 def replica_group() -> tuple[int, int]:
     """(this group's id, number of groups) from ``trainguard run --replica-groups``; (0, 1) alone."""
-    return int(os.environ.get(REPLICA_GROUP_ENV, "0")), int(os.environ.get(NUM_GROUPS_ENV, "1"))
+    return rundir.replica_group() or (0, 1)
 
 
 def manager(

@@ -17,7 +17,9 @@ agent read, and acts on what only the trainer can see (numerics, preemption, a s
 "rollback" (the state was restored from the last good checkpoint; ``guard.range`` continues from
 ``guard.resume_step``, and ``guard.restored`` tells a data iterator to start over).
 ``guard.range`` advances between steps, after the update: that is where periodic checkpoints are
-taken and where a preemption signal turns into a synchronous save and ``WorkerExit.PREEMPTED``.
+taken, where the supervisor's checkpoint requests are served (``control.json``, every
+``control_every`` steps: `trainguard.torch.control`), and where a preemption signal turns into a
+synchronous save and ``WorkerExit.PREEMPTED``.
 See docs/guard.md.
 """
 
@@ -45,6 +47,7 @@ from trainguard.torch import errorfile, guard_config
 from trainguard.torch.agreement import Window, host_value
 from trainguard.torch.chaos import Chaos
 from trainguard.torch.checks import LossWindow, StepAction
+from trainguard.torch.control import SaveRequests
 from trainguard.torch.flight_recorder import DumpServer, serve_dump_requests
 from trainguard.torch.numerics import distributed_world, nonfinite_grads, poison
 from trainguard.torch.preemption import PreemptionHandler
@@ -119,6 +122,8 @@ class Guard:
         self._chaos_next: int | None = None
         self._grad_flag: torch.Tensor | None = None
         self._preempt_agreed = False
+        self._requests: SaveRequests | None = None  # the supervisor's checkpoint requests
+        self._save_agreed = False  # every rank saves at the next boundary (a request)
         self._rolled_back = False
         self.last_step: int | None = None  # the last step given to guard.step
         self.current_step: int | None = None  # the step in progress (error files name it)
@@ -137,6 +142,8 @@ class Guard:
             self._beat_due = 0.0
         c = self.config
         self._preempt = PreemptionHandler(c.preempt_signals, on_request=self._on_signal)
+        if c.control_every > 0 and self.run_dir is not None and self.checkpointer is not None:
+            self._requests = SaveRequests(self.run_dir, c.control_every, self.attempt)
         if c.chaos and self.run_dir is not None:
             self._chaos = Chaos(self.run_dir, self.rank)
             self._chaos_next = self._chaos.next_step
@@ -287,7 +294,7 @@ class Guard:
             agreed = window.collect()
             if agreed is not None and (action := self._judge(agreed, step)) is not StepAction.PROCEED:
                 return action
-            fresh = window.launch(step, self.step_times, self._t_last, preempt)
+            fresh = window.launch(step, self.step_times, self._t_last, preempt, save=self._save_wanted())
             if fresh is not None:
                 return self._judge(fresh, step)
             if agreed is None and now >= self._beat_due:
@@ -328,6 +335,10 @@ class Guard:
         ends it."""
         if window.preempt:
             self._preempt_agreed, self._boundary_at = True, 0
+        # A request from before the last save (every rank saved since its window was launched)
+        # has been served already.
+        if window.save and (self._last_saved is None or window.steps[-1] + 1 > self._last_saved):
+            self._save_agreed, self._boundary_at = True, 0
         for i, step in enumerate(window.steps):
             value, bad = window.losses[i], window.grads_bad[i]
             self.last_loss, self.last_checked = value, step
@@ -363,7 +374,9 @@ class Guard:
         agreed = window.collect(fit=False)
         if agreed is not None and self._judge(agreed, step, applied=True) is StepAction.ROLLBACK:
             return self._after_rollback(step)
-        agreed = window.launch(step, self.step_times, self._t_last, preempt, now=True)
+        agreed = window.launch(
+            step, self.step_times, self._t_last, preempt, now=True, save=self._save_wanted()
+        )
         if agreed is not None and self._judge(agreed, step, applied=True) is StepAction.ROLLBACK:
             return self._after_rollback(step)
         self._plan(step)
@@ -385,6 +398,9 @@ class Guard:
 
     def _preempt_requested(self) -> bool:
         return self._preempt is not None and self._preempt.requested is not None
+
+    def _save_wanted(self) -> bool:
+        return self._requests is not None and self._requests.pending
 
     def _lane_refill(self, value: float | None) -> bool:
         """The lane ran out or ``value`` left it: the monitor judges ``value``; a new lane follows
@@ -496,28 +512,35 @@ class Guard:
         if self._rolled_back:
             return self._after_rollback(step)
         done = step + 1
+        if self._requests is not None and self._requests.look(done) and self.world_size == 1:
+            self._save_agreed = True  # one rank: nothing to agree on
         every = self.config.checkpoint_every
         due = every and done % every == 0 and self.checkpointer is not None
-        if not (due or self._preempt_agreed):
+        if not (due or self._preempt_agreed or self._save_agreed):
             return done
         resumed = self._flush(step)
         if resumed is not None:
             return resumed
         if self._preempt_agreed:
             self._preempted(done)
-        if due:
+        if self._save_agreed and self._requests is not None:
+            log.info("step %d: checkpoint the supervisor asked for (%s)", done, self._requests.reason)
+        if due or self._save_agreed:
             self.save(done)
         return done
 
     def _plan_boundary(self, nxt: int) -> None:
         """The first ``step + 1`` from which ``end_step`` has work, given the next step ``nxt``
         (a preemption signal or a rollback resets it to 0)."""
-        if self._preempt_agreed or self._rolled_back:
+        if self._preempt_agreed or self._rolled_back or self._save_agreed:
             self._boundary_at = 0
-        elif (every := self.config.checkpoint_every) and self.checkpointer is not None:
-            self._boundary_at = (nxt // every + 1) * every
-        else:
-            self._boundary_at = 1 << 62
+            return
+        at = 1 << 62
+        if (every := self.config.checkpoint_every) and self.checkpointer is not None:
+            at = (nxt // every + 1) * every
+        if self._requests is not None:  # the next look at the supervisor's control file
+            at = min(at, (nxt // self._requests.every + 1) * self._requests.every)
+        self._boundary_at = at
 
     def loss(self, loss: torch.Tensor, step: int | None = None) -> torch.Tensor:
         """Optional hook before backward: a chaos "nan" fault poisons the loss here, so NaN flows
@@ -552,6 +575,9 @@ class Guard:
         else:
             self._save(step, wait)
         self._last_saved = step
+        if self._requests is not None:  # this save serves the requests written so far
+            self._requests.served_now()
+        self._save_agreed = False
 
     # -- internals -----------------------------------------------------------------------------
     def _save(self, step: int, wait: bool) -> None:

@@ -34,6 +34,7 @@ class GuardConfig:
     # checkpoints taken by guard.range
     checkpoint_every: int = 0  # guard.range saves every N steps (0: only on preemption/end)
     save_at_end: bool = True  # guard.range saves after the last step
+    control_every: int = 10  # look for the supervisor's checkpoint requests every N steps (0: never)
     # where this rank reports (the run-directory protocol)
     run_dir: Path | str | None = None  # default: $TRAINGUARD_RUN_DIR, else no files
     rank: int | None = None  # default: torch.distributed, else $RANK, else 0

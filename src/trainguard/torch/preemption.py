@@ -9,14 +9,13 @@ signal while the first is pending ends the process at once (the default action o
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import signal
 import threading
 from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import Any
+
+from trainguard.procs import die_of, install
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +30,16 @@ class PreemptionHandler:
     ) -> None:
         self.requested: int | None = None  # the signal number that asked us to stop
         self._on_request = on_request
-        self._previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             log.warning("Guard created off the main thread: preemption signals are not handled")
-            return
-        for sig in signals:
-            num = int(sig)
-            self._previous[num] = signal.signal(num, self._handle)
+        self._restore = install([int(s) for s in signals], self._handle, take_foreign=True)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested is not None:
             # A second notice: the step boundary is not coming (stuck in a collective?). Die of
             # the signal as if we had never caught it, like a second Ctrl-C.
             log.warning("received %s again: exiting now", _name(signum))
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+            die_of(signum)
             return
         log.warning("received %s: will checkpoint and exit at the next step boundary", _name(signum))
         self.requested = signum
@@ -53,10 +47,7 @@ class PreemptionHandler:
             self._on_request(signum)
 
     def close(self) -> None:
-        for num, previous in self._previous.items():
-            with contextlib.suppress(ValueError, TypeError):
-                signal.signal(num, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()
+        self._restore()
 
 
 def _name(signum: int) -> str:

@@ -5,10 +5,18 @@ Every rank writes its shards with ``dcp.save`` into the same temporary directory
 writes the manifest (``kind: "dcp"``, ``sharded: true``) and commits with the same atomic rename
 as replicated checkpoints. DCP re-shards on load, so a checkpoint resumes at any world size,
 including 1 without a process group. Saves on this path are synchronous.
+
+torch's loader unpickles ``.metadata`` with plain ``pickle`` and non-tensor values with
+``torch.load(weights_only=False)``: a checkpoint folder would be code the resume runs. So the
+load reads ``.metadata`` only as the bytes the verified manifest lists, through an unpickler that
+builds checkpoint-metadata classes and nothing else, loads non-tensor values with
+``weights_only``, and reads ``trainer.pt`` checked against the manifest.
 """
 
 from __future__ import annotations
 
+import io
+import pickle
 import time
 import warnings
 from pathlib import Path
@@ -26,8 +34,9 @@ from trainguard.checkpoint import (
     describe_files,
     new_tmp_dir,
 )
-from trainguard.errors import CheckpointError
+from trainguard.errors import CheckpointCorrupt, CheckpointError
 from trainguard.torch import dist
+from trainguard.torch.loading import read_checked
 from trainguard.torch.state import TrainState
 
 if TYPE_CHECKING:
@@ -96,7 +105,7 @@ def _commit(ckpt: Checkpointer, tmp: Path, step: int, world: int, started: float
         torch_version=torch.__version__,
         trainguard_version=trainguard.__version__,
     )
-    path = commit(tmp, manifest)
+    path = commit(tmp, manifest, ckpt.signing_key())
     ckpt.last_result = {
         "step": step,
         "path": str(path),
@@ -106,23 +115,39 @@ def _commit(ckpt: Checkpointer, tmp: Path, step: int, world: int, started: float
     }
 
 
-def load(path: Path, state: TrainState, weights_only: bool = True) -> None:
+def load(path: Path, state: TrainState, manifest: Manifest, weights_only: bool = True) -> None:
+    """Load the sharded checkpoint at ``path`` that ``manifest`` (verified) describes."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    from trainguard.torch.dcp_safe import SafeLoadPlanner, VerifiedReader
 
     rank, _ = dist.rank_and_world()
     sds = _state_dicts(state)
+    signed = manifest.signature is not None
+    reader = VerifiedReader(path, manifest)  # reads and checks .metadata: CheckpointCorrupt
     try:
         with warnings.catch_warnings():  # loading without a process group is intended here
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(sds, checkpoint_id=path)
-    except Exception as exc:
+            dcp.load(sds, storage_reader=reader, planner=SafeLoadPlanner(weights_only=weights_only))
+    except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
         raise CheckpointError(f"could not load sharded checkpoint {path}: {exc}") from exc
     optimizers = [state.optimizer] if state.optimizer is not None else []
     set_state_dict(
         state.module, optimizers, model_state_dict=sds["model"], optim_state_dict=sds.get("optim", {})
     )
-    payload = torch.load(path / TRAINER_FILE, map_location="cpu", weights_only=weights_only)
+    entry = manifest.files.get(TRAINER_FILE)
+    if entry is None:
+        raise CheckpointCorrupt(f"the manifest of {path} lists no {TRAINER_FILE}")
+    data = read_checked(path / TRAINER_FILE, entry, signed)
+    try:
+        payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
+    except (pickle.UnpicklingError, RuntimeError) as exc:
+        raise CheckpointError(
+            f"{path / TRAINER_FILE} passed verification but torch.load failed ({exc}); "
+            "if it holds custom objects, use Checkpointer(..., weights_only=False)"
+        ) from exc
     state.load_global_state_dict(payload, include_model=False)
     local = payload.get("local") or []
     if local:

@@ -9,12 +9,16 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import trainguard
 from trainguard.checkpoint import ChecksumFile, Manifest, apply_retention, clean_stale, commit, new_tmp_dir
+from trainguard.checkpoint.signing import Key, load_keyring
+
+if TYPE_CHECKING:
+    from trainguard.checkpoint.sealing import SealingFile
 
 STATE_FILE = "state.pt"
 
@@ -39,13 +43,23 @@ def write_replicated(
     world_size: int = 1,
     keep_last: int = 3,
     milestone_every: int = 0,
+    key: Key | None = None,
+    encrypt: bool = False,
 ) -> dict[str, Any]:
-    """Write ``payload`` as ``step-N/state.pt`` durably; returns timings and what retention deleted."""
+    """Write ``payload`` as ``step-N/state.pt`` durably, signed with ``key`` (default: the
+    environment's, see ``trainguard.checkpoint.signing``) and, with ``encrypt``, encrypted at rest;
+    returns timings and what retention deleted."""
     start = time.perf_counter()
     clean_stale(directory)
     tmp = new_tmp_dir(directory, step)
     try:
-        sink = ChecksumFile(tmp / STATE_FILE, overlap=True)
+        sink: ChecksumFile | SealingFile
+        if encrypt:
+            from trainguard.checkpoint.sealing import SealingFile
+
+            sink = SealingFile(tmp / STATE_FILE, key or load_keyring(create=True).signing, overlap=True)
+        else:
+            sink = ChecksumFile(tmp / STATE_FILE, overlap=True)
         try:
             with _no_zip_crc():
                 torch.save(payload, sink)  # type: ignore[arg-type]  # any object with write() works
@@ -65,7 +79,7 @@ def write_replicated(
             torch_version=torch.__version__,
             trainguard_version=trainguard.__version__,
         )
-        path = commit(tmp, manifest)
+        path = commit(tmp, manifest, key)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

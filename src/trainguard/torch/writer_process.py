@@ -8,50 +8,30 @@ It maps the staging buffer it is sent, and for each save builds tensors over tha
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import signal
 import socket
 import sys
-import threading
-import time
 import traceback
 from pathlib import Path
 
+from trainguard.procs import die_with_parent, install
 from trainguard.torch.async_writer import recv_msg, send_msg
-
-
-def _die_with_parent(parent: int) -> None:
-    # Under torchrun a preemption SIGTERM (or a terminal's Ctrl-C) reaches the whole process
-    # group, writer included, at the very moment the trainer wants its final checkpoint written.
-    # The writer leaves only when its parent does (PDEATHSIG below), never on its own signal.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent:
-                os._exit(3)
-            time.sleep(0.2)
-
-    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(3)
 
 
 def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[0]))
-    _die_with_parent(os.getppid())
+    # Under torchrun a preemption SIGTERM (or a terminal's Ctrl-C) reaches the whole process
+    # group, writer included, at the very moment the trainer wants its final checkpoint written.
+    # The writer leaves only when its parent does, never on its own signal.
+    install((signal.SIGTERM, signal.SIGINT), signal.SIG_IGN, take_foreign=True)
+    die_with_parent(os.getppid(), poll_s=0.2)
     import mmap
 
     import torch
 
+    from trainguard.checkpoint.signing import Key
     from trainguard.torch.staging import SlotSpec, slot_views, unflatten
     from trainguard.torch.writer import write_replicated
 
@@ -83,6 +63,8 @@ def main(argv: list[str]) -> int:
                 world_size=msg["world_size"],
                 keep_last=msg["keep_last"],
                 milestone_every=msg["milestone_every"],
+                key=Key(bytes.fromhex(msg["key"])),  # the trainer's signing key, sent over our socket
+                encrypt=msg["encrypt"],
             )
             del payload
             send_msg(sock, {"ok": True, "result": result})

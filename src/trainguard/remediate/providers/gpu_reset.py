@@ -115,18 +115,18 @@ class NvidiaSmi:
         )
 
     def processes(self, gpu: int) -> list[GpuProcess]:
-        from trainguard.telemetry.procinfo import describe
+        from trainguard.telemetry.procinfo import describe_all
 
         r = self._run("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits", "-i", str(gpu))
         if r.returncode != 0:
             raise RuntimeError((r.stderr or r.stdout).strip())
-        out = []
+        pids = []
         for line in r.stdout.splitlines():
             parts = [x.strip() for x in line.split(",")]
             if parts and parts[0].isdigit():
                 used = float(parts[1]) if len(parts) > 1 and parts[1].replace(".", "").isdigit() else None
-                out.append(describe(int(parts[0]), gpu, used))
-        return out
+                pids.append((int(parts[0]), used))
+        return describe_all(pids, gpu)
 
     def persistence(self, gpu: int) -> bool | None:
         r = self._run("--query-gpu=persistence_mode", "--format=csv,noheader", "-i", str(gpu))
@@ -141,9 +141,12 @@ class NvidiaSmi:
             r = self._run("-r", "-i", str(gpu))
         except subprocess.TimeoutExpired:
             return False, f"nvidia-smi -r timed out after {self.timeout_s:g}s"
-        return r.returncode == 0, (r.stdout or r.stderr).strip().splitlines()[-1:][0] if (
-            r.stdout or r.stderr
-        ).strip() else ""
+        lines = [x.strip() for x in f"{r.stdout}\n{r.stderr}".splitlines() if x.strip()]
+        if r.returncode == 0:
+            return True, lines[-1] if lines else ""
+        # A refusal leads with what went wrong ("The following GPUs could not be reset:" and the
+        # GPU's line "GPU 00000000:1A:00.0: In use by another client"); advice follows it.
+        return False, f"nvidia-smi -r exit {r.returncode}: {' '.join(lines[:2]) or 'no output'}"
 
     def answers(self, gpu: int) -> bool:
         return self._run("--query-gpu=index", "--format=csv,noheader", "-i", str(gpu)).returncode == 0

@@ -7,7 +7,8 @@
     resume               the taint removed, schedulable again, the condition True
 
 Only what ``deploy/kubernetes/trainguard-remediation-rbac.yaml`` grants: nodes get+patch,
-nodes/status patch, events create. Each change reads the node first (idempotent) and patches
+nodes/status patch, events create in the pod's own namespace; its admission policy refuses a write
+to any node but the pod's own (a 403, an honest failure). Each change reads the node first (idempotent) and patches
 with its ``resourceVersion``, so a node changed meanwhile is a 409 and is read again, never
 overwritten. A timeout is ambiguous: the caller verifies by reading the node.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from pathlib import Path
 from typing import Any
 
 from trainguard.errors import ConfigError
@@ -36,13 +38,22 @@ __all__ = ["CONDITION", "TAINT_KEY", "KubernetesProvider"]
 TAINT_KEY = "trainguard.io/gpu-unhealthy"
 CONDITION = "TrainguardGpuHealthy"
 _VALUE = {"hardware_inspection": "hardware-inspection", "reboot_node": "reboot-required"}
+POD_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 class KubernetesProvider:
     name = "kubernetes"
 
-    def __init__(self, api_client: Any = None, *, namespace: str = "default", host: str = "") -> None:
-        """``api_client``: a ``kubernetes.client.ApiClient``; None loads the in-cluster config."""
+    def __init__(
+        self,
+        api_client: Any = None,
+        *,
+        namespace: str = "",
+        host: str = "",
+        namespace_file: Path = POD_NAMESPACE,
+    ) -> None:
+        """``api_client``: a ``kubernetes.client.ApiClient``; None loads the in-cluster config.
+        ``namespace`` of the Events: "" = the pod's own (where its Role lets it create them)."""
         if api_client is None:
             from kubernetes import config
 
@@ -55,7 +66,7 @@ class KubernetesProvider:
                 ) from None
             api_client = k8s.ApiClient()
         self.api = k8s.CoreV1Api(api_client)
-        self.namespace, self.host = namespace, host
+        self.namespace, self.host = namespace or _pod_namespace(namespace_file), host
 
     def apply(self, remedy: str, target: Target) -> Outcome:
         if remedy not in ("cordon", "drain", "hardware_inspection", "reboot_node", "resume"):
@@ -134,6 +145,13 @@ def taint_value(remedy: str, target: Target) -> str:
     rule = finding.get("rule") if isinstance(finding, dict) else None
     word = re.sub(r"[^A-Za-z0-9_.-]", "-", str(rule or "unhealthy"))[:63].strip("-_.")
     return word or "unhealthy"
+
+
+def _pod_namespace(path: Path) -> str:
+    try:
+        return path.read_text().strip() or "default"
+    except OSError:
+        return "default"
 
 
 def _taint_dict(t: Any) -> dict[str, Any]:

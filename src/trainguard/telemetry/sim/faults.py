@@ -20,6 +20,7 @@ from trainguard.records import RecoveryAction
 from trainguard.telemetry.sim import kmsg, state
 from trainguard.telemetry.sim.kmsg import xid_messages
 from trainguard.telemetry.sim.state import FaultContext
+from trainguard.telemetry.sim.wearout import Hang, Wear
 
 __all__ = [
     "RECOVERY_CODES",
@@ -404,4 +405,6 @@ Fault = (
     | DetouredLink
     | StuckBits
     | HotUnderLoad
+    | Hang  # the slow precursors and the GSP hang: wearout.py
+    | Wear
 )

@@ -1,0 +1,115 @@
+"""The launcher seam: how workers come to life, and the handle the monitor loop drives them by.
+
+A `Launcher` starts the workers of one job and runs the supervisor's monitor loop over them::
+
+    launcher.check()                    # before anything starts: a missing dependency, with its hint
+    launcher.launch(job, monitor)       # -> None when the loop returned, else the stop signal's name
+
+The loop (`Supervisor.monitor`) sees the workers only through `Workers`: exit codes, process
+handles, ranks, stop and restart. Two launchers ship (`LAUNCHERS`, chosen by ``--launcher``):
+
+    torch   torch's elastic agent, as torchrun runs it (`supervisor.torchrun` -> `supervisor.elastic`)
+    local   N local processes, a per-rank environment, no torch (`supervisor.local.LocalLauncher`)
+
+A new framework or launcher (TensorFlow with TF_CONFIG per worker, Open MPI's mpirun) is one more
+`Launcher` (most build on `LocalLauncher`: a per-rank environment hook and a command factory)
+and one name in `LAUNCHERS`; the loops do not learn its name.
+
+    >>> launcher_for("local").name
+    'local'
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from trainguard.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainguard.supervisor.config import SupervisorConfig
+
+__all__ = ["LAUNCHERS", "LaunchJob", "Launcher", "Monitor", "WorkerEnv", "Workers", "launcher_for"]
+
+
+class Workers(Protocol):
+    """The running workers of one node, as the monitor loop drives them."""
+
+    def start(self, local_world_size: int | None = None) -> None:
+        """Start (after the rendezvous, if any) ``local_world_size`` workers (default: all)."""
+
+    def restart(self, counts_as_retry: bool, local_world_size: int) -> None:
+        """Start the stopped workers again, ``local_world_size`` of them."""
+
+    def stop(self) -> None:
+        """Stop every worker; returns once they are reaped."""
+
+    def ranks(self) -> dict[int, int]:
+        """local rank -> global rank of the running workers."""
+
+    def world_size(self) -> int: ...
+
+    def exit_codes(self) -> dict[int, int | None]:
+        """Exit code per local rank (None while running; negative: killed by that signal)."""
+
+    def procs(self) -> dict[int, Any]:
+        """A process handle (``Popen``-like) per local rank: signal workers through these."""
+
+    def pids(self) -> dict[int, int]: ...
+
+    def nodes_waiting(self) -> int:
+        """Nodes waiting to join the rendezvous (0 without one)."""
+
+    def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
+        """This node's rendezvous name and the other nodes' -> their global ranks."""
+
+    def interrupted(self) -> None:
+        """Raise the stop signal the supervisor received, if a handler swallowed it."""
+
+    def standbys(self) -> dict[str, int] | None:
+        """How the last start's ranks started (ready/importing/fresh standbys); None: cold."""
+
+
+Monitor = Callable[[Workers], bool]  # the loop: True when every worker finished, False when stopped
+WorkerEnv = Callable[[int, dict[str, str]], None]  # (local rank, env): adds the supervisor's variables
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchJob:
+    """What a launcher gets from the supervisor for one job."""
+
+    config: SupervisorConfig
+    job_id: str
+    worker_env: WorkerEnv
+    attempt_dir: Callable[[], Path]  # the current attempt's log directory: rank<R>.stdout|.stderr
+
+
+class Launcher(Protocol):
+    name: str
+
+    def check(self) -> None:
+        """Raise `MissingDependency` (with the install hint) when this launcher cannot run here."""
+
+    def launch(self, job: LaunchJob, monitor: Monitor) -> str | None:
+        """Start the workers and run ``monitor`` over them until it returns (then None) or a
+        stop signal (SIGTERM, SIGINT, SIGHUP) ends the run (then its name); the workers are
+        stopped either way."""
+
+
+LAUNCHERS: dict[str, str] = {
+    "torch": "trainguard.supervisor.torchrun:TorchElastic",
+    "local": "trainguard.supervisor.local:LocalLauncher",
+}
+
+
+def launcher_for(name: str) -> Launcher:
+    """The launcher called ``name`` (``--launcher``), imported only now."""
+    try:
+        module, _, cls = LAUNCHERS[name].partition(":")
+    except KeyError:
+        raise ConfigError(f"--launcher {name!r}: use one of {', '.join(sorted(LAUNCHERS))}") from None
+    launcher: Launcher = getattr(importlib.import_module(module), cls)()
+    return launcher
