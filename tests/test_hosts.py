@@ -59,6 +59,7 @@ def test_a_drained_node_is_left_out_with_its_reason(
     out, err = hosts(capsys, "--db", str(db), "--format", "horovod")
     assert out == ["a:4", "c:4"]
     assert err == ["trainguard hosts: left out b: drained by remediate: xid 79 on GPU 1"]
+    assert hosts(capsys, "--db", str(db), "--quiet") == (["a:4", "c:4"], [])  # a discovery script's log
 
 
 def test_a_resumed_node_comes_back_and_a_cordoned_one_stays_out(

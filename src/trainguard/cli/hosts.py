@@ -8,12 +8,13 @@
 As Horovod's elastic host discovery (called about once a second; a failed call after the first
 keeps the hosts it had)::
 
-    printf '#!/bin/sh\\nexec trainguard hosts --format horovod --hostfile /etc/job/hosts\\n' > discover.sh
+    printf '#!/bin/sh\\nexec trainguard hosts -q --format horovod --hostfile /etc/job/hosts\\n' > discover.sh
     horovodrun -np 8 --min-np 4 --host-discovery-script ./discover.sh python train.py
 
 Prints the usable hosts on stdout (``horovod``: ``host:slots`` lines; ``hostfile``: Open MPI's
 ``host slots=N``; ``host``: ``a:8,b:8``; ``json``: every host with why it is left out) and each
-left-out host with its reason on stderr. Sources: the fleet store (``--db``, else $TRAINGUARD_DB,
+left-out host with its reason on stderr (``--quiet``: not; Horovod logs a discovery script's
+stderr at every call). Sources: the fleet store (``--db``, else $TRAINGUARD_DB,
 else ./trainguard.db), or the agents' own verdicts (``--agent``). Exit codes: 0 printed (maybe
 no host), 2 no store / unreadable store / bad usage.
 """
@@ -77,6 +78,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="read HOST's verdict from its agent at URL instead of the store (repeat per host)",
     )
     p.add_argument("--agent-token-file", type=Path, metavar="PATH", help="the agents' token (with --agent)")
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="say nothing of the hosts left out (a discovery script's log)",
+    )
     p.set_defaults(func=run)
 
 
@@ -97,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     states = _from_agents(args) if args.agent else _from_store(args)
     hosts = choose(states, wanted, time.time(), args.stale, args.slots)
     for h in hosts:
-        if h.left_out:
+        if h.left_out and not args.quiet:
             print(f"trainguard hosts: left out {h.name}: {h.left_out}", file=sys.stderr)
     text = render(hosts, args.format)
     if text:
