@@ -202,3 +202,14 @@ def test_mpirun_options_are_refused_by_the_other_launchers() -> None:
     )
     with pytest.raises(ConfigError, match="-np: an option of mpirun, which --launcher local does not take"):
         config("--launcher", "local", "-np", "4")
+
+
+@pytest.mark.parametrize(
+    "name", ["trainguard.mpi", "trainguard.mpi.identity", "trainguard.supervisor.mpi_hosts"]
+)
+def test_docstring_examples_run(name: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
