@@ -40,12 +40,14 @@ unit-all: $(STAMP)
 	$(BIN)/pytest -q -m "not gpu"
 
 # The real parts the tests run against, from Debian (needs root): chromium, chromium-driver,
-# prometheus, strace (power-loss crash states), postgresql, slurm-wlm and munge. A failure stops
+# prometheus, strace (power-loss crash states), postgresql, slurm-wlm and munge, Open MPI
+# (openmpi-bin, libopenmpi-dev: mpirun for the MPI launcher's tests, the library mpi4py loads;
+# mpi4py itself is the [mpi] extra, in [dev]). A failure stops
 # here. A test that needs a real part calls tests/real_parts.py's
 #     require_real("prometheus", install="apt-get install prometheus")
 # which fails the test, saying how to install it, under TRAINGUARD_REQUIRE_REAL=1 (test-all) or
 # CI=true, and otherwise skips it and lists it in pytest's summary ("real parts missing").
-INTEGRATION_PACKAGES := chromium chromium-driver prometheus strace postgresql slurm-wlm munge
+INTEGRATION_PACKAGES := chromium chromium-driver prometheus strace postgresql slurm-wlm munge openmpi-bin libopenmpi-dev
 integration-deps:
 	@if dpkg -s $(INTEGRATION_PACKAGES) >/dev/null 2>&1; then echo "integration-deps: installed"; else \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(INTEGRATION_PACKAGES); fi

@@ -37,6 +37,8 @@ SPINE = [
     "trainguard.supervisor.launch",
     "trainguard.supervisor.local",  # the launcher without torch
     "trainguard.supervisor.torchrun",  # torch's launcher: torch only once it launches
+    "trainguard.supervisor.mpirun",  # Open MPI's launcher: mpi4py is the rank's program's, never ours
+    "trainguard.mpi.rank",  # the per-rank wrapper, in every rank
     "trainguard.procs",
     "trainguard.diagnose",  # the GPU tests: torch/pynvml only when a test runs
     "trainguard.reliability",
@@ -78,7 +80,14 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("telemetry",),  # look: NVML, the simulated node, kernel-log lines
     ("detect", "checkpoint", "diagnose"),  # judge: rules, verdicts, checkpoint checks, GPU tests
     ("incidents", "chaos"),  # record: the store, taxonomy, goodput; fault plans
-    ("remediate", "reliability", "predictor", "torch", "keras"),  # the agent's act, failure models, trainers
+    (
+        "remediate",
+        "reliability",
+        "predictor",
+        "torch",
+        "keras",
+        "mpi",
+    ),  # the agent's act, failure models, the trainer's side
     ("agent", "supervisor"),  # the two loops
     ("demo",),
     ("cli",),

@@ -7,7 +7,17 @@ import importlib
 
 import pytest
 
-MODULES = ["taxonomy", "correlate", "incident", "goodput", "store", "series", "flight", "flight_order"]
+MODULES = [
+    "taxonomy",
+    "correlate",
+    "incident",
+    "goodput",
+    "store",
+    "series",
+    "flight",
+    "flight_order",
+    "hosts",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -79,6 +79,20 @@ CASES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "--no-tee": (["--no-tee"], COMMAND, []),
     "--json": (["--json", "/tmp/result.json"], COMMAND, []),
     "cmd": ([], ["--", "python", "other.py"], []),
+    # mpirun's options (--launcher mpirun), kept as written
+    "-np": (["--launcher", "mpirun", "-np", "4"], COMMAND, ["--launcher", "mpirun"]),
+    "-H": (["--launcher", "mpirun", "--host", "n1:2,n2:2"], COMMAND, ["--launcher", "mpirun"]),
+    "-hostfile": (["--launcher", "mpirun", "--hostfile", "{hostfile}"], COMMAND, ["--launcher", "mpirun"]),
+    "-x": (["--launcher", "mpirun", "-x", "NCCL_DEBUG"], COMMAND, ["--launcher", "mpirun"]),
+    "-mca": (["--launcher", "mpirun", "--mca", "btl", "self,tcp"], COMMAND, ["--launcher", "mpirun"]),
+    "--map-by": (["--launcher", "mpirun", "--bind-to", "core"], COMMAND, ["--launcher", "mpirun"]),
+    "--cpus-per-proc": (["--launcher", "mpirun", "--timeout", "600"], COMMAND, ["--launcher", "mpirun"]),
+    "--oversubscribe": (["--launcher", "mpirun", "--oversubscribe"], COMMAND, ["--launcher", "mpirun"]),
+    "--launcher-arg": (
+        ["--launcher", "mpirun", "--launcher-arg=--display-devel-map"],
+        COMMAND,
+        ["--launcher", "mpirun"],
+    ),
 }
 # Accepted and without effect on what runs, by design: trainguard writes worker output to the run
 # directory (it says so), and --run-path runs the script as `python -u` does.
@@ -119,7 +133,9 @@ def test_a_flag_survives_to_argv_and_the_cli_parser(flag, tmp_path):
     options, command, base = CASES[flag]
     toml = tmp_path / "trainguard.toml"
     toml.write_text(TOML)
-    options = [str(toml) if o == "{toml}" else o for o in options]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n1 slots=2\nn2 slots=2\n")
+    options = [str(toml) if o == "{toml}" else str(hostfile) if o == "{hostfile}" else o for o in options]
     config = config_of([*options, *command])
     assert config != config_of([*base, *COMMAND]), f"{flag} changed nothing in the config"
     assert config_of(config.to_argv()) == config

@@ -30,6 +30,7 @@ SUBCOMMANDS = [
     "simulate",
     "reliability",
     "fleet",
+    "hosts",
 ]
 
 

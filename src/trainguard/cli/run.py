@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainguard.cli.mpi_args import add_launcher_options
 from trainguard.cli.options import add_config_args, thresholds
 from trainguard.cli.torchrun_args import add_torchrun_options
 from trainguard.supervisor.config import PRELOAD
@@ -55,9 +56,10 @@ def register(subparsers: Any) -> None:
         default="torch",
         choices=sorted(LAUNCHERS),
         help="how workers start: torch (torch's elastic agent, as torchrun; default), local "
-        "(N plain processes with torchrun's per-rank variables; no torch needed) or tf (TensorFlow: "
+        "(N plain processes with torchrun's per-rank variables; no torch needed), tf (TensorFlow: "
         "N workers with TF_CONFIG each, or with --nproc-per-node 1 one MirroredStrategy process over "
-        "the --gpus; docs/tensorflow.md)",
+        "the --gpus; docs/tensorflow.md) or mpirun (Open MPI's mpirun with its options: -np N, "
+        "--host, --hostfile, -x, --mca...; docs/mpi.md)",
     )
     g.add_argument("--job-id", default="", help="default: --rdzv-id, else a timestamp")
     g.add_argument(
@@ -183,6 +185,10 @@ def register(subparsers: Any) -> None:
     )
     g.add_argument("--no-tee", action="store_true", help="do not copy worker output to the console")
     g.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the run result as JSON")
+    m = p.add_argument_group(
+        "mpirun's options (--launcher mpirun: -np N, --host, --hostfile, -x, --mca, --map-by...; docs/mpi.md)"
+    )
+    add_launcher_options(m, set(p._option_string_actions))
     p.add_argument(
         "cmd",
         nargs=argparse.REMAINDER,
@@ -226,10 +232,14 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
         )
     if args.replica_groups < 0:
         raise ConfigError(f"--replica-groups {args.replica_groups}: give 1 or more groups")
+    from trainguard.cli.mpi_args import resolve_mpi
+
+    launcher_args = tuple(args.launcher_args or ())
+    nproc, gpus = resolve_mpi(args.launcher, launcher_args, launch.nproc_per_node, _gpus(args.gpus))
     return SupervisorConfig(
         LaunchConfig(
             cmd=launch.cmd,
-            nproc_per_node=launch.nproc_per_node,
+            nproc_per_node=nproc,
             nnodes=launch.nnodes,
             standalone=launch.standalone,
             rdzv_endpoint=launch.rdzv_endpoint,
@@ -239,7 +249,8 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
             monitor_interval=launch.monitor_interval,
             extra_torchrun_args=launch.extra,
             launcher=args.launcher,
-            gpus=_gpus(args.gpus),
+            launcher_args=launcher_args,
+            gpus=gpus,
             kill_grace_s=args.kill_grace,
         ),
         RecordConfig(

@@ -68,7 +68,8 @@ class LaunchConfig:
     rdzv_conf: str = ""  # torchrun's key=value,... rendezvous options (e.g. join_timeout=60)
     monitor_interval: float = 0.1  # seconds between looks at the workers
     extra_torchrun_args: tuple[str, ...] = ()  # any other torchrun flag, passed through
-    launcher: str = "torch"  # torch: torch's elastic agent; local: N plain processes (no torch)
+    launcher: str = "torch"  # torch: torch's elastic agent; local: N plain processes (no torch); mpirun
+    launcher_args: tuple[str, ...] = ()  # mpirun's own options, as written (-np 4 --hostfile h ...)
     gpus: tuple[int, ...] = ()  # the physical GPUs local ranks use (default 0..nproc-1)
     kill_grace_s: float = 0.0  # SIGTERM grace before SIGKILL when stopping failed workers
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the workers
@@ -176,6 +177,7 @@ class SupervisorConfig:
         argv += ["--monitor-interval", _num(launch.monitor_interval)]
         if launch.launcher != "torch":
             argv += ["--launcher", launch.launcher]
+        argv += [f"--launcher-arg={a}" for a in launch.launcher_args]
         if launch.standalone:
             argv.append("--standalone")
         elif launch.launcher == "torch":
