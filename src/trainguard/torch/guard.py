@@ -43,6 +43,7 @@ from trainguard.records import Action, Category, Finding, Health
 from trainguard.rundir import WorkerExit
 from trainguard.torch import errorfile, guard_config
 from trainguard.torch.agreement import Window, host_value
+from trainguard.torch.balance import Balancer, gpu_from_env
 from trainguard.torch.chaos import Chaos
 from trainguard.torch.checks import LossWindow, StepAction
 from trainguard.torch.flight_recorder import DumpServer, serve_dump_requests
@@ -128,6 +129,27 @@ class Guard:
         self._last_beat = -1e9  # perf_counter of the last heartbeat written
         self._beat_due = math.inf  # perf_counter from which the next train heartbeat is due
         self._phase = ""
+        self.balancer = self._make_balancer()  # moves the shares of uneven ranks (balance=True)
+
+    def _make_balancer(self) -> Balancer | None:
+        c = self.config
+        if c.balance is False:
+            return None
+        sampler = getattr(self.state, "sampler", None)
+        ladder = None if c.balance is True else c.balance
+        balancer = Balancer(
+            sampler,  # type: ignore[arg-type]  # Balancer says what it needs when it is not one
+            ladder,
+            c.balance_every,
+            run_dir=self.run_dir,
+            rank=self.rank,
+            world=self.world_size,
+            gpu=gpu_from_env(),
+            progress=lambda: (self._n_steps, self._t_last),
+        )
+        if self.world_size == 1:
+            return None  # one rank: nothing to balance (guard.weight still holds)
+        return balancer
 
     # -- context -------------------------------------------------------------------------------
     def __enter__(self) -> Guard:
@@ -152,6 +174,8 @@ class Guard:
                 progress=self._progress,
             ).start()
         self._dumps = self._serve_dumps()
+        if self.balancer is not None and self.state is not None:
+            self.balancer.attach(self.state.model)
         self._beat(0, None, None, "init", force=True)
         self._t_last = time.perf_counter()
         return self
@@ -196,6 +220,8 @@ class Guard:
             self._hb.close()
         if self._dumps is not None:
             self._dumps.stop()
+        if self.balancer is not None:
+            self.balancer.close()
         self._watchdog = self._preempt = self._hb = self._dumps = None
 
     # -- the loop ------------------------------------------------------------------------------
@@ -253,6 +279,13 @@ class Guard:
             return StepAction.PROCEED
         return self._step_slow(step, loss, now)
 
+    def weight(self, n: int) -> float:
+        """The factor on this rank's mean loss over its ``n`` samples, with a ShareSampler:
+        ``world * n / global_batch`` (1.0 without one). See docs/balance.md."""
+        sampler = getattr(self.state, "sampler", None)
+        weight = getattr(sampler, "weight", None)
+        return float(weight(n)) if callable(weight) else 1.0
+
     @property
     def check_every(self) -> int:
         """Steps per window: the losses are read and agreed on this often."""
@@ -267,6 +300,8 @@ class Guard:
         """Chaos, check_grads, the first step, and the steps that launch or collect a window."""
         self.restored = False
         window = self._window
+        if self.balancer is not None and step >= self.balancer.next_step:
+            self.balancer.boundary(step)  # a collective: every rank reaches it at the same step
         if self._chaos_next is not None and step >= self._chaos_next:
             loss = self._apply_chaos(step, loss)
             # A straggler arrives late by its delay: that is what its peers wait for.
@@ -377,6 +412,8 @@ class Guard:
         nxt = self._window.next_step(step)
         if self._chaos_next is not None:
             nxt = min(nxt, self._chaos_next)
+        if self.balancer is not None:
+            nxt = min(nxt, self.balancer.next_step)
         self._next_event = nxt if self._window.mode_set and not self._rolled_back else -1
 
     def _after_rollback(self, step: int) -> int:
