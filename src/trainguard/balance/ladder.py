@@ -139,6 +139,17 @@ class Move:
     reason: str
     figures: dict[str, float]
 
+    def describe(self, gpus: list[int | None] | None = None) -> str:
+        """One line: the move, the rank and its GPU, why, and the shares."""
+        where = "all ranks"
+        if self.rank is not None:
+            gpu = gpus[self.rank] if gpus is not None and self.rank < len(gpus) else None
+            where = f"rank {self.rank}" + (f" (GPU {gpu})" if gpu is not None else "")
+            where += f" at {self.figures['relative_speed']:.0%} of its peers' median speed"
+        old, new = "/".join(map(str, self.old_shares)), "/".join(map(str, self.shares))
+        shares = f"shares {old} -> {new}" if new != old else f"shares {new}"
+        return f"{self.verb}: {where}: {self.reason}; {shares}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "verb": self.verb,
@@ -278,7 +289,5 @@ def _move(
     **figures: float,
 ) -> Move:
     rel = _relative(speeds)
-    if rank is not None:
-        why = f"rank {rank} at {rel[rank]:.0%} of its peers' median speed: {why}"
     figures = {"relative_speed": rel[rank] if rank is not None else 1.0, **figures}
     return Move(verb, m.step, rank, shares, old, speeds, why, figures)

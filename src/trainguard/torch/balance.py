@@ -18,6 +18,7 @@ incident, and excludes the GPU when the move says so.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -95,7 +96,7 @@ class Balancer:
         self._hooks.append(inner.register_forward_pre_hook(self._on_forward))
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             try:
-                model.register_comm_hook(None, self._comm_hook)
+                model.register_comm_hook(None, _unannotated(self._comm_hook))
             except RuntimeError as exc:  # the script registered its own: time at guard.step
                 log.warning("balance: DDP has a communication hook already (%s); timing at guard.step", exc)
 
@@ -202,14 +203,8 @@ class Balancer:
     def _report(self, move: Move, first: int, gpus: list[int | None]) -> None:
         if self.rank != 0:
             return
-        where = f"rank {move.rank}" if move.rank is not None else "all ranks"
         gpu = gpus[move.rank] if move.rank is not None else None
-        if gpu is not None:
-            where += f" (GPU {gpu})"
-        shares = "/".join(map(str, move.shares))
-        reason = (
-            f"{move.verb}: {where}: {move.reason}; shares {'/'.join(map(str, move.old_shares))} -> {shares}"
-        )
+        reason = move.describe(gpus)
         log.warning("balance: %s", reason)
         if self.run_dir is None:
             return
@@ -224,6 +219,18 @@ class Balancer:
             evidence=(json.dumps(record),),
         )
         rundir.append_finding(self.run_dir, self.rank, finding, move.step)
+
+
+def _unannotated(hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``hook`` with a signature DDP accepts: it compares the bucket's annotation to the class
+    itself, and annotations in this module are strings (``from __future__ import annotations``)."""
+
+    def plain(state: Any, bucket: Any) -> Any:
+        return hook(state, bucket)
+
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("state", "bucket")]
+    setattr(plain, "__signature__", inspect.Signature(params))  # noqa: B010 (mypy: no such attribute)
+    return plain
 
 
 def _batch_len(args: tuple[Any, ...]) -> int:
