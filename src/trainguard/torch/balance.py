@@ -233,6 +233,33 @@ def _unannotated(hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     return plain
 
 
+def balancer_for(
+    balance: bool | LadderConfig,
+    every: int,
+    state: Any,
+    run_dir: Path | None,
+    rank: int,
+    world: int,
+    progress: Callable[[], tuple[int, float]],
+) -> Balancer | None:
+    """The Guard's balancer for ``GuardConfig.balance`` (None when off, or with one rank)."""
+    if balance is False:
+        return None
+    ladder = None if balance is True else balance
+    sampler = getattr(state, "sampler", None)
+    balancer = Balancer(
+        sampler,  # type: ignore[arg-type]  # Balancer says what it needs when it is not one
+        ladder,
+        every,
+        run_dir=run_dir,
+        rank=rank,
+        world=world,
+        gpu=gpu_from_env(),
+        progress=progress,
+    )
+    return balancer if world > 1 else None
+
+
 def _batch_len(args: tuple[Any, ...]) -> int:
     for a in args:
         if isinstance(a, torch.Tensor) and a.dim() > 0:

@@ -43,12 +43,13 @@ from trainguard.records import Action, Category, Finding, Health
 from trainguard.rundir import WorkerExit
 from trainguard.torch import errorfile, guard_config
 from trainguard.torch.agreement import Window, host_value
-from trainguard.torch.balance import Balancer, gpu_from_env
+from trainguard.torch.balance import balancer_for
 from trainguard.torch.chaos import Chaos
 from trainguard.torch.checks import LossWindow, StepAction
 from trainguard.torch.flight_recorder import DumpServer, serve_dump_requests
 from trainguard.torch.numerics import distributed_world, nonfinite_grads, poison
 from trainguard.torch.preemption import PreemptionHandler
+from trainguard.torch.sim_gpu import SimGpu, simulated_gpu
 from trainguard.torch.watchdog import HangWatchdog
 
 log = logging.getLogger(__name__)
@@ -129,27 +130,11 @@ class Guard:
         self._last_beat = -1e9  # perf_counter of the last heartbeat written
         self._beat_due = math.inf  # perf_counter from which the next train heartbeat is due
         self._phase = ""
-        self.balancer = self._make_balancer()  # moves the shares of uneven ranks (balance=True)
-
-    def _make_balancer(self) -> Balancer | None:
-        c = self.config
-        if c.balance is False:
-            return None
-        sampler = getattr(self.state, "sampler", None)
-        ladder = None if c.balance is True else c.balance
-        balancer = Balancer(
-            sampler,  # type: ignore[arg-type]  # Balancer says what it needs when it is not one
-            ladder,
-            c.balance_every,
-            run_dir=self.run_dir,
-            rank=self.rank,
-            world=self.world_size,
-            gpu=gpu_from_env(),
-            progress=lambda: (self._n_steps, self._t_last),
+        # balance=True: moves the shares of uneven ranks (None with one rank: nothing to balance)
+        self.balancer = balancer_for(
+            c.balance, c.balance_every, state, self.run_dir, self.rank, self.world_size, self._measured
         )
-        if self.world_size == 1:
-            return None  # one rank: nothing to balance (guard.weight still holds)
-        return balancer
+        self._sim_gpu: SimGpu | None = None  # on a simulated node: this rank runs at its GPU's speed
 
     # -- context -------------------------------------------------------------------------------
     def __enter__(self) -> Guard:
@@ -176,6 +161,7 @@ class Guard:
         self._dumps = self._serve_dumps()
         if self.balancer is not None and self.state is not None:
             self.balancer.attach(self.state.model)
+        self._sim_gpu = simulated_gpu(self.state)
         self._beat(0, None, None, "init", force=True)
         self._t_last = time.perf_counter()
         return self
@@ -222,6 +208,8 @@ class Guard:
             self._dumps.stop()
         if self.balancer is not None:
             self.balancer.close()
+        if self._sim_gpu is not None:
+            self._sim_gpu.close()
         self._watchdog = self._preempt = self._hb = self._dumps = None
 
     # -- the loop ------------------------------------------------------------------------------
@@ -429,6 +417,10 @@ class Guard:
         clean = self.monitor.clean(value)
         self._lane_bound, self._lane_n = self.monitor.lane() if clean else (-math.inf, 0)
         return clean
+
+    def _measured(self) -> tuple[int, float]:
+        """For the balancer's hooks: (steps recorded, perf_counter of the last)."""
+        return self._n_steps, self._t_last
 
     def _on_signal(self, signum: int) -> None:
         if self.world_size == 1:
