@@ -130,12 +130,26 @@ def test_a_gpu_too_slow_for_its_smallest_share_is_excluded_once_it_pays_for_the_
 def test_a_gpu_that_keeps_degrading_is_excluded():
     state = LadderState.start(uniform(128, 4))
     moves = []
-    for t in (2.0, 2.6, 3.4, 4.4, 5.7):  # slower at every rebalance
-        state, more = run(state, [window(1, 1, 1, t)] * 3)
+    before = 1.0
+    for t in (2.0, 2.6, 3.4, 4.4, 5.7):  # after each move it runs a window as before, then slower
+        state, more = run(state, [window(1, 1, 1, before)] + [window(1, 1, 1, t)] * 3)
         moves += more
+        before = t
     # the shares keep following its speed after the exclusion is asked for, which is asked once
     assert [m.verb for m in moves] == ["rebalance"] * 3 + ["exclude", "rebalance"]
     assert moves[3].rank == 3 and "keeps degrading" in moves[3].reason
+
+
+def test_a_smaller_share_that_is_slower_per_sample_is_not_degrading():
+    # per-step costs that do not shrink with the share: each smaller share is slower per sample
+    # from its first window on, but at any one share the speed holds: no exclusion
+    state = LadderState.start(uniform(128, 4))
+    moves = []
+    for t in (2.0, 2.6, 3.4, 4.4, 5.7):  # every phase ends with a move (persist=3)
+        state, more = run(state, [window(1, 1, 1, t)] * 3)
+        moves += more
+    assert len(moves) == 5
+    assert moves and {m.verb for m in moves} == {"rebalance"}
 
 
 def test_two_ranks_never_exclude_below_the_minimum():

@@ -116,8 +116,12 @@ class LadderState:
     seen: tuple[tuple[float, ...], ...] = ()  # their speeds
     slow_rank: int | None = None  # the rank slower than its peers, while it is
     slow_s: float = 0.0  # for how long (seconds of job time)
-    moved_speed: float | None = None  # the slow rank's speed at the last rebalance
-    falls: int = 0  # rebalances in a row at which that speed had fallen
+    # The slow rank's speed in the first window after the last move, at its new share (a share's
+    # speed, since per-step costs that do not shrink with the share make a smaller one slower
+    # per sample); None until that window. Only a fall at the same share is the GPU degrading.
+    base_speed: float | None = None
+    fresh: bool = False  # a move was just made: the next window measures the new shares
+    falls: int = 0  # rebalances in a row that found the slow rank slower than at its share's start
 
     @classmethod
     def start(cls, shares: tuple[int, ...]) -> LadderState:
@@ -171,6 +175,9 @@ def judge(state: LadderState, m: Measure, cfg: LadderConfig) -> tuple[LadderStat
     total, world = sum(state.shares), len(state.shares)
     cap = None if cfg.max_share is None else max(1, math.ceil(cfg.max_share * total / world))
     state = _track_slow(state, speeds, m.wall_s, cfg)
+    if state.fresh:  # the first window at the shares the last move set
+        k = state.slow_rank
+        state = replace(state, fresh=False, base_speed=speeds[k] if k is not None else None)
     even = uniform(total, world)
     want: str | None = None
     if state.rung is not Rung.UNIFORM and idle_fraction(step_times(even, speeds)) < cfg.restore:
@@ -190,7 +197,7 @@ def judge(state: LadderState, m: Measure, cfg: LadderConfig) -> tuple[LadderStat
     state = replace(state, want=None, streak=0, seen=())
     if want == "restore":
         move = _move("restore", m, None, even, state.shares, typical, "speeds even again: uniform shares")
-        return replace(state, rung=Rung.UNIFORM, shares=even, moved_speed=None, falls=0), move
+        return replace(state, rung=Rung.UNIFORM, shares=even, base_speed=None, falls=0), move
     if want == "exclude":
         return _exclude(state, m, typical, cap, cfg, "keeping it costs more than dropping it")
     return _rebalance(state, m, typical, total, cap, cfg)
@@ -205,7 +212,7 @@ def _track_slow(
     if rel[k] >= 1 - cfg.threshold:
         return replace(state, slow_rank=None, slow_s=0.0)
     if k != state.slow_rank:
-        return replace(state, slow_rank=k, slow_s=wall_s, moved_speed=None, falls=0)
+        return replace(state, slow_rank=k, slow_s=wall_s, base_speed=None, falls=0)
     return replace(state, slow_s=state.slow_s + wall_s)
 
 
@@ -224,9 +231,9 @@ def _rebalance(
     target = split(total, speeds, cap=cap)
     k = state.slow_rank
     falls = state.falls
-    if k is not None and state.moved_speed is not None:
-        falls = falls + 1 if speeds[k] < state.moved_speed * (1 - cfg.restore) else 0
-    state = replace(state, falls=falls, moved_speed=speeds[k] if k is not None else None)
+    if k is not None and state.base_speed is not None:
+        falls = falls + 1 if speeds[k] < state.base_speed * (1 - cfg.restore) else 0
+    state = replace(state, falls=falls, base_speed=None, fresh=True)
     degrading = falls >= cfg.degrading and state.rung is not Rung.EXCLUDING
     if k is not None and degrading and len(speeds) > cfg.min_world:
         why = f"its speed fell at {falls} rebalances in a row: it keeps degrading"
@@ -234,8 +241,12 @@ def _rebalance(
     before = idle_fraction(step_times(state.shares, speeds))
     after = idle_fraction(step_times(target, speeds))
     why = f"idle {before:.0%} of the slowest rank's step under the current shares, {after:.0%} after"
-    move = _move("rebalance", m, k, target, state.shares, speeds, why, idle_before=before, idle_after=after)
-    return replace(state, rung=Rung.REBALANCED, shares=target), move
+    slowest = min(range(len(speeds)), key=lambda i: (speeds[i], i))
+    move = _move(
+        "rebalance", m, slowest, target, state.shares, speeds, why, idle_before=before, idle_after=after
+    )
+    rung = Rung.EXCLUDING if state.rung is Rung.EXCLUDING else Rung.REBALANCED
+    return replace(state, rung=rung, shares=target), move
 
 
 def _throughputs(

@@ -16,7 +16,7 @@ from typing import Any
 
 from trainguard.chaos import Injected
 from trainguard.incidents import Incident, IntervalKind
-from trainguard.recover.policy import Decision, Trouble, TroubleKind, Verb
+from trainguard.recover.policy import Decision, Trouble, TroubleKind
 from trainguard.rundir import Heartbeat
 from trainguard.supervisor.assess import numerics_verdicts
 from trainguard.supervisor.attempt import Attempt, History, Pending
@@ -111,7 +111,7 @@ class Bookkeeper:
 
     def incident(self, trouble: Trouble, decision: Decision, attempt: int) -> Incident:
         history = self.history
-        continuing = decision.verb is Verb.CONTINUE
+        continuing = decision.verb.keeps_running
         incident = self.recorder.add(
             Incident(
                 job=self.job_id,

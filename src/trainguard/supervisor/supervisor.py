@@ -367,7 +367,7 @@ class Supervisor:
         incident = self.book.incident(trouble, decision, attempt.number)
         if trouble.kind is TroubleKind.STRAGGLER:
             attempt.straggler_reported = True
-        if decision.verb is Verb.CONTINUE:
+        if decision.verb.keeps_running:
             return attempt
         self.book.close_attempt(attempt, trouble.time, "failed", trouble)
         if decision.verb.stops:

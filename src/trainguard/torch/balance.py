@@ -5,7 +5,9 @@ compute per sample: from the first forward of a step (a forward pre-hook on the 
 moment its backward finished (DDP's communication hook for the last gradient bucket, which DDP
 calls before the rank waits for the others' gradients; without DDP, the ``guard.step`` call).
 Waiting for slower ranks is not in it, so a fast rank measures its own speed, not the straggler's.
-On a GPU both ends are CUDA events, read at the next agreement.
+It is device time: on a GPU both ends are CUDA events, read at the next agreement; on the CPU the
+CPU time of the thread that computes (a host busy with other processes does not make one rank
+look slower than another), plus what a simulated GPU's slowdown added (``torch.sim_gpu``).
 
 Every ``every`` steps, at ``guard.step``, the ranks agree: one all-reduce of every rank's compute
 seconds, samples, window time, GPU and how far its sampler has handed out batches. Every rank
@@ -47,8 +49,9 @@ _SEVERITY = {"rebalance": Health.DEGRADED, "restore": Health.OK, "exclude": Heal
 class Balancer:
     """Moves ``sampler``'s shares by measured speed. The Guard builds one with ``balance=True``.
 
-    ``progress`` returns (steps recorded, perf_counter of the last): the Guard's. A rank with no
-    DDP communication hook ends its step's compute there.
+    ``progress`` counts the steps recorded (the Guard's ``guard.step`` calls): the first forward
+    after a new count starts a step. Without a DDP model a step's compute ends where the next
+    begins (or at the agreement), so it includes the optimizer step and the data loading.
     """
 
     def __init__(
@@ -61,8 +64,9 @@ class Balancer:
         rank: int = 0,
         world: int = 1,
         gpu: int | None = None,
-        progress: Callable[[], tuple[int, float]] | None = None,
+        progress: Callable[[], int] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        device_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         if not isinstance(sampler, ShareSampler):
             raise TypeError(
@@ -75,8 +79,9 @@ class Balancer:
         self.run_dir, self.rank, self.world, self.gpu = run_dir, rank, world, gpu
         self.moves: list[Move] = []  # every move taken, oldest first
         self.state: LadderState | None = None  # set at the first agreement, from the sampler's shares
-        self._progress = progress or (lambda: (0, clock()))
-        self._clock = clock
+        self._progress = progress or (lambda: 0)
+        self._clock = clock  # the job's time (windows)
+        self.device_clock = device_clock  # this rank's compute, on the CPU (see the module docstring)
         self._hooks: list[Any] = []
         self._cuda = False
         self._seen = -1  # the progress count of the step being measured
@@ -99,6 +104,15 @@ class Balancer:
                 model.register_comm_hook(None, _unannotated(self._comm_hook))
             except RuntimeError as exc:  # the script registered its own: time at guard.step
                 log.warning("balance: DDP has a communication hook already (%s); timing at guard.step", exc)
+        if self.rank == 0 and self.run_dir is not None:  # the supervisor leaves slow GPUs to us first
+            c = self.config
+            why = (
+                f"balancing {self.world} ranks: shares of the global batch of {self.sampler.global_batch} "
+                f"follow measured speed (agreed every {self.every} steps; rebalance above {c.threshold:.0%} "
+                f"idle for {c.persist} agreements, restore below {c.restore:.0%})"
+            )
+            on = Finding("balance.on", Health.OK, Action.NONE, why, gpu=self.gpu, time=time.time())
+            rundir.append_finding(self.run_dir, self.rank, on, None)
 
     def close(self) -> None:
         for handle in self._hooks:
@@ -110,12 +124,12 @@ class Balancer:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return event
-        return self._clock()
+        return self.device_clock()
 
     def _on_forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         if not (module.training and torch.is_grad_enabled()):
             return  # evaluation is not a training step
-        n, _ = self._progress()
+        n = self._progress()
         if n != self._seen or self._start is None:  # the first forward of a step
             self._close()
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
@@ -137,8 +151,8 @@ class Balancer:
         if self._start is None:
             return
         end = self._ended
-        if end is None:
-            end = self._now() if self._cuda else self._progress()[1]
+        if end is None:  # no DDP hook: the step's compute ended by now (at guard.step)
+            end = self._now()
         self._pending.append((self._start, end, self._step_samples))
         self._start = self._ended = None
 
@@ -240,7 +254,7 @@ def balancer_for(
     run_dir: Path | None,
     rank: int,
     world: int,
-    progress: Callable[[], tuple[int, float]],
+    progress: Callable[[], int],
 ) -> Balancer | None:
     """The Guard's balancer for ``GuardConfig.balance`` (None when off, or with one rank)."""
     if balance is False:

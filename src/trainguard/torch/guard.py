@@ -162,6 +162,8 @@ class Guard:
         if self.balancer is not None and self.state is not None:
             self.balancer.attach(self.state.model)
         self._sim_gpu = simulated_gpu(self.state)
+        if self._sim_gpu is not None and self.balancer is not None:  # its slowdown is device time
+            self.balancer.device_clock = self._sim_gpu.device_time
         self._beat(0, None, None, "init", force=True)
         self._t_last = time.perf_counter()
         return self
@@ -418,9 +420,9 @@ class Guard:
         self._lane_bound, self._lane_n = self.monitor.lane() if clean else (-math.inf, 0)
         return clean
 
-    def _measured(self) -> tuple[int, float]:
-        """For the balancer's hooks: (steps recorded, perf_counter of the last)."""
-        return self._n_steps, self._t_last
+    def _measured(self) -> int:
+        """For the balancer's hooks: the steps recorded so far."""
+        return self._n_steps
 
     def _on_signal(self, signum: int) -> None:
         if self.world_size == 1:

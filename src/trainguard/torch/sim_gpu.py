@@ -6,9 +6,11 @@ writes its ``SimNode``'s GPU speeds (``trainguard.telemetry.sim.speed``) and nam
 ``TRAINGUARD_SIM_SPEEDS``; the Guard then times each forward of ``state.model`` and, on a GPU
 below full speed, sleeps what the rest of that step's compute would have taken longer: the
 forward and its backward (counted as twice the forward, its share of the FLOPs) at ``1 / speed``.
-The sleep is inside the rank's compute, before its gradients are ready, so its peers really wait
-for it and its own measured compute per sample really grows, as on a throttled GPU. A sleep, not
-more arithmetic: a slow GPU does not take its host's CPU from the other ranks.
+The forward's time is the CPU time of the thread that ran it (the simulated device's clock, as in
+``trainguard.diagnose.sim_device``: a busy host does not slow a GPU). The sleep is inside the
+rank's compute, before its gradients are ready, so its peers really wait for it, and it is device
+time (``device_time``), so the rank's measured compute per sample really grows, as on a throttled
+GPU. A sleep, not more arithmetic: a slow GPU does not take its host's CPU from the other ranks.
 
     >>> import torch
     >>> naps = []
@@ -43,11 +45,11 @@ class SimGpu:
         self,
         speed: Callable[[], float | None],
         sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self.speed, self._sleep, self._clock = speed, sleep, clock
         self.model: torch.nn.Module | None = None
-        self.slept_s = 0.0  # what the slowdown added so far
+        self.slept_s = 0.0  # device time the slowdown added so far (slept)
         self._t0: float | None = None
         self._hooks: list[Any] = []
 
@@ -58,6 +60,10 @@ class SimGpu:
             inner.register_forward_pre_hook(self._before),
             inner.register_forward_hook(self._after),
         ]
+
+    def device_time(self) -> float:
+        """The simulated device's clock: the thread's CPU time plus the time the slowdown added."""
+        return time.thread_time() + self.slept_s
 
     def close(self) -> None:
         for h in self._hooks:
