@@ -2,25 +2,24 @@
 
 Part of the Guard (``Guard(..., balance=True)``, docs/balance.md). Each rank measures its own
 compute per sample: from the first forward of a step (a forward pre-hook on the model) to the
-moment its backward finished (DDP's communication hook for the last gradient bucket, which DDP
-calls before the rank waits for the others' gradients; without DDP, the ``guard.step`` call).
-Waiting for slower ranks is not in it, so a fast rank measures its own speed, not the straggler's.
+moment its backward finished (a hook on the gradient of the parameter whose gradient comes last,
+learnt on the first step: DDP waits for the other ranks' gradients only after it). Waiting for
+slower ranks is not in it, so a fast rank measures its own speed, not the straggler's.
 It is device time: on a GPU both ends are CUDA events, read at the next agreement; on the CPU the
 CPU time of the thread that computes (a host busy with other processes does not make one rank
 look slower than another), plus what a simulated GPU's slowdown added (``torch.sim_gpu``).
 
-Every ``every`` steps, at ``guard.step``, the ranks agree: one all-reduce of every rank's compute
-seconds, samples, window time, GPU and how far its sampler has handed out batches. Every rank
-then runs the same ladder (``trainguard.balance.ladder``) on the same numbers, so every rank takes
-the same move, and new shares start at the same global batch: the first one no rank has handed
-out yet. Rank 0 writes each move to the run directory as a finding (``balance.rebalance``,
+Every ``every`` steps, at ``guard.step``, the ranks agree: one asynchronous all-reduce of every
+rank's compute seconds, samples, window time, GPU and how far its sampler has handed out batches,
+read at the next ``guard.step`` (done by then: no rank waits for it). Every rank then runs the
+same ladder (``trainguard.balance.ladder``) on the same numbers, so every rank takes the same
+move, and new shares start at the same global batch: the first one no rank can have handed out. Rank 0 writes each move to the run directory as a finding (``balance.rebalance``,
 ``balance.restore``, ``balance.exclude``) with its evidence; the supervisor records it as an
 incident, and excludes the GPU when the move says so.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -42,7 +41,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Balancer"]
 
-SLOTS = 5  # per rank in the agreement: compute seconds, samples, window seconds, GPU, batches handed out
+# per rank in the agreement: compute seconds, samples, window seconds, GPU, the next batch its
+# sampler hands out, and how many batches its loader holds ahead of training
+SLOTS = 6
 _SEVERITY = {"rebalance": Health.DEGRADED, "restore": Health.OK, "exclude": Health.DEGRADED}
 
 
@@ -86,24 +87,27 @@ class Balancer:
         self._cuda = False
         self._seen = -1  # the progress count of the step being measured
         self._start: Any = None  # when its first forward began (a float, or a CUDA event); None: no step open
-        self._ended: Any = None  # when its backward finished (DDP's last bucket)
+        self._ended: Any = None  # when its backward finished (the last parameter's gradient)
+        self._grad_hooks: list[Any] = []  # one per parameter until the last one is known, then its
+        self._last_param: int | None = None  # the parameter whose gradient came last (this step)
         self._step_samples = 0
         self._pending: list[tuple[Any, Any, int]] = []  # closed steps: (start, end, samples)
         self._window_start = clock()
-        self.next_step = every - 1  # guard.step of this step agrees
+        self._inflight: tuple[int, int, _Gather] | None = None  # (step, steps, the agreement) in flight
+        self._settled: _Gather | None = None  # the last one read, held until the next (see close)
+        self.next_step = every - 1  # guard.step of this step launches the agreement, the next reads it
 
     # -- measuring --------------------------------------------------------------------------------
     def attach(self, model: torch.nn.Module) -> None:
-        """Time ``model``'s steps: a forward pre-hook on the module DDP wraps and, on a DDP model,
-        a communication hook that notes when the last gradient bucket is ready, then all-reduces
-        as DDP does by default (a script with its own hook times its steps at ``guard.step``)."""
+        """Time ``model``'s steps: a forward pre-hook on the module (DDP's inner one) and, on its
+        parameters, a hook when a gradient is accumulated; once the first step showed which
+        gradient comes last, only that one's hook stays (one Python call per step)."""
         inner = unwrap_model(model)
         self._hooks.append(inner.register_forward_pre_hook(self._on_forward))
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            try:
-                model.register_comm_hook(None, _unannotated(self._comm_hook))
-            except RuntimeError as exc:  # the script registered its own: time at guard.step
-                log.warning("balance: DDP has a communication hook already (%s); timing at guard.step", exc)
+        params = [p for p in inner.parameters() if p.requires_grad]
+        self._grad_hooks = [
+            p.register_post_accumulate_grad_hook(self._grad_hook(i)) for i, p in enumerate(params)
+        ]
         if self.rank == 0 and self.run_dir is not None:  # the supervisor leaves slow GPUs to us first
             c = self.config
             why = (
@@ -115,9 +119,18 @@ class Balancer:
             rundir.append_finding(self.run_dir, self.rank, on, None)
 
     def close(self) -> None:
-        for handle in self._hooks:
+        """Remove the hooks; an agreement in flight is waited for (every rank launched it) and
+        its handle kept: gloo's thread must drop its own reference first (see agreement.settle)."""
+        for handle in (*self._hooks, *self._grad_hooks):
             handle.remove()
-        self._hooks = []
+        self._hooks, self._grad_hooks = [], []
+        if self._inflight is not None:
+            self._settled = self._inflight[2]
+            self._settled.rows()
+            self._inflight = None
+        if self._settled is not None:
+            time.sleep(0.01)  # lets gloo's thread, woken with us, drop its references first
+            self._settled = None
 
     def _now(self) -> Any:
         if self._cuda:
@@ -137,13 +150,20 @@ class Balancer:
             self._seen, self._start, self._ended, self._step_samples = n, self._now(), None, 0
         self._step_samples += _batch_len(args)
 
-    def _comm_hook(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        if bucket.is_last():
-            self._ended = self._now()  # this rank's backward is done; from here it waits for the others
-        group = dist.group.WORLD
-        assert group is not None
-        tensor = bucket.buffer().div_(group.size())
-        return dist.all_reduce(tensor, async_op=True).get_future().then(lambda fut: fut.value()[0])
+    def _grad_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        def hook(param: torch.Tensor) -> None:
+            self._ended, self._last_param = self._now(), index
+
+        return hook
+
+    def _keep_last_hook(self) -> None:
+        """After a step that saw every gradient: keep only the hook of the one that came last."""
+        if self._last_param is None or len(self._grad_hooks) <= 1:
+            return
+        for i, handle in enumerate(self._grad_hooks):
+            if i != self._last_param:
+                handle.remove()
+        self._grad_hooks = [self._grad_hooks[self._last_param]]
 
     def _close(self) -> None:
         """Close the step being measured: from its first forward to its backward's end (else the
@@ -155,33 +175,52 @@ class Balancer:
             end = self._now()
         self._pending.append((self._start, end, self._step_samples))
         self._start = self._ended = None
+        self._keep_last_hook()
 
     def _window(self) -> tuple[float, int, int]:
-        """(compute seconds, samples, steps) of the steps closed since the last agreement."""
-        seconds, samples = 0.0, 0
+        """(compute seconds, samples, steps) of the steps closed since the last agreement whose
+        compute the device has finished (on a GPU a step still running waits for the next one)."""
+        seconds, samples, done = 0.0, 0, 0
         for start, end, n in self._pending:
             if isinstance(start, float):
                 seconds += max(0.0, end - start)
-            else:
-                end.synchronize()
+            elif end.query():
                 seconds += start.elapsed_time(end) / 1000.0
+            else:
+                break
             samples += n
-        steps = len(self._pending)
-        self._pending = []
-        return seconds, samples, steps
+            done += 1
+        self._pending = self._pending[done:]
+        return seconds, samples, done
 
     # -- agreeing ---------------------------------------------------------------------------------
     def boundary(self, step: int) -> Move | None:
-        """At ``guard.step(step)`` on every rank (a collective): agree on the window, judge, move."""
-        self.next_step = step + self.every
+        """At ``guard.step(step)`` on every rank (a collective): launch the agreement on the window
+        that ends here; at the next step, read it (long finished by then: nothing waits), judge
+        and move. Returns the move, if one was made."""
+        if self._inflight is None:
+            self._launch(step)
+            return None
+        launched, steps, gather = self._inflight
+        self._inflight, self._settled = None, gather
+        self.next_step = launched + self.every
+        rows = gather.rows()
+        if step != launched + 1:  # a rollback replays steps: the numbers are stale, every rank drops them
+            return None
+        return self._judge(launched, steps, rows)
+
+    def _launch(self, step: int) -> None:
         self._close()
         seconds, samples, steps = self._window()
         now = self._clock()
         wall, self._window_start = now - self._window_start, now
-        own = [seconds, float(samples), wall, float(self.gpu if self.gpu is not None else -1), 0.0]
-        own[4] = float(self.sampler.produced)
-        agreed = self._all_gather(own)
-        rows = [agreed[r * SLOTS : (r + 1) * SLOTS] for r in range(self.world)]
+        gpu = float(self.gpu if self.gpu is not None else -1)
+        ahead = float(self.sampler.produced - self.sampler.position)  # batches a prefetching loader holds
+        own = [seconds, float(samples), wall, gpu, float(self.sampler.produced), ahead]
+        self._inflight = (step, steps, _Gather(own, self.rank, self.world))
+        self.next_step = step + 1
+
+    def _judge(self, step: int, steps: int, rows: list[list[float]]) -> Move | None:
         planned = self.sampler.shares_at(self.sampler.produced)
         if self.state is None or self.state.shares != planned:  # first window, or a rollback
             self.state = LadderState.start(planned)
@@ -195,24 +234,16 @@ class Balancer:
         self.state, move = judge(self.state, m, self.config)
         if move is None:
             return None
-        first = int(max(r[4] for r in rows))
+        # The first global batch no rank can have handed out yet: a step has passed since the
+        # numbers were taken, in which a rank hands out one batch, or, at an epoch's start, one
+        # more than its loader holds ahead.
+        first = int(max(r[4] for r in rows) + max(r[5] for r in rows) + 1)
         if move.shares != move.old_shares:
             self.sampler.schedule(first, move.shares)
         self.moves.append(move)
         gpus = [int(r[3]) if r[3] >= 0 else None for r in rows]
         self._report(move, first, gpus)
         return move
-
-    def _all_gather(self, own: list[float]) -> list[float]:
-        """Every rank's slots: each writes its own into zeros and the ranks sum (one all-reduce)."""
-        device = torch.device("cpu")
-        if dist.get_backend() == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
-        buf = torch.zeros(self.world * SLOTS, dtype=torch.float64)
-        buf[self.rank * SLOTS : (self.rank + 1) * SLOTS] = torch.tensor(own, dtype=torch.float64)
-        buf = buf.to(device)
-        dist.all_reduce(buf)
-        return [float(v) for v in buf.cpu().tolist()]
 
     def _report(self, move: Move, first: int, gpus: list[int | None]) -> None:
         if self.rank != 0:
@@ -235,16 +266,35 @@ class Balancer:
         rundir.append_finding(self.run_dir, self.rank, finding, move.step)
 
 
-def _unannotated(hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    """``hook`` with a signature DDP accepts: it compares the bucket's annotation to the class
-    itself, and annotations in this module are strings (``from __future__ import annotations``)."""
+class _Gather:
+    """Every rank's slots, asynchronously: each writes its own into zeros and the ranks sum them
+    (one all-reduce). On a GPU the sum is copied to pinned host memory behind the collective;
+    `rows` reads it a step later, when the device has long finished it."""
 
-    def plain(state: Any, bucket: Any) -> Any:
-        return hook(state, bucket)
+    def __init__(self, own: list[float], rank: int, world: int) -> None:
+        self.world = world
+        buf = torch.zeros(world * SLOTS, dtype=torch.float64)
+        buf[rank * SLOTS : (rank + 1) * SLOTS] = torch.tensor(own, dtype=torch.float64)
+        self.event: Any = None
+        if dist.get_backend() == "nccl":
+            buf = buf.to(torch.device("cuda", torch.cuda.current_device()))
+            dist.all_reduce(buf, async_op=True).wait()  # the stream waits for it, not the CPU
+            host = torch.empty(buf.shape, dtype=buf.dtype, pin_memory=True)
+            self.buf = host.copy_(buf, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+            self.work: Any = None
+        else:
+            self.buf = buf
+            self.work = dist.all_reduce(buf, async_op=True)
 
-    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("state", "bucket")]
-    setattr(plain, "__signature__", inspect.Signature(params))  # noqa: B010 (mypy: no such attribute)
-    return plain
+    def rows(self) -> list[list[float]]:
+        if self.work is not None:
+            self.work.wait()
+        if self.event is not None:
+            self.event.synchronize()
+        values = [float(v) for v in self.buf.tolist()]
+        return [values[r * SLOTS : (r + 1) * SLOTS] for r in range(self.world)]
 
 
 def balancer_for(

@@ -199,6 +199,8 @@ class Guard:
             self.close()
 
     def close(self) -> None:
+        if self.balancer is not None:  # before the agreement's release: its wait covers both
+            self.balancer.close()
         self._window.agreement.release()
         if self._watchdog is not None:
             self._watchdog.stop()
@@ -208,8 +210,6 @@ class Guard:
             self._hb.close()
         if self._dumps is not None:
             self._dumps.stop()
-        if self.balancer is not None:
-            self.balancer.close()
         if self._sim_gpu is not None:
             self._sim_gpu.close()
         self._watchdog = self._preempt = self._hb = self._dumps = None
