@@ -108,7 +108,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument(
-        "--cost-ms", type=float, default=3.0, help="simulated device time per sample at full speed"
+        "--cost-ms", type=float, default=10.0, help="simulated device time per sample at full speed"
     )
     args = p.parse_args()
     rounds = args.rounds or (1 if args.quick else 3)
