@@ -1,7 +1,8 @@
 """Rebalancing under DDP: the same update as uniform DDP at every step, and an exact resume.
 
-Two processes, gloo on CPU. Rank 1's "GPU" is slow: a forward hook sleeps in proportion to its
-samples, so its compute really takes longer per sample (and its peers really wait for it).
+Two processes, gloo on CPU, on a simulated node whose GPU 1 runs at a tenth of its speed (the
+supervisor's speeds file, as under ``trainguard run --backend sim``): rank 1's compute really
+takes longer per sample (torch.sim_gpu), and its peers really wait for it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 GLOBAL_BATCH = 16
 STEPS = 14
-SLOW_S_PER_SAMPLE = 0.02  # rank 1's extra compute per sample
+SLOW = 0.1  # GPU 1's speed
 HANG_S = 180
 
 
@@ -68,15 +68,6 @@ def _data():
 
     g = torch.Generator().manual_seed(1)
     return TensorDataset(torch.randn(64, 8, generator=g), torch.randint(0, 3, (64,), generator=g))
-
-
-def _slow_gpu(model: torch.nn.Module) -> None:
-    """Rank 1's GPU computes at a fraction of its peers' speed: each sample costs it more."""
-
-    def hook(module, args, output):
-        time.sleep(SLOW_S_PER_SAMPLE * args[0].shape[0])
-
-    model.register_forward_hook(hook)
 
 
 def _flat(model: torch.nn.Module) -> torch.Tensor:
@@ -125,6 +116,8 @@ def _balanced_worker(rank: int, world: int, run_dir: str, stop_at: int, phase: s
 
     out = Path(run_dir)
     _setup(rank, world, out, phase)
+    # a simulated node: each rank on its GPU, whose speed the supervisor publishes
+    os.environ.update(TRAINGUARD_SIM_SPEEDS=str(out / "sim-gpus.json"), TRAINGUARD_GPU=str(rank))
     data = _data()
     inner = _model()
     model = DDP(inner)
@@ -134,8 +127,6 @@ def _balanced_worker(rank: int, world: int, run_dir: str, stop_at: int, phase: s
     state = TrainState(model, opt, sampler=sampler)
     ckpt = Checkpointer(out / "ckpt", async_save=False)
     start = ckpt.resume(state)
-    if rank == 1:
-        _slow_gpu(inner)
     ladder = LadderConfig(persist=1)
     log = []
     with Guard(ckpt, state, run_dir=out, balance=ladder, balance_every=2, checkpoint_every=4) as guard:
@@ -179,6 +170,7 @@ def _spawn(fn, *args) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_rebalanced_run_matches_uniform_ddp_at_every_step_and_resumes(own_tmp):
+    (own_tmp / "sim-gpus.json").write_text(json.dumps({"gpus": {"0": 1.0, "1": SLOW}}))
     _spawn(_uniform_worker, str(own_tmp))
     _spawn(_balanced_worker, str(own_tmp), 9, "first")  # checkpoint at 8, killed after 9
     _spawn(_balanced_worker, str(own_tmp), -1, "resumed")
@@ -204,7 +196,8 @@ def test_rebalanced_run_matches_uniform_ddp_at_every_step_and_resumes(own_tmp):
     rebalances = [f for f in findings if f["rule"] == "balance.rebalance"]
     assert rebalances and "rank 1" in rebalances[0]["reason"]
     evidence = json.loads(rebalances[0]["evidence"][0])
-    assert evidence["rank"] == 1 and evidence["speeds"][1] < evidence["speeds"][0]
+    assert evidence["rank"] == 1 and evidence["gpus"] == [0, 1]
+    assert evidence["speeds"][1] < 0.5 * evidence["speeds"][0]  # its compute measured, waiting not
 
 
 # Shares that change at fixed steps: the interrupted run must be bitwise the uninterrupted one.
