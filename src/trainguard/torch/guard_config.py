@@ -8,7 +8,7 @@ as keyword arguments (``Guard(ckpt, state, on_nan="skip")`` is
     >>> merged(None, hang_floor=1)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    TypeError: Guard() got an unexpected keyword argument 'hang_floor' (settings: attempt, chaos, ...)
+    TypeError: Guard() got an unexpected keyword argument 'hang_floor' (settings: attempt, balance, ...)
 """
 
 from __future__ import annotations
