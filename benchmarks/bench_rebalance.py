@@ -19,11 +19,16 @@ ideal 1.17, target >= 1.1); GPUs at 50% and 75% (``*_uneven``); no slow GPU (``o
 balance over ddp, target <= 0.01). ``loss_gap``: the relative gap of the final evaluation loss,
 balance against ddp, which trained on the same samples (the same math: float noise, target <= 0.001).
 
+``ratio_vs_exclude_restart`` (context, no target) projects baseline b with its cost: the slow GPU
+kept until found (as soon as balancing finds it), then a new job's start, then the others alone.
+
 Throughput is samples over the training loop's time (from a barrier before the first step to one
 after the last, rank 0); ``launch_*`` gives the same ratios from launch to exit (process start,
 imports and the process group, the same in every arm, included). Arms are interleaved, the order
 rotated each round; each figure is the geometric mean of the per-round ratios with a 95% interval.
-``load`` is the machine's 1-minute load average before and after.
+``load_*`` is the machine's 1-minute load average before, after and (min, mean, max) after each arm. ``overhead_uniform_cpu``
+(context) is the same cost as CPU time: what the rebalancing arm adds to rank 0's training thread,
+over the plain step's wall time (a loaded host's scheduling noise is not in it).
 """
 
 from __future__ import annotations
@@ -116,6 +121,7 @@ def main() -> int:
     cost_s = args.cost_ms / 1000
     multiprocessing.set_forkserver_preload(["torch", "torch.distributed"])  # torch only: not our code
     load_before = os.getloadavg()[0]
+    loads: list[float] = []  # the 1-minute load average after each arm
     figures: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in SCENARIOS}
     with tempfile.TemporaryDirectory(prefix="tg-bench-rebalance-") as tmp:
         folder = Path(tmp)
@@ -126,6 +132,7 @@ def main() -> int:
                 for name, (arm, speeds) in arms[k:] + arms[:k]:  # the order rotates every round
                     result = run_arm(arm, speeds, steps, cost_s, folder)
                     figures[scenario].setdefault(name, []).append(result)
+                    loads.append(os.getloadavg()[0])
                     print(
                         f"round {i} {scenario:8s} {name:8s} {result['samples_per_s']:8.1f} samples/s "
                         f"(loop {result['loop_s']:.1f}s, launch {result['launch_s']:.1f}s)",
@@ -139,6 +146,7 @@ def main() -> int:
         cost_ms_per_sample=args.cost_ms,
         load_before=round(load_before, 2),
         load_after=round(os.getloadavg()[0], 2),
+        load_during=[round(min(loads), 1), round(sum(loads) / len(loads), 1), round(max(loads), 1)],
         cpus=os.cpu_count(),
     )
     if args.json:
@@ -167,11 +175,27 @@ def summarise(figures: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, 
         for arm in ("ddp", "exclude", "balance"):
             out[f"samples_per_s_{arm}{suffix}"] = round(mean_ci(rate(scenario, arm)).value, 1)
         out[f"moves{suffix}"] = [m["shares"] for m in figures[scenario]["balance"][-1]["moves"]]
+        runs = figures[scenario]
+        projected = [
+            excluded_after_detection(d, e, b)
+            for d, e, b in zip(runs["ddp"], runs["exclude"], runs["balance"], strict=True)
+        ]
+        out[f"ratio_vs_exclude_restart{suffix}"] = round(
+            ratio_ci(rate(scenario, "balance"), projected).value, 4
+        )
     over = ratio_ci(rate("uniform", "ddp"), rate("uniform", "balance"))  # > 1: balancing costs time
     out["overhead_uniform"] = round(over.value - 1, 4)
     ci = over.ci95
     out["overhead_uniform_ci95"] = None if ci is None else [round(ci[0] - 1, 4), round(ci[1] - 1, 4)]
     out["overhead_uniform_repeats"] = over.repeats
+    # The same cost as CPU time: what trainguard adds to rank 0's training thread per step, over
+    # the plain step's wall time (a loaded host's scheduling noise is not in it)
+    uniform = figures["uniform"]
+    added = [
+        (b["cpu_s"] - a["cpu_s"]) / a["loop_s"]
+        for a, b in zip(uniform["ddp"], uniform["balance"], strict=True)
+    ]
+    out.update(mean_ci(added).as_json("overhead_uniform_cpu"))
     out["moves_uniform"] = [m["shares"] for r in figures["uniform"]["balance"] for m in r["moves"]]
     gaps = [
         abs(b["eval_loss"] - a["eval_loss"]) / a["eval_loss"]
@@ -181,6 +205,19 @@ def summarise(figures: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, 
     out["loss_gap"] = float(f"{max(gaps):.3g}")
     out["eval_loss_ddp"] = round(figures["half"]["ddp"][0]["eval_loss"], 6)
     return out
+
+
+def excluded_after_detection(ddp: dict[str, Any], exclude: dict[str, Any], balance: dict[str, Any]) -> float:
+    """samples/s of a job that runs with the slow GPU until it is found (as soon as balancing
+    found it), restarts without it (a new job's start: the exclude arm's launch less its loop)
+    and finishes on the others. A projection from the round's measured times; a real exclusion
+    also loses the steps since the last checkpoint, left out here."""
+    steps = ddp["samples"] / GLOBAL_BATCH
+    moves = balance["moves"]
+    found = min(steps, moves[0]["step"] + 2) if moves else steps  # the first step on new shares
+    start = exclude["launch_s"] - exclude["loop_s"]
+    seconds = found * ddp["loop_s"] / steps + start + (steps - found) * exclude["loop_s"] / steps
+    return float(ddp["samples"] / seconds)
 
 
 if __name__ == "__main__":

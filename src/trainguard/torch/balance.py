@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from trainguard import rundir
 from trainguard.balance.ladder import LadderConfig, LadderState, Measure, Move, judge
+from trainguard.errors import ConfigError
 from trainguard.records import Action, Finding, Health
 from trainguard.torch.shares import ShareSampler
 from trainguard.torch.state import unwrap_model
@@ -51,8 +52,9 @@ class Balancer:
     """Moves ``sampler``'s shares by measured speed. The Guard builds one with ``balance=True``.
 
     ``progress`` counts the steps recorded (the Guard's ``guard.step`` calls): the first forward
-    after a new count starts a step. Without a DDP model a step's compute ends where the next
-    begins (or at the agreement), so it includes the optimizer step and the data loading.
+    after a new count starts a step. A step's compute ends with the gradient that comes last (a
+    step that computed none ends where the next begins, or at the agreement). ``device_clock``
+    times it on the CPU (the thread's CPU time; the Guard adds a simulated GPU's slowdown).
     """
 
     def __init__(
@@ -75,7 +77,7 @@ class Balancer:
                 "(DataLoader(dataset, batch_sampler=ShareSampler(dataset, global_batch=B)); docs/balance.md)"
             )
         if every < 2:
-            raise ValueError(f"every={every}: agree every 2 steps or more")
+            raise ConfigError(f"balance_every={every}: agree every 2 steps or more")
         self.sampler, self.config, self.every = sampler, config or LadderConfig(), every
         self.run_dir, self.rank, self.world, self.gpu = run_dir, rank, world, gpu
         self.moves: list[Move] = []  # every move taken, oldest first
@@ -88,7 +90,7 @@ class Balancer:
         self._seen = -1  # the progress count of the step being measured
         self._start: Any = None  # when its first forward began (a float, or a CUDA event); None: no step open
         self._ended: Any = None  # when its backward finished (the last parameter's gradient)
-        self._grad_hooks: list[Any] = []  # one per parameter until the last one is known, then its
+        self._grad_hooks: list[Any] = []  # one per parameter until the last one is known, then that one
         self._last_param: int | None = None  # the parameter whose gradient came last (this step)
         self._step_samples = 0
         self._pending: list[tuple[Any, Any, int]] = []  # closed steps: (start, end, samples)
