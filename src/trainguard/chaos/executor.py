@@ -170,6 +170,8 @@ class ChaosExecutor:
             detail = sim_straggler(self.fleet, gpu) + f"; rank sleeps {fault.delay_s}s per step"
         elif fault.kind is FaultKind.WRONG_PRODUCTS:
             detail = sim_wrong_products(self.fleet, gpu, fault.rate)
+        elif fault.kind is FaultKind.THROTTLE:
+            detail = sim_throttle(self.fleet, gpu, fault.fraction, fault.duration_s)
         else:
             detail = f"{fault.kind.value} fired inside rank {rank} at step {step}"
         return Injected(i, fault, now, step, rank, gpu, pid, detail)
@@ -251,6 +253,18 @@ def sim_wrong_products(fleet: Any, gpu: int | None, rate: float) -> str:
     except Exception as exc:
         return f"sim fleet refused wrong_products: {exc}"
     return f"GPU {gpu} returns wrong matrix products ({rate:.0%} of them); no telemetry symptom"
+
+
+def sim_throttle(fleet: Any, gpu: int | None, fraction: float, duration_s: float | None) -> str:
+    """Hold the simulated GPU's clock at ``fraction`` of max (a software power cap) from now on."""
+    if fleet is None or gpu is None:
+        return "no simulated fleet: no GPU throttled (use --backend sim)"
+    try:
+        fleet.now().throttled(gpu=gpu, fraction=fraction, duration_s=duration_s)
+    except Exception as exc:
+        return f"sim fleet refused throttle: {exc}"
+    until = f" for {duration_s:g}s" if duration_s is not None else ""
+    return f"GPU {gpu} power-capped to {fraction:.0%} of its clock{until}; no health rule fires"
 
 
 def corrupt_newest_checkpoint(checkpoint_dir: Path | None, n_bytes: int = 64) -> str:

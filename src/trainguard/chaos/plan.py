@@ -13,7 +13,7 @@
     step = 60
 
 Kinds (docs/chaos.md has the evidence each one produces): kill, stop, hang, nan, slow, xid,
-raise, exit, corrupt_checkpoint, wrong_products. Every fault has exactly one trigger: ``at_s`` (seconds since
+raise, exit, corrupt_checkpoint, wrong_products, throttle. Every fault has exactly one trigger: ``at_s`` (seconds since
 start) or ``step`` (when the furthest local rank reached that step); faults that happen inside
 the worker (hang, nan, slow, raise, exit, xid) take ``step``. Errors name the bad field.
 
@@ -49,6 +49,10 @@ class FaultKind(str, Enum):
     # external, sim fleet: `rate` of the rank's GPU's matrix products come back wrong (silent data
     # corruption: no telemetry symptom; the pre-flight's SDC round finds it)
     WRONG_PRODUCTS = "wrong_products"
+    # external, sim fleet: the rank's GPU held at `fraction` of its clock by a software limit (for
+    # `duration_s`, else for good): telemetry shows the throttle, no health rule fires, and the
+    # rank really computes at that fraction of its peers' speed (a fail-slow GPU)
+    THROTTLE = "throttle"
 
     @property
     def needs_rank(self) -> bool:
@@ -108,6 +112,7 @@ _FIELDS: dict[FaultKind, dict[str, type | tuple[type, ...]]] = {
     FaultKind.EXIT: {"code": int},
     FaultKind.CORRUPT_CHECKPOINT: {"bytes": int},
     FaultKind.WRONG_PRODUCTS: {"rate": (int, float)},
+    FaultKind.THROTTLE: {"fraction": (int, float), "duration_s": (int, float)},
 }
 
 
@@ -127,6 +132,8 @@ class Fault:
     code: int = 1
     bytes: int = 64  # how many bytes corrupt_checkpoint flips
     rate: float = 1.0  # wrong_products: the share of the GPU's matrix products that are wrong
+    fraction: float = 0.5  # throttle: the share of its clock the GPU keeps
+    duration_s: float | None = None  # throttle: for how long (None: until the GPU is reset)
     # nan: the NaN is the data's, not the machine's: it comes back whenever the step is replayed
     # (after a rollback or a restart), so the replay verdict is "data problem", not SDC
     recurs: bool = False
@@ -268,7 +275,11 @@ def _fault(raw: Any, n: int, source: str) -> Fault:
             f"{where}: field 'at_s' is not allowed here; {kind.value!r} happens inside the worker "
             "(the Guard reads its faults when it starts), so give field 'step'"
         )
-    for key in ("rank", "group", "step", "at_s", "delay_s", "steps", "xid", "bytes"):
+    if kind is FaultKind.THROTTLE and not 0 < raw.get("fraction", 0.5) <= 1:
+        raise ConfigError(
+            f"{where}: field 'fraction' is the share of its clock the GPU keeps: 0 < fraction <= 1"
+        )
+    for key in ("rank", "group", "step", "at_s", "delay_s", "steps", "xid", "bytes", "duration_s"):
         if key in raw and raw[key] < 0:
             raise ConfigError(f"{where}: field {key!r} must not be negative, got {raw[key]}")
     if kind is FaultKind.KILL and "signal" in raw:
@@ -279,8 +290,9 @@ def _fault(raw: Any, n: int, source: str) -> Fault:
     values = {k: v for k, v in raw.items() if k != "kind"}
     if "at_s" in values:
         values["at_s"] = float(values["at_s"])
-    if "delay_s" in values:
-        values["delay_s"] = float(values["delay_s"])
+    for key in ("delay_s", "fraction", "duration_s"):
+        if key in values:
+            values[key] = float(values[key])
     return Fault(kind=kind, **values)
 
 

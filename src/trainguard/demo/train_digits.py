@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainguard.torch import Checkpointer, Guard, ResumableSampler, TrainState
+from trainguard.torch import Checkpointer, Guard, ResumableSampler, ShareSampler, TrainState
 
 
 class DigitsCNN(nn.Module):
@@ -54,7 +54,7 @@ def digits(test_fraction: float = 0.2) -> tuple[TensorDataset, TensorDataset]:
     return TensorDataset(x[train], y[train]), TensorDataset(x[test], y[test])
 
 
-def batches(loader: DataLoader, sampler: ResumableSampler) -> Iterator[list[torch.Tensor]]:
+def batches(loader: DataLoader, sampler: ResumableSampler | ShareSampler) -> Iterator[list[torch.Tensor]]:
     """Endless batches from the sampler's current position (it moves to the next epoch itself)."""
     while True:
         sampler.set_epoch(sampler.epoch)
@@ -96,6 +96,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep per step (demos)")
     p.add_argument(
+        "--balance", action="store_true", help="split each global batch by measured speed (uneven GPUs)"
+    )
+    p.add_argument(
         "--deterministic", action="store_true", help="bitwise-reproducible kernels (exact-resume checks)"
     )
     args = p.parse_args()
@@ -112,8 +115,15 @@ def main() -> None:
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    sampler = ResumableSampler(train_set, shuffle=True, seed=args.seed)  # trainguard
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, generator=torch.Generator())
+    sampler: ResumableSampler | ShareSampler
+    if args.balance:  # trainguard: each rank's share of the global batch follows its speed
+        sampler = ShareSampler(train_set, global_batch=args.batch_size * world, seed=args.seed)
+        loader = DataLoader(train_set, batch_sampler=sampler, generator=torch.Generator())
+    else:
+        sampler = ResumableSampler(train_set, shuffle=True, seed=args.seed)  # trainguard
+        loader = DataLoader(
+            train_set, batch_size=args.batch_size, sampler=sampler, generator=torch.Generator()
+        )
     state = TrainState(model, optimizer, sampler=sampler)  # trainguard
     ckpt = Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None  # trainguard
     start = ckpt.resume(state) if ckpt else 0  # trainguard
@@ -121,18 +131,22 @@ def main() -> None:
         print(f"resumed from step {start}", flush=True)
     metrics = open_metrics(args.metrics) if args.metrics and rank == 0 else None
 
-    with Guard(ckpt, state, checkpoint_every=args.checkpoint_every) as guard:  # trainguard
+    with Guard(
+        ckpt, state, checkpoint_every=args.checkpoint_every, balance=args.balance
+    ) as guard:  # trainguard
         data = batches(loader, sampler)
         for step in guard.range(start, args.steps):  # trainguard
             if guard.restored:  # trainguard: rolled back, the sampler position was restored
                 data = batches(loader, sampler)
             x, y = (t.to(device) for t in next(data))
-            loss = guard.loss(F.cross_entropy(model(x), y))  # trainguard (chaos "nan" hook)
+            # trainguard: chaos "nan" hook; the weight (1.0 unless balancing) keeps uneven shares the same update
+            weight = guard.weight(len(y))
+            loss = guard.loss(F.cross_entropy(model(x), y) * weight)
             loss.backward()
             if guard.step(step, loss) == "proceed":  # trainguard
                 optimizer.step()
                 if metrics:  # this step's loss: one device sync per step, only when asked for
-                    metrics.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
+                    metrics.write(json.dumps({"step": step, "loss": loss.item() / weight}) + "\n")
                     metrics.flush()
             optimizer.zero_grad(set_to_none=True)
             if args.step_delay:

@@ -3,8 +3,10 @@
 `timeline(report)` turns a `job_report()` dict into plain plot data (pure, tested);
 `plot_timeline(report, path)` draws it: training steps against wall time, one line per attempt;
 a dashed red line at each failure labelled with its root cause; restarts, initialisation,
-detection delay and downtime shaded; lost work hatched; below, a strip showing where every
-second went; ETTR in the title. Needs ``pip install 'trainguard[plot]'``.
+detection delay and downtime shaded; lost work hatched; for a job that balances its ranks
+(docs/balance.md), each rank's share of the global batch over time, and a dotted line at each
+move; below, a strip showing where every second went; ETTR in the title. Needs
+``pip install 'trainguard[plot]'``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ KIND_STYLE: dict[str, tuple[str, str]] = {
 }
 # Shaded on the step axes; checkpoint stalls are many and thin, so they only show in the strip.
 SHADED = ("init", "restart", "downtime", "detection", "lost")
+BALANCE_ACTIONS = ("rebalance", "restore_shares")  # moves of a balancing job: not failures
 _MAX_NAMED = 12  # more failures than this: label them by incident id only
 
 
@@ -59,6 +62,9 @@ class Timeline:
     spans: tuple[Span, ...] = ()
     x_max: float = 0.0
     kinds: tuple[str, ...] = field(default=())  # kinds present, for the legend
+    moves: tuple[Marker, ...] = ()  # the ranks moved their shares (not failures)
+    shares: tuple[tuple[float, tuple[int, ...]], ...] = ()  # (x, each rank's share) from x on
+    gpus: tuple[int | None, ...] = ()  # each rank's GPU, for the shares' legend
 
 
 def timeline(report: dict[str, Any]) -> Timeline:
@@ -83,7 +89,14 @@ def timeline(report: dict[str, Any]) -> Timeline:
             x(inc["started"] if inc.get("started") is not None else inc["time"]), inc["root_cause"], inc["id"]
         )
         for inc in report["incidents"]
+        if inc["action"] not in BALANCE_ACTIONS
     )
+    moves = tuple(
+        Marker(x(inc["time"]), inc["action"], inc["id"])
+        for inc in report["incidents"]
+        if inc["action"] in BALANCE_ACTIONS
+    )
+    shares, gpus = _shares(report["incidents"], x)
     spans = tuple(
         Span(iv["kind"], x(iv["start"]), x(iv["end"]))
         for iv in report["intervals"]
@@ -97,7 +110,25 @@ def timeline(report: dict[str, Any]) -> Timeline:
         title += f", {n_inc} incident{'s' if n_inc != 1 else ''}"
     # The wall window comes from the ledger; never cut off progress or a failure recorded past it.
     x_max = max([wall / scale, *(px for srs in series for px in srs.x), *(m.x for m in failures)])
-    return Timeline(title, unit, series, failures, spans, x_max, kinds)
+    return Timeline(title, unit, series, failures, spans, x_max, kinds, moves, shares, gpus)
+
+
+def _shares(
+    incidents: list[dict[str, Any]], x: Any
+) -> tuple[tuple[tuple[float, tuple[int, ...]], ...], tuple[int | None, ...]]:
+    """Each rank's share over time, from the balancing moves stored in the incidents' evidence."""
+    points: list[tuple[float, tuple[int, ...]]] = []
+    gpus: tuple[int | None, ...] = ()
+    for inc in sorted(incidents, key=lambda i: i["time"]):
+        move = next((e["balance"] for e in inc["evidence"] if isinstance(e, dict) and "balance" in e), None)
+        if not isinstance(move, dict) or not move.get("shares") or not move.get("old_shares"):
+            continue
+        if not points:
+            points.append((0.0, tuple(move["old_shares"])))
+        if move["shares"] != move["old_shares"]:
+            points.append((x(inc["time"]), tuple(move["shares"])))
+        gpus = tuple(move.get("gpus") or ())
+    return tuple(points), gpus
 
 
 def plot_timeline(report: dict[str, Any], path: str | Path) -> Timeline:
@@ -112,10 +143,19 @@ def plot_timeline(report: dict[str, Any], path: str | Path) -> Timeline:
         raise ImportError("the report plot needs matplotlib: pip install 'trainguard[plot]'") from None
 
     data = timeline(report)
-    fig, (ax, strip) = plt.subplots(
-        2, 1, figsize=(11, 5.6), sharex=True, gridspec_kw={"height_ratios": [6, 1], "hspace": 0.08}
-    )
+    if data.shares:
+        fig, (ax, held, strip) = plt.subplots(
+            3, 1, figsize=(11, 7.2), sharex=True, gridspec_kw={"height_ratios": [6, 2.4, 1], "hspace": 0.08}
+        )
+    else:
+        fig, (ax, strip) = plt.subplots(
+            2, 1, figsize=(11, 5.6), sharex=True, gridspec_kw={"height_ratios": [6, 1], "hspace": 0.08}
+        )
     try:
+        if data.shares:
+            _draw_shares(held, data)
+        for m in data.moves:
+            ax.axvline(m.x, color="#616161", ls=":", lw=1.0, zorder=2)
         for span in data.spans:
             if span.kind in SHADED:
                 color = KIND_STYLE[span.kind][0]
@@ -150,6 +190,25 @@ def plot_timeline(report: dict[str, Any], path: str | Path) -> Timeline:
     finally:
         plt.close(fig)
     return data
+
+
+def _draw_shares(ax: Any, data: Timeline) -> None:
+    """Each rank's share of the global batch, stacked, as a step function of time."""
+    xs = [x for x, _ in data.shares] + [data.x_max]
+    world = len(data.shares[0][1])
+    bottom = [0.0] * len(xs)
+    for r in range(world):
+        ys = [float(s[r]) for _, s in data.shares] + [float(data.shares[-1][1][r])]
+        top = [b + y for b, y in zip(bottom, ys, strict=True)]
+        gpu = data.gpus[r] if r < len(data.gpus) else None
+        label = f"rank {r}" + (f" (GPU {gpu})" if gpu is not None else "")
+        ax.fill_between(xs, bottom, top, step="post", alpha=0.75, lw=0.5, edgecolor="white", label=label)
+        bottom = top
+    ax.set_ylim(0, max(bottom) if bottom else 1)
+    ax.set_ylabel("share of\nthe batch")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    for m in data.moves:
+        ax.axvline(m.x, color="#616161", ls=":", lw=1.0)
 
 
 def _label_rows(data: Timeline) -> int:

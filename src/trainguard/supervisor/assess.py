@@ -18,6 +18,7 @@ from trainguard.detect.numerics import sources_of
 from trainguard.incidents import RootCause, suspects
 from trainguard.records import Category, Event, Health
 from trainguard.supervisor.attempt import Attempt, History
+from trainguard.supervisor.balance import balance_trouble, balancing, only_slow
 from trainguard.supervisor.exits import Exited, exit_trouble, gpu_trouble
 from trainguard.supervisor.logs import default_classifier
 from trainguard.supervisor.peers import peer_node_trouble
@@ -34,7 +35,8 @@ EXIT_GRACE_S = 10.0  # a rank that said goodbye may take this long to exit once 
 def assess(obs: Observation, attempt: Attempt, history: History) -> Trouble | None:
     """The one trouble this look shows, most severe first: a worker exited (on a multi-node job,
     maybe because a peer node failed: `peers`), a GPU went bad, the ranks hang, the numbers went
-    bad, a rank straggles, a node waits to join. None: all is well."""
+    bad, the ranks moved their shares (`supervisor.balance`), a rank straggles, a node waits to
+    join. None: all is well."""
     failed = [
         Exited(attempt.rank_of[lr], lr, c, attempt.exits_seen.get(lr, obs.time))
         for lr, c in obs.codes.items()
@@ -70,7 +72,11 @@ def assess(obs: Observation, attempt: Attempt, history: History) -> Trouble | No
             if key in history.reported:
                 continue
             trouble = gpu_trouble(obs.time, g, gv.health, list(gv.findings), attempt.rank_of_gpu(g))
-            return replace(trouble, extra={**trouble.extra, "key": key})
+            # only slow, in a job that balances: its share follows its speed first (supervisor.balance)
+            slow = gv.health is Health.DEGRADED and balancing(obs) and only_slow(gv.findings)
+            return replace(
+                trouble, extra={**trouble.extra, "key": key, **({"balancing": True} if slow else {})}
+            )
     if obs.hang is not None:
         return hang_trouble(obs, attempt)
     numerics = numerics_trouble(obs, attempt, history)
@@ -82,6 +88,9 @@ def assess(obs: Observation, attempt: Attempt, history: History) -> Trouble | No
         step = min((obs.nan_steps[r] for r in fresh if r in obs.nan_steps), default=None)
         named = tuple(sorted(r for r in fresh if obs.nan_steps.get(r) == step))
         return _numerics(obs, attempt, named, step, "heartbeat", obs.time, "reported a non-finite loss")
+    moved = balance_trouble(obs, attempt, history)
+    if moved is not None:
+        return moved
     straggler = straggler_trouble(obs, attempt, history)
     if straggler is not None:
         return straggler

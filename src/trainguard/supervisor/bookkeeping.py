@@ -20,7 +20,7 @@ from trainguard.supervisor.attempt import Attempt, History, Pending
 from trainguard.supervisor.config import ExitCode
 from trainguard.supervisor.observe import Observation
 from trainguard.supervisor.peers import peer_left
-from trainguard.supervisor.policy import Decision, Trouble, TroubleKind, Verb
+from trainguard.supervisor.policy import Decision, Trouble, TroubleKind
 from trainguard.supervisor.record import JobRecorder
 from trainguard.supervisor.result import RunResult
 from trainguard.supervisor.torn import torn_cause
@@ -115,7 +115,7 @@ class Bookkeeper:
 
     def incident(self, trouble: Trouble, decision: Decision, attempt: int) -> Incident:
         history = self.history
-        continuing = decision.verb is Verb.CONTINUE
+        continuing = decision.verb.keeps_running
         resolution = "workers kept running" if continuing else None
         incident = self.recorder.add(
             incident_of(

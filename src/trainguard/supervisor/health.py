@@ -78,6 +78,8 @@ class NodeHealth:
         self.interval = interval
         self.fleet: Any = None  # the SimNode when the supervisor simulates the node itself
         self.kernel_log = kernel_log
+        self.run_dir = run_dir
+        self._speeds: dict[int, float] | None = None  # the simulated GPUs' speeds last written
         self.source = "none"
         self._verdicts: Any = None
         self._next = 0.0
@@ -132,6 +134,8 @@ class NodeHealth:
             self.kernel_log = run_dir / "sim-kmsg.log"
         node = open_node(backend, kernel_log=self.kernel_log, n_gpus=n_gpus, seed=0)
         self.fleet = node.sim
+        if self.fleet is not None:  # before the ranks start: they read it from their first step
+            self._publish_speeds()
         return LocalVerdicts(Agent.of(node, thresholds=self.thresholds))
 
     @property
@@ -147,7 +151,21 @@ class NodeHealth:
         verdict: NodeVerdict | None = self._verdicts.verdict()
         if verdict is not None:
             self.last = verdict
+        if self.fleet is not None:
+            self._publish_speeds()
         return verdict
+
+    def _publish_speeds(self) -> None:
+        """A simulated node's GPU speeds, for the ranks to run at (``telemetry.sim.speed``)."""
+        from trainguard.telemetry.sim.speed import SPEEDS_FILE, gpu_speeds, write_speeds
+
+        speeds = gpu_speeds(self.fleet)
+        if speeds != self._speeds:
+            try:
+                write_speeds(self.run_dir / SPEEDS_FILE, speeds)
+                self._speeds = speeds
+            except OSError as exc:
+                log.warning("simulated GPU speeds not written: %s", exc)
 
     def gpu_health(self, gpu: int) -> Health | None:
         if self.last is None:

@@ -55,7 +55,7 @@ class Observation:
     failed_gpu_findings: tuple[Finding, ...] = ()  # findings of FAILED GPUs in use
     degraded_gpu: int | None = None  # a DEGRADED GPU in use
     errors: tuple[ErrorRecord, ...] = ()  # error files (read only when a worker failed)
-    findings: tuple[FindingRow, ...] = ()  # the Guard's numerics findings of this attempt
+    findings: tuple[FindingRow, ...] = ()  # the Guard's numerics and balancing findings of this attempt
     hang: HangReport | None = None  # the ranks' stacks, when no rank progressed in time
     nodes_waiting: int = 0
     nan_steps: Mapping[int, int] = field(default_factory=dict)  # rank -> step of its non-finite loss beat
@@ -184,7 +184,7 @@ class Observer:
         ranks = set(attempt.rank_of.values())
         rows = []
         for rank, step, f in read_findings(self.run_dir):
-            if rank not in ranks or not f.rule.startswith("numerics."):
+            if rank not in ranks or not f.rule.startswith(("numerics.", "balance.")):
                 continue
             if f.time is not None and f.time < attempt.started - 1:
                 continue

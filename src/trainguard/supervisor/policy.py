@@ -11,6 +11,9 @@ loop gathers the evidence (`observe`, `assess`), this module decides, the loop a
     a NaN one GPU produced)?
                                   -> DIAGNOSE the suspect GPU first (then the supervisor calls
                                      `decide` again with the diagnosis filled in)
+    the ranks moved their shares (a slow GPU, docs/balance.md)?  -> REBALANCE / RESTORE_SHARES
+                                     recorded; EXCLUDE_GPU when they found it costs more than it adds
+    a GPU only slow (clocks, thermal) in a job that balances?  -> CONTINUE (balancing answers first)
     only a warning (straggler, degraded GPU, NaN the trainer handled)?  -> CONTINUE; on a GPU
                                      that works but is degraded, also a checkpoint now (so a
                                      failure that follows loses little)
@@ -49,6 +52,8 @@ class Verb(str, Enum):
     EXCLUDE_GPU = "exclude_gpu"
     DIAGNOSE = "diagnose"
     CONTINUE = "continue"
+    REBALANCE = "rebalance"  # the ranks moved their shares of the batch by measured speed
+    RESTORE_SHARES = "restore_shares"  # ... and back to uniform shares once the speeds are even
     STOP_CRASH_LOOP = "stop_crash_loop"
     STOP_BUDGET = "stop_budget"
     STOP_NO_CAPACITY = "stop_no_capacity"
@@ -69,6 +74,11 @@ class Verb(str, Enum):
             return cls(action)
         except ValueError:
             return None
+
+    @property
+    def keeps_running(self) -> bool:
+        """The workers go on as they are: the decision is recorded, nothing is done to them."""
+        return self in (Verb.CONTINUE, Verb.REBALANCE, Verb.RESTORE_SHARES)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,6 +148,16 @@ def decide(trouble: Trouble, state: PolicyState) -> Decision:
             )
         return Decision(Verb.EXCLUDE_GPU, f"GPU {trouble.gpu} failed: continue without it", gpu=trouble.gpu)
 
+    move = trouble.extra.get("balance")
+    if isinstance(move, dict):
+        return _balanced(trouble, move, state)
+    if trouble.extra.get("balancing"):
+        return Decision(
+            Verb.CONTINUE,
+            f"GPU {trouble.gpu} is slow, not failing, in a job that balances: its share follows its speed; "
+            "it is excluded if keeping it costs more than dropping it",
+        )
+
     if trouble.gpu is not None and trouble.diagnosis is None and _looks_like_hardware(trouble):
         return Decision(
             Verb.DIAGNOSE, f"evidence points at GPU {trouble.gpu} but is not conclusive", gpu=trouble.gpu
@@ -160,6 +180,21 @@ def decide(trouble: Trouble, state: PolicyState) -> Decision:
     if trouble.diagnosis is Health.OK:
         reason = f"GPU {trouble.gpu} passed diagnostics; " + reason
     return Decision(Verb.RESTART, reason, counts_as_retry=True, backoff_s=backoff_s(state))
+
+
+def _balanced(trouble: Trouble, move: dict[str, Any], state: PolicyState) -> Decision:
+    """The ranks' own balancing move (``supervisor.balance``): recorded, or an exclusion acted on."""
+    verb = move.get("verb")
+    if verb == "exclude":
+        if trouble.gpu is None:
+            return Decision(Verb.CONTINUE, "the ranks would exclude a rank whose GPU is not known: kept")
+        if state.gpus_in_use - 1 < state.min_gpus:
+            return Decision(Verb.CONTINUE, f"keeping GPU {trouble.gpu}: no GPU would be left without it")
+        why = f"GPU {trouble.gpu} costs the job more than dropping it: restart without it (not a retry)"
+        return Decision(Verb.EXCLUDE_GPU, why, gpu=trouble.gpu)
+    if verb == "restore":
+        return Decision(Verb.RESTORE_SHARES, "the ranks' speeds are even again: uniform shares")
+    return Decision(Verb.REBALANCE, "a rank computes slower than its peers: shares follow measured speed")
 
 
 def backoff_s(state: PolicyState) -> float:

@@ -55,6 +55,7 @@ from trainguard.supervisor.result import RunEvent, RunResult
 from trainguard.supervisor.resume import resume_point
 from trainguard.supervisor.state import RunState
 from trainguard.supervisor.watch import ProgressWatch, watchers
+from trainguard.telemetry.sim.speed import SPEEDS_ENV, SPEEDS_FILE
 
 __all__ = ["HEALTHY_AFTER_S", "RunEvent", "RunResult", "Supervisor"]
 
@@ -248,7 +249,7 @@ class Supervisor:
         incident = self.book.incident(trouble, decision, attempt.number)
         if trouble.kind is TroubleKind.STRAGGLER:
             attempt.straggler_reported = True
-        if decision.verb is Verb.CONTINUE:
+        if decision.verb.keeps_running:
             if decision.checkpoint:
                 self.request_checkpoint(decision.reason)
             return attempt
@@ -353,6 +354,8 @@ class Supervisor:
         env.update(self.gpu_map.cuda_env())
         env["TRAINGUARD_GPU"] = str(self.gpu_map.gpu_of(local_rank))
         env["TRAINGUARD_JOB_ID"] = self.job_id
+        if self.health.fleet is not None:  # a simulated node: its GPUs' speeds, for the ranks to run at
+            env[SPEEDS_ENV] = str(self.run_dir / SPEEDS_FILE)
         env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT then dumps every thread's stack (hang forensics)
         for key, value in flight_recorder_env(self.run_dir).items():  # torch's flight recorder, for hangs
             env.setdefault(key, value)

@@ -47,10 +47,12 @@ from trainguard.records import Action, Category, Finding, Health
 from trainguard.rundir import WorkerExit
 from trainguard.torch import errorfile, guard_config
 from trainguard.torch.agreement import Window, host_value
+from trainguard.torch.balance import balancer_for
 from trainguard.torch.checks import LossWindow, StepAction
 from trainguard.torch.flight_recorder import DumpServer, serve_dump_requests
 from trainguard.torch.numerics import distributed_world, nonfinite_grads, poison
 from trainguard.torch.preemption import PreemptionHandler
+from trainguard.torch.sim_gpu import SimGpu, simulated_gpu
 from trainguard.torch.watchdog import HangWatchdog
 
 log = logging.getLogger(__name__)
@@ -133,6 +135,11 @@ class Guard:
         self._last_beat = -1e9  # perf_counter of the last heartbeat written
         self._beat_due = math.inf  # perf_counter from which the next train heartbeat is due
         self._phase = ""
+        # balance=True: moves the shares of uneven ranks (None with one rank: nothing to balance)
+        self.balancer = balancer_for(
+            c.balance, c.balance_every, state, self.run_dir, self.rank, self.world_size, self._measured
+        )
+        self._sim_gpu: SimGpu | None = None  # on a simulated node: this rank runs at its GPU's speed
 
     # -- context -------------------------------------------------------------------------------
     def __enter__(self) -> Guard:
@@ -159,6 +166,11 @@ class Guard:
                 progress=self._progress,
             ).start()
         self._dumps = self._serve_dumps()
+        if self.balancer is not None and self.state is not None:
+            self.balancer.attach(self.state.model)
+        self._sim_gpu = simulated_gpu(self.state)
+        if self._sim_gpu is not None and self.balancer is not None:  # its slowdown is device time
+            self.balancer.device_clock = self._sim_gpu.device_time
         self._beat(0, None, None, "init", force=True)
         self._t_last = time.perf_counter()
         return self
@@ -194,6 +206,8 @@ class Guard:
             self.close()
 
     def close(self) -> None:
+        if self.balancer is not None:  # before the agreement's release: its wait covers both
+            self.balancer.close()
         self._window.agreement.release()
         if self._watchdog is not None:
             self._watchdog.stop()
@@ -203,6 +217,8 @@ class Guard:
             self._hb.close()
         if self._dumps is not None:
             self._dumps.stop()
+        if self._sim_gpu is not None:
+            self._sim_gpu.close()
         self._watchdog = self._preempt = self._hb = self._dumps = None
 
     # -- the loop ------------------------------------------------------------------------------
@@ -260,6 +276,13 @@ class Guard:
             return StepAction.PROCEED
         return self._step_slow(step, loss, now)
 
+    def weight(self, n: int) -> float:
+        """The factor on this rank's mean loss over its ``n`` samples, with a ShareSampler:
+        ``world * n / global_batch`` (1.0 without one). See docs/balance.md."""
+        sampler = getattr(self.state, "sampler", None)
+        weight = getattr(sampler, "weight", None)
+        return float(weight(n)) if callable(weight) else 1.0
+
     @property
     def check_every(self) -> int:
         """Steps per window: the losses are read and agreed on this often."""
@@ -274,6 +297,8 @@ class Guard:
         """Chaos, check_grads, the first step, and the steps that launch or collect a window."""
         self.restored = False
         window = self._window
+        if self.balancer is not None and step >= self.balancer.next_step:
+            self.balancer.boundary(step)  # a collective: every rank reaches it at the same step
         if self._chaos_next is not None and step >= self._chaos_next:
             loss = self._apply_chaos(step, loss)
             # A straggler arrives late by its delay: that is what its peers wait for.
@@ -390,6 +415,8 @@ class Guard:
         nxt = self._window.next_step(step)
         if self._chaos_next is not None:
             nxt = min(nxt, self._chaos_next)
+        if self.balancer is not None:
+            nxt = min(nxt, self.balancer.next_step)
         self._next_event = nxt if self._window.mode_set and not self._rolled_back else -1
 
     def _after_rollback(self, step: int) -> int:
@@ -408,6 +435,10 @@ class Guard:
         clean = self.monitor.clean(value)
         self._lane_bound, self._lane_n = self.monitor.lane() if clean else (-math.inf, 0)
         return clean
+
+    def _measured(self) -> int:
+        """For the balancer's hooks: the steps recorded so far."""
+        return self._n_steps
 
     def _on_signal(self, signum: int) -> None:
         if self.world_size == 1:

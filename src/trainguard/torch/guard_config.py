@@ -8,7 +8,7 @@ as keyword arguments (``Guard(ckpt, state, on_nan="skip")`` is
     >>> merged(None, hang_floor=1)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    TypeError: Guard() got an unexpected keyword argument 'hang_floor' (settings: attempt, chaos, ...)
+    TypeError: Guard() got an unexpected keyword argument 'hang_floor' (settings: attempt, balance, ...)
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from trainguard.balance.ladder import LadderConfig
 from trainguard.detect.numerics import Policy, SpikeConfig
 
 __all__ = ["GuardConfig", "merged"]
@@ -49,6 +50,9 @@ class GuardConfig:
     hang_factor: float = 10.0  # ... nor sooner than this many times the slowest step
     first_step_s: float = 600.0  # allowance until the first step completes
     checkpoint_s: float = 600.0  # extra allowance while a checkpoint is taken
+    # load balancing across uneven GPUs (docs/balance.md): state.sampler must be a ShareSampler
+    balance: bool | LadderConfig = False  # move each rank's share by its measured speed
+    balance_every: int = 10  # the ranks agree on their speeds every N steps
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "preempt_signals", tuple(self.preempt_signals))

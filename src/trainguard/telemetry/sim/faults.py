@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainguard.records import RecoveryAction
+from trainguard.records import RecoveryAction, Throttle
 from trainguard.telemetry.sim import kmsg, state
 from trainguard.telemetry.sim.kmsg import xid_messages
 from trainguard.telemetry.sim.state import FaultContext
@@ -44,6 +44,7 @@ __all__ = [
     "Straggler",
     "StuckBits",
     "ThermalRunaway",
+    "Throttled",
     "Uncontained",
     "WrongProducts",
     "Xid",
@@ -264,6 +265,23 @@ class Straggler:
 
 
 @dataclass(frozen=True, slots=True)
+class Throttled:
+    """The GPU runs at ``fraction`` of its clock under load, held there by a software limit
+    (``reason``: SW power cap, e.g. a lowered power limit, or SW thermal slowdown), for
+    ``duration_s`` (None: until reset). Telemetry shows the clock and the reason, no health rule
+    fires, and a rank on it computes at that fraction of its peers' speed: a fail-slow GPU."""
+
+    gpu: int
+    fraction: float = 0.5
+    reason: Throttle = Throttle.SW_POWER_CAP
+    duration_s: float | None = None
+
+    def fire(self, ctx: FaultContext, at: float) -> None:
+        until = None if self.duration_s is None else at + self.duration_s
+        ctx.state(self.gpu).conditions.append(state.Capped(at, self.fraction, Throttle(self.reason), until))
+
+
+@dataclass(frozen=True, slots=True)
 class GpuReset:
     """A GPU reset (``nvidia-smi -r``): clears volatile errors, activates pending remaps, lifts
     transient conditions. A GPU that fell off the bus stays lost (that needs a node reboot)."""
@@ -396,6 +414,7 @@ Fault = (
     | NvlinkCrcStorm
     | NvlinkDown
     | Straggler
+    | Throttled
     | GpuReset
     | NodeReboot
     | WrongProducts

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from trainguard.clock import VirtualClock
 from trainguard.errors import ConfigError
-from trainguard.records import Health, NodeVerdict, RecoveryAction
+from trainguard.records import Health, NodeVerdict, RecoveryAction, Throttle
 from trainguard.telemetry.sim.node import SimNode
 
 __all__ = ["DIAGNOSE_SCENARIOS", "SCENARIOS", "DiagnoseScenario", "Scenario", "run_scenario"]
@@ -150,6 +150,26 @@ _ALL = [
         30,
         lambda f: f.at(5).straggler(gpu=3),
         (3,),
+    ),
+    # Fail-slow GPUs: slower than their peers, with the clocks and throttle reasons telemetry shows,
+    # while no health rule fires (software limits are normal operation); a balancing job moves
+    # their shares (docs/balance.md).
+    Scenario(
+        "uneven-gpus",
+        "GPU 1 power-capped to 50% of its clock, GPU 2 held at 75% by SW thermal slowdown",
+        Health.OK,
+        20,
+        lambda f: (
+            f.at(5).throttled(gpu=1, fraction=0.5).throttled(gpu=2, fraction=0.75, reason=Throttle.SW_THERMAL)
+        ),
+        (1, 2),
+    ),
+    Scenario(
+        "slow-then-recover",
+        "GPU 2 power-capped to 50% of its clock at t=5s for 20 s, then back to full speed",
+        Health.OK,
+        30,
+        lambda f: f.at(5).throttled(gpu=2, fraction=0.5, duration_s=20),
     ),
     Scenario(
         "app-xid13",

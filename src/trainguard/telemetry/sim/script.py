@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainguard.records import RecoveryAction
+from trainguard.records import RecoveryAction, Throttle
 from trainguard.telemetry.sim import faults as F
 
 if TYPE_CHECKING:
@@ -84,6 +84,17 @@ class At:
 
     def straggler(self, gpu: int, sm_clock_mhz: float | None = None) -> At:
         return self.fault(F.Straggler(gpu, sm_clock_mhz))
+
+    def throttled(
+        self,
+        gpu: int,
+        fraction: float = 0.5,
+        reason: Throttle = Throttle.SW_POWER_CAP,
+        duration_s: float | None = None,
+    ) -> At:
+        """The clock held at ``fraction`` of max by a software limit (for ``duration_s``): a GPU
+        that computes slower than its peers while no health rule fires."""
+        return self.fault(F.Throttled(gpu, fraction, reason, duration_s))
 
     def wrong_products(self, gpu: int, rate: float = 1.0) -> At:
         """Silent data corruption: ``rate`` of the GPU's matrix products have flipped bits."""

@@ -16,6 +16,7 @@ from trainguard.records import Gpu, RecoveryAction, Throttle
 from trainguard.telemetry.sim.profiles import GpuProfile
 
 __all__ = [
+    "Capped",
     "Condition",
     "DetouredLink",
     "Downtrain",
@@ -139,6 +140,27 @@ class PowerBrake:
             return
         r["throttle"].update((Throttle.HW_POWER_BRAKE, Throttle.HW_SLOWDOWN))
         _slow(r, p, 0.3, 0.35)
+
+
+@dataclass(frozen=True, slots=True)
+class Capped:
+    """The SM clock held at ``fraction`` of its max under load by a software limit (a lowered power
+    limit: SW power cap; a hot chassis: SW thermal slowdown), from ``since`` until ``until``.
+    NVML reports the clock and the reason; no health rule fires (both are normal operation),
+    yet the GPU computes at that fraction of its peers' speed."""
+
+    since: float
+    fraction: float
+    reason: Throttle = Throttle.SW_POWER_CAP
+    until: float | None = None
+
+    def apply(self, r: dict[str, Any], now: float, p: GpuProfile, rng: random.Random) -> None:
+        if self.until is not None and now >= self.until:
+            return
+        if not r["util_gpu_pct"] or r["util_gpu_pct"] <= 5:
+            return  # idle, the clock is low anyway and no limit is hit
+        r["throttle"].add(self.reason)
+        _slow(r, p, self.fraction, 0.3 + 0.6 * self.fraction)
 
 
 @dataclass(frozen=True, slots=True)
