@@ -41,7 +41,7 @@ LANE = "scrape"  # the reserved lane's key
 
 
 class FairQueue:
-    def __init__(self, slots: int = 4, lane: str = LANE) -> None:
+    def __init__(self, slots: int = 8, lane: str = LANE) -> None:
         self.slots, self.lane = slots, lane
         self.running = 0  # requests running, the lane's included
         self.lane_running = 0  # of which the lane's (its first sits in its own slot)
