@@ -10,14 +10,18 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import socket
+import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from agent_service import TOKEN, Running, self_signed_cert, sim_config, write_token
 from real_parts import require_real
+from trainguard.agent.assemble import remediation_of
 from trainguard.agent.serve import tls_context
 from trainguard.errors import ConfigError
 
@@ -212,3 +216,94 @@ def test_silent_connections_on_the_scrapers_own_address_cannot_keep_it_out(tmp_p
         finally:
             for s in mine:
                 s.close()
+
+
+def test_probes_of_healthz_pass_a_flood_from_their_own_address(tmp_path: Path) -> None:
+    """Issue 34: /healthz shared the unauthenticated bucket, so a flood from the probe's address
+    made kubelet-style probes fail (429 in 13 and 14 of 15). It has no limit now: answering it
+    costs what a 429 would."""
+    with Running(sim_config(tmp_path, rate_limit_rps=0.001, rate_limit_burst=5)) as agent:
+        probes = []
+        for _ in range(15):
+            flood = [agent.get(p, token=None)[0] for p in ("/metrics", "/healthz") * 4]  # same address
+            assert 429 in flood or 401 in flood
+            probes.append(agent.get("/healthz", token=None)[0])
+        assert probes == [200] * 15
+        assert agent.daemon.tally.copy().refusals["rate_limited"] > 0  # the flood was limited
+
+
+def release_fifo(path: Path) -> None:
+    """Let a read hung on the FIFO at ``path`` finish (it reads an empty breaker), then put an
+    ordinary file's absence in its place."""
+    with contextlib.suppress(OSError):  # ENXIO: no reader waits on it
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b"{}")
+        os.close(fd)
+    path.unlink(missing_ok=True)
+
+
+def test_a_breaker_file_that_hangs_blocks_no_route(tmp_path: Path) -> None:
+    """Issue 34: a FIFO in the breaker file's place (a hung NFS mount) hung every route, /healthz
+    included. The file is read on one thread of its own: routes answer, /metrics shows the last
+    good state marked stale, the agent says degraded, and however often it is asked, one read
+    waits on the file."""
+    with Running(sim_config(tmp_path)) as agent:
+        path = remediation_of(agent.daemon).remediator.breaker.path
+        assert agent.get("/metrics")[0] == 200  # read once, fine: no file is a closed breaker
+        os.mkfifo(path)  # no writer: open() blocks until one comes, as on a hung mount
+        try:
+            agent.daemon.step()  # a tick passes (every second in a real agent): /metrics is new
+            for _ in range(5):
+                status, _, body = agent.get("/metrics")
+                assert status == 200
+                text = body.decode()
+                assert "trainguard_remediation_breaker_open 0.0" in text  # the last good state
+                assert "trainguard_remediation_breaker_stale 1.0" in text
+            assert agent.get("/healthz", token=None)[0] == 200
+            assert agent.json("/api/v1/remediation")["breaker"]["stale"] is True
+            agent.daemon.step()  # this tick waits on no hung read
+            assert json.loads(agent.get("/healthz", token=None)[2]) == {"status": "degraded"}
+            problems = agent.json("/api/v1/node")["agent"]["problems"]
+            assert any("breaker file" in p and "has not returned" in p for p in problems), problems
+            readers = [t for t in threading.enumerate() if t.name == "trainguard-breaker-read"]
+            assert len(readers) == 1
+        finally:
+            release_fifo(path)
+        wait_for(
+            lambda: "trainguard_remediation_breaker_stale 0.0" in agent.get("/metrics")[2].decode(),
+            "a fresh read once the file answers",
+        )
+        agent.daemon.step()
+        assert json.loads(agent.get("/healthz", token=None)[2]) == {"status": "ok"}
+
+
+def test_a_breaker_reset_waits_on_a_hung_file_off_the_loop_one_at_a_time(tmp_path: Path) -> None:
+    admin = write_token(tmp_path / "admin.token", "admin-token-0123456789abcdef")
+    with Running(sim_config(tmp_path, admin_token_file=str(admin))) as agent:
+        path = remediation_of(agent.daemon).remediator.breaker.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(path)
+        try:
+            with mock.patch("trainguard.agent.api.RESET_WAIT_S", 0.5, create=True):
+                code, _, body = agent.get(
+                    "/api/v1/breaker/reset", token="admin-token-0123456789abcdef", method="POST"
+                )
+                assert code == 503 and json.loads(body)["reason"] == "breaker_hung"
+                code, _, body = agent.get(
+                    "/api/v1/breaker/reset", token="admin-token-0123456789abcdef", method="POST"
+                )
+                assert code == 503 and json.loads(body)["reason"] == "busy"  # no second thread on the file
+            assert agent.get("/healthz", token=None)[0] == 200
+        finally:
+            release_fifo(path)
+
+
+def test_the_admin_refusal_names_no_path(tmp_path: Path) -> None:
+    """Issue 34: the 403 to a wrong admin token named the admin token's file."""
+    (tmp_path / "secret-place").mkdir()
+    admin = write_token(tmp_path / "secret-place" / "admin.token", "admin-token-0123456789abcdef")
+    with Running(sim_config(tmp_path, admin_token_file=str(admin))) as agent:
+        for token in (TOKEN, None, "guess-0123456789abcdef"):
+            code, _, body = agent.get("/api/v1/breaker/reset", token=token, method="POST")
+            assert code == 403
+            assert b"secret-place" not in body and str(tmp_path).encode() not in body, body

@@ -1,15 +1,19 @@
 """The agent's connections attacked from the node's loopback (issue 34): many connections each
-sending header lines that every per-line limit allows, never the blank line that ends them; and
-strangers taking every connection slot. Strangers connect from 127.0.0.2-9 (all of 127/8 is
+sending header lines that every per-line limit allows, never the blank line that ends them;
+strangers taking every connection slot; and a holder of the read token keeping every slot busy. Strangers connect from 127.0.0.2-9 (all of 127/8 is
 loopback), the scraper from 127.0.0.1."""
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import selectors
 import socket
+import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from agent_service import TOKEN, Running, sim_config
 from test_agent_attacks import closed_by_server, connect, scrapes, wait_for
@@ -124,3 +128,98 @@ def test_a_non_ascii_authorization_header_is_a_400_not_a_500(tmp_path: Path) -> 
         assert s.recv(64).startswith(b"HTTP/1.1 400")
         s.close()
         assert agent.daemon.tally.copy().refusals["bad_request"] == 1
+
+
+class BusyTokenHolder:
+    """A holder of the read token keeping ``n`` connections from 8 addresses (127.0.0.2-9) busy:
+    each asks for /metrics again as soon as an answer starts, and a connection the agent closes
+    is opened again at once. ``answered`` counts answers; ``ready`` is set once every connection
+    has had one (so each has shown the token)."""
+
+    def __init__(self, port: int, n: int) -> None:
+        self.port, self.n = port, n
+        self.ask = f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+        self.answered, self.reopened = 0, 0
+        self.served: set[int] = set()
+        self.ready, self.stop = threading.Event(), threading.Event()
+        self.sel = selectors.DefaultSelector()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> BusyTokenHolder:
+        for i in range(self.n):
+            self._open(i)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        for key in list(self.sel.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        self.sel.close()
+
+    def _open(self, i: int) -> None:
+        s = socket.socket()
+        try:
+            s.bind((f"127.0.0.{i % 8 + 2}", 0))
+            s.settimeout(5)
+            s.connect(("127.0.0.1", self.port))
+            s.setblocking(False)
+            s.send(self.ask)
+        except OSError:
+            s.close()
+            return  # tried again on the next turn of the loop
+        self.sel.register(s, selectors.EVENT_READ, i)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            open_slots = {key.data for key in self.sel.get_map().values()}
+            for i in set(range(self.n)) - open_slots:
+                self.reopened += 1
+                self._open(i)
+            for key, _ in self.sel.select(0.05):
+                s: socket.socket = key.fileobj  # type: ignore[assignment]
+                try:
+                    chunk = s.recv(1 << 20)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:  # evicted (or refused): open it again at once
+                    self.sel.unregister(s)
+                    s.close()
+                    continue
+                starts = chunk.count(b"HTTP/1.1 200")
+                if starts:
+                    self.answered += starts
+                    self.served.add(key.data)
+                    if len(self.served) == self.n:
+                        self.ready.set()
+                    with contextlib.suppress(OSError):
+                        s.send(self.ask * starts)
+
+
+def answered(agent: Running, token: str, n: int) -> int:
+    ok = 0
+    for _ in range(n):
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            ok += agent.get("/metrics", token=token)[0] == 200
+    return ok
+
+
+@pytest.mark.parametrize("scraper", ["scrape", "read"])
+def test_a_read_token_holder_keeping_every_connection_busy_cannot_starve_the_scrape(
+    tmp_path: Path, scraper: str
+) -> None:
+    """Issue 34: a holder of the read token keeping every connection busy answered 0 of 20
+    scrapes: every slot had shown the token, and none could be evicted. Now the token holding
+    the most connections gives one up, whoever asks; Prometheus's own token (or the read token,
+    as before the scrape token existed) gets all 20."""
+    config = sim_config(tmp_path, max_connections=32, max_connections_per_client=4, rate_limit_rps=1e6)
+    with Running(config) as agent, BusyTokenHolder(agent.port, 32) as holder:
+        assert holder.ready.wait(60), f"only {len(holder.served)} of 32 connections served"
+        assert agent.service.http.connections == 32
+        token = (tmp_path / "state" / "scrape.token").read_text().strip() if scraper == "scrape" else TOKEN
+        assert answered(agent, token, 20) == 20
+        assert holder.answered > 32  # it was served all along: busy, not shut out
+        assert agent.daemon.tally.copy().refusals["evicted"] >= 20

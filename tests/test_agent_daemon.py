@@ -298,6 +298,8 @@ def test_kmsg_resumes_after_the_last_sequence_number_of_the_same_boot(tmp_path: 
         "trainguard.agent.tick",
         "trainguard.agent.verdicts",
         "trainguard.agent.assemble",
+        "trainguard.agent.fairqueue",
+        "trainguard.remediate.breaker_view",
         "trainguard.detect.detector",
         "trainguard.detect.gpu_index",
         "trainguard.telemetry.series",

@@ -17,8 +17,12 @@ from trainguard.agent.assemble import assemble
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 UNIT = DEPLOY / "systemd" / "trainguard-agent.service"
+DROP_INS = DEPLOY / "systemd" / "trainguard-agent.service.d"
 MANIFEST = DEPLOY / "kubernetes" / "trainguard-agent.yaml"
+ACTING = DEPLOY / "kubernetes" / "trainguard-agent-remediation.yaml"
+RBAC = DEPLOY / "kubernetes" / "trainguard-remediation-rbac.yaml"
 RULES = DEPLOY / "prometheus" / "trainguard-agent.rules.yml"
+SCRAPE = DEPLOY / "prometheus" / "trainguard-scrape.yml"
 DASHBOARD = DEPLOY / "grafana" / "trainguard-agent.json"
 METRIC = re.compile(r"\b(DCGM_FI_[A-Z0-9_]+|trainguard_[a-z0-9_]+)\b")
 
@@ -196,3 +200,128 @@ def test_schema_validation_catches_a_broken_daemonset() -> None:
     ds["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "ninety-four-ten"
     with pytest.raises(kv.ValidationError):
         kv.validate(ds, "1.30.0", strict=True)
+
+
+def _unit_with(tmp_path: Path, *drop_ins: str) -> Path:
+    """The unit (ExecStart pointed at this checkout) with the named drop-ins beside it."""
+    trainguard = Path(sys.executable).with_name("trainguard")
+    unit = tmp_path / UNIT.name
+    unit.write_text(UNIT.read_text().replace("/usr/local/bin/trainguard", str(trainguard)))
+    d = tmp_path / f"{UNIT.name}.d"
+    d.mkdir(exist_ok=True)
+    for name in drop_ins:
+        (d / name).write_text((DROP_INS / name).read_text())
+    return unit
+
+
+def _exposure(unit: Path) -> float:
+    done = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    found = re.search(r"Overall exposure level for \S+: ([0-9.]+)", done.stdout)
+    assert found, done.stdout + done.stderr
+    return float(found.group(1))
+
+
+def _service(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def test_the_remediation_drop_ins_verify_and_add_only_what_they_say(tmp_path: Path) -> None:
+    """Issue 34: the shipped unit could not remediate (a dynamic user Slurm cannot make an
+    operator, no capability for a GPU reset): two drop-ins add exactly that, and the unit stays OK."""
+    require_real("systemd-analyze", install="apt-get install systemd")
+    assert sorted(p.name for p in DROP_INS.iterdir()) == ["gpu-reset.conf", "remediation.conf"]
+    unit = _unit_with(tmp_path, "remediation.conf", "gpu-reset.conf")
+    done = _verify_unit(unit)
+    assert done.returncode == 0 and done.stderr.strip() == "", done.stderr
+    assert _exposure(unit) <= 2.5  # the unit alone: 1.8
+    acting = _service((DROP_INS / "remediation.conf").read_text())
+    assert acting["DynamicUser"] == ["no"] and acting["User"] == ["trainguard"]
+    assert acting["IPAddressDeny"] == ["any"] and "localhost" in acting["IPAddressAllow"]
+    assert "CapabilityBoundingSet" not in acting and "AmbientCapabilities" not in acting
+    reset = _service((DROP_INS / "gpu-reset.conf").read_text())
+    assert reset == {"CapabilityBoundingSet": ["CAP_SYS_ADMIN"], "AmbientCapabilities": ["CAP_SYS_ADMIN"]}
+
+
+def test_the_exposure_check_sees_a_drop_in_that_loosens_the_unit(tmp_path: Path) -> None:
+    require_real("systemd-analyze", install="apt-get install systemd")
+    unit = _unit_with(tmp_path)
+    (tmp_path / f"{UNIT.name}.d" / "loose.conf").write_text(
+        "[Service]\nDynamicUser=no\nUser=root\nCapabilityBoundingSet=~\nProtectSystem=no\nSystemCallFilter=\n"
+    )
+    assert _exposure(unit) > 2.5
+
+
+def _docs(path: Path) -> list[dict]:  # type: ignore[type-arg]
+    yaml = pytest.importorskip("yaml")
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def test_the_acting_daemonset_is_the_watching_one_plus_a_token_a_policy_and_egress_to_the_api(
+    tmp_path: Path,
+) -> None:
+    """Issue 34: the shipped DaemonSet had no API token and no egress, so it could not cordon:
+    the acting variant adds those, validated, and differs in nothing else."""
+    import tomllib
+
+    kv = pytest.importorskip("kubernetes_validate")
+    base, acting = _docs(MANIFEST), _docs(ACTING)
+    for doc in acting:
+        kv.validate(doc, "1.30.0", strict=True)
+    assert [d["kind"] for d in base] == [d["kind"] for d in acting]
+    kinds = {d["kind"]: (b, d) for b, d in zip(base, acting, strict=True)}
+    ds_base, ds_acting = (d["spec"]["template"]["spec"] for d in kinds["DaemonSet"])
+    account = next(d for d in _docs(RBAC) if d["kind"] == "ServiceAccount")["metadata"]
+    assert ds_acting.pop("serviceAccountName") == account["name"]
+    assert account["namespace"] == kinds["DaemonSet"][1]["metadata"]["namespace"]
+    assert ds_base.pop("automountServiceAccountToken") is False
+    assert ds_acting.pop("automountServiceAccountToken") is True
+    assert ds_acting == ds_base
+    cm_base, cm_acting = kinds["ConfigMap"]
+    agent_base = tomllib.loads(cm_base["data"]["agent.toml"])["agent"]
+    agent_acting = tomllib.loads(cm_acting["data"]["agent.toml"])["agent"]
+    assert agent_acting.pop("policy") == "/etc/trainguard/remediation.toml"
+    assert agent_acting == agent_base
+    mounts = {m["mountPath"] for m in ds_acting["containers"][0]["volumeMounts"]}
+    assert "/etc/trainguard" in mounts  # the ConfigMap, policy included
+    from trainguard.remediate.policy import load_policy
+
+    policy_file = tmp_path / "remediation.toml"
+    policy_file.write_text(cm_acting["data"]["remediation.toml"])
+    policy = load_policy(policy_file)
+    assert policy.enforce and policy.provider == "kubernetes"
+    np_base, np_acting = kinds["NetworkPolicy"]
+    assert np_acting["spec"]["ingress"] == np_base["spec"]["ingress"] and np_base["spec"]["egress"] == []
+    (egress,) = np_acting["spec"]["egress"]
+    assert {p["port"] for p in egress["ports"]} == {443, 6443} and all("ipBlock" in t for t in egress["to"])
+
+
+def test_prometheus_scrapes_with_the_scrape_token_in_a_config_promtool_accepts(tmp_path: Path) -> None:
+    """deploy/prometheus's scrape job (the scrape token from a file), checked by promtool with
+    its files in place; the DaemonSet's agent reads the same token from its Secret."""
+    import tomllib
+
+    require_real("promtool", install="apt-get install prometheus")
+    text = SCRAPE.read_text().replace("/etc/prometheus/", f"{tmp_path}/")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(text)
+    for name in ("trainguard-scrape.token", "trainguard-ca.crt"):
+        (tmp_path / name).write_text("x\n")
+    (tmp_path / RULES.name).write_text(RULES.read_text())
+    done = subprocess.run(
+        ["promtool", "check", "config", str(config)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "credentials_file" in text and "trainguard-scrape.token" in text
+    cm = next(d for d in _docs(MANIFEST) if d["kind"] == "ConfigMap")
+    agent = tomllib.loads(cm["data"]["agent.toml"])["agent"]
+    assert Path(agent["scrape_token_file"]).parent == Path(agent["token_file"]).parent  # the Secret

@@ -61,6 +61,7 @@ def agent(tmp_path: Path):
 
 @pytest.fixture
 def prometheus(agent: Running, tmp_path: Path):
+    """A real Prometheus scraping the agent with its scrape token (created at the agent's start)."""
     exe = require_real("prometheus", install="apt-get install prometheus (make integration-deps)")
     port = free_port()
     config = tmp_path / "prometheus.yml"
@@ -70,7 +71,7 @@ global: {{scrape_interval: 1s, evaluation_interval: 1s}}
 rule_files: ["{RULES}"]
 scrape_configs:
   - job_name: trainguard-agent
-    authorization: {{credentials_file: "{tmp_path / "token"}"}}
+    authorization: {{credentials_file: "{tmp_path / "state" / "scrape.token"}"}}
     static_configs: [{{targets: ["127.0.0.1:{agent.port}"]}}]
 """
     )

@@ -79,9 +79,10 @@ def test_the_right_token_opens_everything_but_writes(agent: Running) -> None:
 
 def test_a_client_flooding_the_agent_is_rate_limited(tmp_path: Path) -> None:
     with Running(sim_config(tmp_path, rate_limit_rps=0.001, rate_limit_burst=3)) as agent:
-        codes = [agent.get("/healthz", token=None)[0] for _ in range(5)]
-        assert codes == [200, 200, 200, 429, 429]
-        assert refusals(agent) == {"rate_limited": 2}
+        codes = [agent.get("/metrics", token=None)[0] for _ in range(5)]
+        assert codes == [401, 401, 401, 429, 429]
+        assert refusals(agent) == {"unauthenticated": 3, "rate_limited": 2}
+        assert [agent.get("/metrics")[0] for _ in range(3)] == [200] * 3  # the token's own bucket
 
 
 def test_rate_limiter_refills_and_stays_bounded() -> None:
@@ -161,25 +162,46 @@ def test_agent_serves_https_when_given_a_certificate(tmp_path: Path) -> None:
             assert not s.recv(100).startswith(b"HTTP/")
 
 
-def test_connections_beyond_a_clients_share_are_refused_and_counted(tmp_path: Path) -> None:
+def ask(s: socket.socket, path: str = "/api/v1/node", token: str = TOKEN) -> bytes:
+    """One request with ``token`` on a kept-alive connection; its answer read whole (b"" if
+    the connection was closed)."""
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(v)
+        for k, _, v in (h.partition(b":") for h in head.split(b"\r\n"))
+        if k.lower() == b"content-length"
+    )
+    while len(body) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def test_a_share_full_of_token_connections_gives_up_its_oldest_idle_one(tmp_path: Path) -> None:
+    """A client's share held by keep-alives that showed the token: a newcomer takes the oldest's
+    place (the token, holding the most, gives way); the others stay served."""
     with Running(sim_config(tmp_path, max_connections_per_client=2)) as agent:
         held = [socket.create_connection(("127.0.0.1", agent.port), timeout=10) for _ in range(2)]
         try:
-            for s in held:  # both show the token: neither may be evicted for the third
-                s.sendall(
-                    f"GET /healthz HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
-                )
-                assert s.recv(4096).startswith(b"HTTP/1.1 200")
-                s.sendall(
-                    f"GET /api/v1/node HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
-                )
-                assert s.recv(65536).startswith(b"HTTP/1.1 200")
+            for s in held:
+                assert ask(s).startswith(b"HTTP/1.1 200")
             with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as third:
-                assert closed_unanswered(third)
+                assert ask(third).startswith(b"HTTP/1.1 200")
+                assert closed_unanswered(held[0])
+                assert ask(held[1]).startswith(b"HTTP/1.1 200")
         finally:
             for s in held:
                 s.close()
-        assert refusals(agent) == {"too_many_connections": 1}
+        assert refusals(agent) == {"evicted": 1}
 
 
 def test_a_new_connection_evicts_the_clients_oldest_one_without_a_token(tmp_path: Path) -> None:

@@ -78,7 +78,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "palette",
     ),  # nouns, files
     ("telemetry",),  # look: NVML, the simulated node, kernel-log lines
-    ("detect", "checkpoint", "diagnose", "balance"),  # judge: rules, verdicts, checkpoint checks, GPU tests, shares
+    ("detect", "checkpoint", "diagnose", "balance"),  # judge: rules, verdicts, checks, GPU tests, shares
     ("incidents", "chaos"),  # record: the store, taxonomy, goodput; fault plans
     (
         "remediate",

@@ -1,8 +1,8 @@
 """Bearer tokens in files: created mode 0600, refused when others can read them, compared in
 constant time.
 
-The node agent's read token (the dashboard, Prometheus), its admin token (a breaker reset) and a
-remediation webhook's shared secret are all such files. A token is compared as a SHA-256 digest,
+The node agent's read token (the dashboard), its scrape token (Prometheus: /metrics only), its
+admin token (a breaker reset) and a remediation webhook's shared secret are all such files. A token is compared as a SHA-256 digest,
 so not even its length leaks, and never logged. Browsers send it as the password of HTTP Basic
 auth (any user name); API clients send ``Authorization: Bearer <token>``::
 

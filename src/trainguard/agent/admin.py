@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ADMIN_PATHS", "admin_token_path", "breaker_reset", "remediation_status"]
+__all__ = ["ADMIN_PATHS", "admin_refusal", "admin_token_path", "breaker_reset", "remediation_status"]
 
 ADMIN_PATHS = frozenset({"/api/v1/breaker/reset"})
 
@@ -49,27 +49,46 @@ def remediation_status(daemon: AgentDaemon) -> tuple[int, dict[str, Any]]:
     return 200, remediation.status()
 
 
-def breaker_reset(
-    daemon: AgentDaemon, method: str, authorization: str | None, query: dict[str, list[str]], client: str
-) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, JSON body) of ``POST /api/v1/breaker/reset``."""
+def admin_refusal(
+    daemon: AgentDaemon, method: str, authorization: str | None
+) -> tuple[int, dict[str, Any]] | None:
+    """(HTTP status, JSON body) refusing ``POST /api/v1/breaker/reset``, or None: the admin asks.
+
+    The refusal does not name the admin token's file: whoever is refused may be a stranger."""
     if method != "POST":
         return 405, {"error": "POST with the admin token resets the breaker", "reason": "method"}
     path = admin_token_path(daemon)
     create_token_file(path)
-    ok = TokenCheck(path).verify(authorization)
-    if not ok:
-        return 403, {"error": f"remediation needs the admin token ({path}); the read token cannot act",
+    if not TokenCheck(path).verify(authorization):
+        return 403, {"error": "remediation needs the admin token (admin_token_file); the read token cannot act",
                      "reason": "not_admin"}  # fmt: skip
+    return None
+
+
+def breaker_reset(
+    daemon: AgentDaemon, method: str, authorization: str | None, query: dict[str, list[str]], client: str
+) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, JSON body) of ``POST /api/v1/breaker/reset``: the admin check, then the
+    reset (which reads and writes the breaker file: the API runs it off its event loop)."""
+    return admin_refusal(daemon, method, authorization) or reset_breaker(daemon, query, client)
+
+
+def reset_breaker(
+    daemon: AgentDaemon, query: dict[str, list[str]], client: str
+) -> tuple[int, dict[str, Any]]:
+    """The reset itself, once the admin token is checked: may block on the breaker file."""
     remediation = remediation_of(daemon)
     if remediation is None:
         return 404, {"error": "this agent runs no remediation: there is no breaker", "reason": "not_found"}
     jobs = query.get("job")
     job = jobs[0] if jobs else None
     breaker = remediation.remediator.breaker
-    with breaker.update() as box:
-        before = box[0]
-        box[0] = reset(before, job=job)
+    try:
+        with breaker.update() as box:
+            before = box[0]
+            box[0] = reset(before, job=job)
+    except StoreError as exc:  # unparsable: a person must look at the file, not have it replaced
+        return 503, {"error": str(exc), "reason": "breaker_unreadable"}
     was = dict(before.jobs_tripped).get(job) if job else before.tripped
     what = f"job {job}'s breaker" if job else "the fleet breaker"
     inc = Incident(job=f"node:{daemon.hostname}", time=time.time(), action="breaker_reset",

@@ -1,20 +1,30 @@
 """The agent's routes: ``/healthz``, ``/metrics``, ``/api/v1/...`` and the dashboard at ``/``.
 
-Every route but ``/healthz`` needs the token; the API is read-only (GET and HEAD). Refusals come
-back as JSON errors (each closes its connection) and are counted by reason: ``method``,
-``path_traversal``, ``token_in_query``, ``rate_limited``, ``unauthenticated``, ``wrong_token``,
-``not_found`` (plus the server's ``oversized``, ``bad_request``, ``too_many_connections``,
-``evicted``, ``write_timeout``).
+Every route but ``/healthz`` needs a token; the API is read-only (GET and HEAD). Three tokens:
+the **read** token opens every route, the **scrape** token (Prometheus) ``/metrics`` alone, the
+**admin** token the one write (agent/admin.py). Refusals come back as JSON errors (each closes
+its connection) and are counted by reason: ``method``, ``path_traversal``, ``token_in_query``,
+``rate_limited``, ``unauthenticated``, ``wrong_token``, ``forbidden``, ``not_found`` (plus the
+server's ``oversized``, ``bad_request``, ``too_many_connections``, ``evicted``, ``write_timeout``).
 
-The token is checked before the rate limit, and the two kinds of client have separate buckets
-per address: requests with the right token, and everything else (no token, a wrong one,
-``/healthz``). A flood without the token from the scraper's own address cannot spend the
-scraper's requests.
+    request -> refusals (method, path, token in the URL) -> /healthz: answered, no limit
+            -> token (read | scrape | none) -> rate limit (a bucket per token and address)
+            -> a turn in the FairQueue (the scrape token's reserved lane first; the others
+               round robin per token and address) -> the route
+
+The token is checked before the rate limit, and each kind of client has its own bucket per
+address: a flood without a token from the scraper's own address spends none of its requests.
+``/healthz`` has no limit (answering it costs what a 429 would) and takes no turn, so a flood
+cannot make a kubelet's probe fail. Routes that show the breaker await its file off the event
+loop for at most its view's timeout (remediate/breaker_view.py), and a breaker reset runs on a
+thread of its own, one at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 from dataclasses import replace
 from importlib import resources
@@ -22,8 +32,11 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from trainguard.agent import fleet_views, views
-from trainguard.agent.admin import ADMIN_PATHS, breaker_reset, remediation_status
+from trainguard.agent.admin import ADMIN_PATHS, admin_refusal, remediation_status, reset_breaker
+from trainguard.agent.assemble import remediation_of
+from trainguard.agent.fairqueue import LANE, FairQueue
 from trainguard.agent.messages import Request, Response
+from trainguard.remediate.breaker_view import SingleFlight
 
 if TYPE_CHECKING:
     from trainguard.agent.daemon import AgentDaemon
@@ -32,6 +45,9 @@ if TYPE_CHECKING:
     from trainguard.tokens import TokenCheck
 
 JSON = "application/json"
+RESET_WAIT_S = 5.0  # a breaker reset waits this long for the breaker file before answering 503
+BREAKER_ROUTES = frozenset({"/metrics", "/api/v1/remediation"})  # they show the breaker's state
+SCRAPE_ROUTES = frozenset({"/metrics"})  # all the scrape token opens
 TOKEN_PARAMS = frozenset({"token", "access_token", "auth", "bearer", "api_key", "apikey", "key"})
 CHALLENGE = (
     ("WWW-Authenticate", 'Bearer realm="trainguard"'),
@@ -59,11 +75,20 @@ def load_static() -> dict[str, tuple[bytes, str]]:
 
 class Api:
     def __init__(
-        self, daemon: AgentDaemon, metrics: MetricsView, tokens: TokenCheck, limiter: RateLimiter
+        self,
+        daemon: AgentDaemon,
+        metrics: MetricsView,
+        tokens: TokenCheck,
+        limiter: RateLimiter,
+        scrape_tokens: TokenCheck | None = None,
+        queue: FairQueue | None = None,
     ) -> None:
         self.daemon, self.metrics, self.tokens, self.limiter = daemon, metrics, tokens, limiter
+        self.scrape_tokens = scrape_tokens
+        self.queue = queue or FairQueue()
         self.static = load_static()
         self._cache: dict[str, tuple[int, bytes]] = {}  # path -> (snapshot seq, body)
+        self._resets: SingleFlight[tuple[int, dict[str, Any]]] = SingleFlight("trainguard-breaker-reset")
         self.routes: dict[str, Any] = {
             "/api/v1/node": views.node,
             "/api/v1/verdict": views.verdict,
@@ -73,16 +98,22 @@ class Api:
         }
 
     async def __call__(self, req: Request) -> Response:
-        refused = self.gate(req)
-        if refused is not None:
-            return refused
-        answer = await self._route(req)
-        return replace(answer, authenticated=True) if req.path != "/healthz" else answer
+        checked = self.gate(req)
+        if isinstance(checked, Response):
+            return checked
+        if req.path == "/healthz":
+            return self.healthz()
+        if req.path in BREAKER_ROUTES:
+            await self._fresh_breaker()
+        key = LANE if checked == "scrape" else f"{checked or 'anon'}:{req.client}"
+        async with self.queue.turn(key):
+            answer = await self._route(req)
+        if req.path in ADMIN_PATHS:
+            return replace(answer, identity="admin") if answer.status == 200 else answer
+        return replace(answer, identity=checked)
 
     async def _route(self, req: Request) -> Response:
         path = req.path
-        if path == "/healthz":
-            return self.healthz()
         if path == "/metrics":
             from trainguard.agent.prometheus import CONTENT_TYPE
 
@@ -91,9 +122,7 @@ class Api:
             body, kind = self.static[path]
             return Response(200, body, kind)
         if path in ADMIN_PATHS:  # remediation: the admin token, checked there
-            code, answer = breaker_reset(
-                self.daemon, req.method, req.headers.get("authorization"), req.query, req.client
-            )
+            code, answer = await self._reset(req)
             return Response(code, json.dumps(answer).encode(), JSON)
         if path == "/api/v1/remediation":
             code, answer = remediation_status(self.daemon)
@@ -122,8 +151,17 @@ class Api:
             return Response.error(503, str(exc))
         return Response.error(404, f"no such path: {path}", "not_found")
 
-    def gate(self, req: Request) -> Response | None:
-        """The refusals, cheapest first; None lets the request through."""
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Wait (at most ``timeout_s``) for a breaker reset still running: it writes the store,
+        which closes next. One still hung on the breaker file after that has not reached it."""
+        future = self._resets.in_flight()
+        if future is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout_s)
+
+    def gate(self, req: Request) -> Response | str:
+        """The refusals, cheapest first; else who asks: ``read``, ``scrape``, or "" (no token
+        needed: ``/healthz``, the admin route, which checks its own)."""
         if req.method not in ("GET", "HEAD") and not (req.method == "POST" and req.path in ADMIN_PATHS):
             return Response.error(
                 405, "the agent's API is read-only (GET, HEAD)", "method", headers=(("Allow", "GET, HEAD"),)
@@ -137,9 +175,16 @@ class Api:
                 "never put the token in the URL (it ends up in logs): send Authorization: Bearer",
                 "token_in_query",
             )
-        if req.path == "/healthz" or req.path in ADMIN_PATHS:  # the admin token is checked there
-            return self._limit("anon", req)
-        ok = self.tokens.verify(req.headers.get("authorization"))
+        if req.path == "/healthz":  # cheap and constant: no limit, so probes pass any flood
+            return ""
+        if req.path in ADMIN_PATHS:  # the admin token is checked there
+            return self._limit("anon", req) or ""
+        authorization = req.headers.get("authorization")
+        ok = self.tokens.verify(authorization)
+        if ok is not True and self.scrape_tokens is not None and self.scrape_tokens.verify(authorization):
+            if req.path not in SCRAPE_ROUTES:
+                return Response.error(403, "the scrape token reads /metrics only", "forbidden")
+            return self._limit("scrape", req) or "scrape"
         if ok is not True:
             refused = self._limit("anon", req)
             if refused is not None:
@@ -152,12 +197,50 @@ class Api:
                     headers=CHALLENGE,
                 )
             return Response.error(401, "wrong token", "wrong_token", headers=CHALLENGE)
-        return self._limit("token", req)
+        return self._limit("token", req) or "read"
 
     def _limit(self, kind: str, req: Request) -> Response | None:
         if self.limiter.allow(f"{kind}:{req.client}"):
             return None
         return Response.error(429, "rate limit exceeded", "rate_limited", headers=(("Retry-After", "1"),))
+
+    async def _fresh_breaker(self) -> None:
+        """A fresh read of the breaker file for the route about to show it, awaited off the
+        event loop for at most its view's timeout; past that the route shows the last good
+        state, marked stale (and no second read starts while this one hangs)."""
+        remediation = remediation_of(self.daemon)
+        if remediation is None:
+            return
+        view = remediation.breaker_view
+        read = asyncio.wrap_future(view.refresh())
+        try:
+            await asyncio.wait_for(asyncio.shield(read), view.wait_s())
+        except TimeoutError:
+            view.gave_up()
+        except Exception:
+            pass
+        if not read.done():  # nobody awaits it now: its outcome is the view's, not an unretrieved error
+            read.add_done_callback(_ignore)
+
+    async def _reset(self, req: Request) -> tuple[int, dict[str, Any]]:
+        """``POST /api/v1/breaker/reset``: the admin check here, the reset (which reads and
+        writes the breaker file) on a thread of its own, one at a time, awaited for at most
+        ``RESET_WAIT_S``."""
+        refused = admin_refusal(self.daemon, req.method, req.headers.get("authorization"))
+        if refused is not None:
+            return refused
+        work = functools.partial(reset_breaker, self.daemon, req.query, req.client)
+        future, started = self._resets.start(work)
+        if not started:
+            return 503, {"error": "a breaker reset is still waiting for the breaker file", "reason": "busy"}
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), RESET_WAIT_S)
+        except TimeoutError:
+            return 503, {
+                "error": f"the breaker file did not answer within {RESET_WAIT_S:g} s (a hung filesystem?); "
+                "the reset is applied when it does",
+                "reason": "breaker_hung",
+            }
 
     def healthz(self) -> Response:
         """Liveness for anyone: the state only. Why (paths, store errors) is behind the token,
@@ -180,3 +263,8 @@ class Api:
 
     def _json(self, value: Any) -> Response:
         return Response(200, json.dumps(value, separators=(",", ":")).encode(), JSON)
+
+
+def _ignore(future: asyncio.Future[Any]) -> None:
+    with contextlib.suppress(BaseException):
+        future.exception()

@@ -36,13 +36,21 @@ __all__ = ["RemediationAct", "assemble", "remediation_of"]
 
 class RemediationAct:
     """The daemon's act when remediation runs: each tick's new findings go to its worker, and
-    the GPUs it reset since the last tick are told to the agent (on the tick's own thread)."""
+    the GPUs it reset since the last tick are told to the agent (on the tick's own thread).
+    Each tick also reads the breaker file for the readers (waiting at most the view's timeout,
+    and not at all while a read hangs); a file that hangs or cannot be read is a problem of the
+    agent's (degraded), ``problems()``."""
 
     def __init__(self, remediation: AgentRemediation) -> None:
         self.remediation = remediation
 
     def __call__(self, judged: Judged) -> None:
         self.remediation.step(list(judged.new), judged.time)
+        self.remediation.breaker_view.read()
+
+    def problems(self) -> list[str]:
+        problem = self.remediation.breaker_view.problem()
+        return [problem] if problem else []
 
     def close(self) -> None:
         self.remediation.close()

@@ -9,7 +9,7 @@
 
 Flags of ``trainguard agent`` override the file (``TRAINGUARD_AGENT_*`` variables sit between).
 Fields that only matter at start (listen, TLS, db, kernel log) need a restart; SIGHUP re-reads
-the rest (interval, token, rate limit, thresholds).
+the rest (interval, tokens, rate limit, thresholds).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class AgentConfig:
     db: str = ""  # incident store; "" = $TRAINGUARD_DB or ./trainguard.db
     state_dir: str = ""  # where the token and the kernel-log cursor live; "" = $STATE_DIRECTORY or ~/.local/state/trainguard
     token_file: str = ""  # bearer token (mode 0600); "" = <state_dir>/agent.token, created if missing
+    scrape_token_file: str = ""  # Prometheus's token: /metrics only, a reserved lane; "" = <state_dir>/scrape.token, created if missing
     tls_cert: str = ""  # PEM certificate; with tls_key, serve HTTPS
     tls_key: str = ""  # PEM private key
     rate_limit_rps: float = 50.0  # requests per second per client address

@@ -76,7 +76,8 @@ class Act(Protocol):
 
     It must not raise (a failure is logged and counted as ``trainguard_agent_errors_total
     {source="act"}``) and should return quickly: the next tick waits for it. An act with a
-    ``close()`` (a worker thread, say) is closed with the daemon, before its store.
+    ``close()`` (a worker thread, say) is closed with the daemon, before its store; one with a
+    ``problems()`` (a list of strings) adds them to the agent's problems (degraded) each tick.
     """
 
     def __call__(self, judged: Judged) -> None: ...
@@ -85,6 +86,11 @@ class Act(Protocol):
 @runtime_checkable
 class _Closes(Protocol):
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class _Reports(Protocol):
+    def problems(self) -> list[str]: ...
 
 
 def no_action(judged: Judged) -> None:
@@ -246,6 +252,8 @@ class AgentDaemon:
         self._record(judged, problems)
         # act
         self._act(judged)
+        if isinstance(self.act, _Reports):
+            problems += self.act.problems()
         if not samples:
             problems.append("no telemetry: every GPU is unknown")
         self.history.add(samples)

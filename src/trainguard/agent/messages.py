@@ -35,7 +35,7 @@ class Response:
     content_type: str = "application/json"
     headers: tuple[tuple[str, str], ...] = ()
     refusal: str | None = None  # why the request was refused (for the counter), None if served
-    authenticated: bool = False  # the request carried the right token
+    identity: str = ""  # the token the request carried (read, scrape, admin); "": none
 
     @staticmethod
     def error(

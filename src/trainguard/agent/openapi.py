@@ -40,7 +40,7 @@ SPEC: dict[str, Any] = {
     "paths": {
         "/healthz": {
             "get": {
-                "summary": "The agent's own health (no token needed)",
+                "summary": "The agent's own health (no token needed, no rate limit)",
                 "security": [],
                 "responses": {
                     "200": {"description": "OK"},
@@ -50,7 +50,8 @@ SPEC: dict[str, Any] = {
         },
         "/metrics": {
             "get": {
-                "summary": "Prometheus exposition (dcgm-exporter names plus trainguard_*)",
+                "summary": "Prometheus exposition (dcgm-exporter names plus trainguard_*); the read "
+                "token or the scrape token (scrape_token_file: this route only, served first)",
                 "responses": {"200": {"description": "OK"}},
             }
         },

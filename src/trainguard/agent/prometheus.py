@@ -318,8 +318,19 @@ def _counter(name: str, doc: str, labels: list[str]) -> Metric:
     return Metric(name, doc, "counter")
 
 
+def _breaker_seen(daemon: AgentDaemon) -> object:
+    """What of the breaker /metrics shows, as last read (a read between ticks changes the body)."""
+    from trainguard.agent.assemble import remediation_of
+
+    remediation = remediation_of(daemon)
+    if remediation is None:
+        return None
+    r = remediation.breaker_view.latest()
+    return (r.state, r.stale)
+
+
 class MetricsView:
-    """The /metrics body for a daemon, rendered at most once per tick."""
+    """The /metrics body for a daemon, rendered at most once per tick (and breaker reading)."""
 
     def __init__(self, daemon: AgentDaemon) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -327,14 +338,14 @@ class MetricsView:
         ProcessCollector(registry=self.registry)
         self.daemon = daemon
         self._lock = threading.Lock()
-        self._cached: tuple[int, bytes] = (-1, b"")
+        self._cached: tuple[tuple[int, object], bytes] = ((-1, None), b"")
 
     def render(self) -> bytes:
-        seq = self.daemon.snapshot.seq
+        key = (self.daemon.snapshot.seq, _breaker_seen(self.daemon))
         cached = self._cached
-        if cached[0] == seq:
+        if cached[0] == key:
             return cached[1]
         with self._lock:
-            if self._cached[0] != seq:
-                self._cached = (seq, generate_latest(self.registry))
+            if self._cached[0] != key:
+                self._cached = (key, generate_latest(self.registry))
             return self._cached[1]

@@ -3,7 +3,7 @@
     run_agent(config, thresholds)     # what `trainguard agent` calls
 
 SIGTERM and SIGINT stop it cleanly (the server stops accepting, the loop finishes its tick, the
-store and the state are closed); SIGHUP re-reads the config file and the token file.
+store and the state are closed); SIGHUP re-reads the config file and the token files.
 """
 
 from __future__ import annotations
@@ -40,6 +40,16 @@ def token_path(config: AgentConfig, daemon: AgentDaemon) -> Path:
     path = daemon.state_dir / "agent.token"
     if create_token_file(path):
         log.warning("created a new API token in %s (mode 0600)", path)
+    return path
+
+
+def scrape_token_path(config: AgentConfig, daemon: AgentDaemon) -> Path:
+    """Prometheus's token: ``scrape_token_file``, or ``<state_dir>/scrape.token`` (created 0600)."""
+    if config.scrape_token_file:
+        return Path(config.scrape_token_file)
+    path = daemon.state_dir / "scrape.token"
+    if create_token_file(path):
+        log.warning("created a new scrape token in %s (mode 0600): Prometheus's credentials_file", path)
     return path
 
 
@@ -88,8 +98,9 @@ class AgentService:
         cfg = daemon.config
         self.daemon = daemon
         self.tokens = TokenCheck(token_path(cfg, daemon))
+        self.scrape_tokens = TokenCheck(scrape_token_path(cfg, daemon))
         self.limiter = RateLimiter(cfg.rate_limit_rps, cfg.rate_limit_burst)
-        self.api = Api(daemon, MetricsView(daemon), self.tokens, self.limiter)
+        self.api = Api(daemon, MetricsView(daemon), self.tokens, self.limiter, self.scrape_tokens)
         self.http = HttpServer(self.api, limits(cfg), daemon.tally.refuse)
         self.stop_event = threading.Event()
         self._thread: threading.Thread | None = None
@@ -114,7 +125,11 @@ class AgentService:
 
     def reload(self, config: AgentConfig, thresholds: Thresholds | None) -> None:
         """Apply a re-read config whole, or (ConfigError) none of it."""
-        self.tokens.reload(Path(config.token_file) if config.token_file else None)  # first: it may refuse
+        # Both token files first: either may refuse, and then nothing changes.
+        scrape = scrape_token_path(config, self.daemon)
+        TokenCheck(scrape)
+        self.tokens.reload(Path(config.token_file) if config.token_file else None)
+        self.scrape_tokens.reload(scrape)
         restart = self.daemon.reload(config, thresholds)
         self.limiter.rate, self.limiter.burst = config.rate_limit_rps, config.rate_limit_burst
         if restart:
@@ -124,6 +139,7 @@ class AgentService:
 
     async def stop(self) -> None:
         await self.http.stop()
+        await self.api.close()
         self.stop_event.set()
         self.daemon.wake.set()
         if self._thread is not None:

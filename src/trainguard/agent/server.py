@@ -4,9 +4,15 @@ aiohttp parses and answers (keep-alive, header limits, a timeout on connections 
 a request); the gate in front of it decides, before a TLS handshake costs anything, who may hold
 a connection at all::
 
-    accept -> the client's share full?  -> the total full?  (either: the oldest connection there
-           that never showed the token is evicted; none: refused) -> TLS handshake (timed out)
-           -> aiohttp -> Api
+    accept -> the client's share full?  -> the total full?  (either: the holder of the most
+           connections there gives one up) -> TLS handshake (timed out) -> aiohttp -> Api
+
+A connection's **holder** is the token it has shown (read, scrape, admin), or its address while
+it has shown none. When the agent is full, the holder with the most connections gives up its
+oldest one with no request in flight (else its oldest); on a tie an address gives way before a
+token. So strangers holding or churning connections from many addresses evict their own, and a
+holder of the read token keeping every connection busy (or reconnecting as fast as it is
+evicted) evicts its own, never the scraper's one fresh connection.
 
 Every error answer closes its connection; a connection whose answer the client does not read
 is aborted after ``write_timeout_s``; a connection counts until its socket is closed.
@@ -71,13 +77,14 @@ class Limits:
 
 
 class _Conn:
-    """One accepted connection: its client, and whether it ever carried the right token."""
+    """One accepted connection: its client, the token it showed, whether a request is in flight."""
 
     __slots__ = (
-        "authenticated",
+        "busy",
         "client",
         "handler",
         "head_bytes",
+        "identity",
         "lingering",
         "sock",
         "stuck_since",
@@ -89,11 +96,17 @@ class _Conn:
         self.client, self.sock = client, sock
         self.handler: Any = None
         self.waiting: asyncio.Task[Any] | None = None  # waiting for a ClientHello: still ours to close
-        self.authenticated = False
+        self.identity = ""  # the token its requests showed (read, scrape, admin); "": none yet
+        self.busy = 0  # requests being handled now
         self.stuck_since: float | None = None
         self.head_bytes = 0  # bytes received since the last request was complete
         self.tail = b""  # the last bytes received: a head's end may be split between reads
         self.lingering: float | None = None  # refused at: reading and dropping what the client sends
+
+    @property
+    def holder(self) -> tuple[str, str]:
+        """Whose connection this counts as: (``"token"``, the token) or (``"address"``, the client)."""
+        return ("token", self.identity) if self.identity else ("address", self.client)
 
 
 class _Protocol(RequestHandler):
@@ -234,25 +247,26 @@ class HttpServer:
 
     def _admit(self, client: str) -> bool:
         """Room for one more connection from ``client``, within its own share and the total;
-        when either is full, the oldest connection that never showed the token makes room: of
-        ``client`` itself when its share is full, else of the address holding the most (so
-        strangers opening and holding connections cannot evict a scraper's one)."""
+        when either is full, the holder of the most connections there gives one up."""
         if self._per_client[client] >= self.limits.max_connections_per_client:
-            return self._evict(lambda c: c.client == client)
+            return self._evict([c for c in self._conns.values() if c.client == client])
         if len(self._conns) >= self.limits.max_connections:
-            for holder, _ in self._per_client.most_common():
-                if self._evict(lambda c, holder=holder: c.client == holder):  # type: ignore[misc]
-                    return True
-            return False
+            return self._evict(list(self._conns.values()))
         return True
 
-    def _evict(self, among: Callable[[_Conn], bool]) -> bool:
-        for conn in self._conns.values():  # oldest first
-            if not conn.authenticated and among(conn):
-                self.on_refusal("evicted")
-                self._abort(conn)
-                return True
-        return False
+    def _evict(self, among: list[_Conn]) -> bool:
+        """Abort one of ``among`` (in accept order): of the holder with the most connections
+        (an address before a token on a tie), the oldest with no request in flight, else its
+        oldest. False when there is none."""
+        held = Counter(c.holder for c in among)
+        if not held:
+            return False
+        holder = max(held, key=lambda h: (held[h], h[0] == "address"))
+        theirs = [c for c in among if c.holder == holder]
+        victim = next((c for c in theirs if not c.busy), theirs[0])
+        self.on_refusal("evicted")
+        self._abort(victim)
+        return True
 
     async def _open(self, conn: _Conn) -> None:
         loop = asyncio.get_running_loop()
@@ -390,13 +404,18 @@ class HttpServer:
             {k.lower(): v for k, v in request.headers.items()},
             client,
         )
-        answer = self._body_check(request) or _header_check(req) or await self.handler(req)
+        conn = self._by_handler.get(id(request.protocol))
+        if conn is not None:
+            conn.busy += 1
+        try:
+            answer = self._body_check(request) or _header_check(req) or await self.handler(req)
+        finally:
+            if conn is not None:
+                conn.busy -= 1
         if answer.refusal:
             self.on_refusal(answer.refusal)
-        if answer.authenticated:
-            conn = self._by_handler.get(id(request.protocol))
-            if conn is not None:
-                conn.authenticated = True  # no longer the first to be evicted
+        if answer.identity and conn is not None:
+            conn.identity = answer.identity  # it counts as its token's from now on
         resp = web.Response(
             status=answer.status,
             body=answer.body,  # aiohttp leaves it out of a HEAD answer, keeping its length

@@ -120,6 +120,7 @@ class Tally:
 REFUSALS = (
     "unauthenticated",
     "wrong_token",
+    "forbidden",
     "token_in_query",
     "path_traversal",
     "oversized",

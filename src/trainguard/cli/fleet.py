@@ -8,6 +8,8 @@
     trainguard fleet breaker   [--since WHEN] [--limit N] [--json]   # held now, events, over the fleet
     trainguard fleet breaker status [--policy P] [--state-dir D] [--json]   # this breaker's live state
     trainguard fleet breaker reset  [--job J] [--db PATH|URL] [--json]      # a person closes it
+    trainguard fleet migrate        [--db URL]     # the schema, as the role that owns it
+    trainguard fleet roles setup|add HOST [--db URL]   # a writer role per node (cli/fleet_db.py)
 
 The store every agent and supervisor of the fleet writes: ``--db``, else ``$TRAINGUARD_DB``
 (``postgresql://user@host/db``; the password from ``$TRAINGUARD_DB`` or a passfile), else
@@ -34,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="fleet_command", metavar="{" + ",".join(VERBS) + "}")
+    sub = p.add_subparsers(dest="fleet_command", metavar="{" + ",".join((*VERBS, "migrate", "roles")) + "}")
     helps = {
         "status": "nodes by verdict per group and rack, stale nodes, incidents of the last 24 h",
         "nodes": "every node with its verdict",
@@ -72,6 +74,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         if verb in ("lemons", "incidents", "breaker"):
             q.add_argument("--limit", type=int, default=10 if verb == "lemons" else 50, help="at most N rows")
         q.set_defaults(func=run)
+    from trainguard.cli import fleet_db
+
+    fleet_db.register(sub)
 
     def usage(args: argparse.Namespace) -> int:
         p.print_help()

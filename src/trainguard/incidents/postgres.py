@@ -161,7 +161,10 @@ class PostgresBackend:
             return list(cur.fetchall()) if cur.description else []
 
     def schema_version(self, tx: Any) -> int:
-        tx.run("CREATE TABLE IF NOT EXISTS trainguard_schema (version INTEGER NOT NULL)")
+        # Created only when missing: a writer role may read the version but not create tables
+        # (CREATE TABLE IF NOT EXISTS checks that right before it looks; incidents/roles.py).
+        if tx.query("SELECT to_regclass('trainguard_schema') IS NULL AS missing")[0]["missing"]:
+            tx.run("CREATE TABLE trainguard_schema (version INTEGER NOT NULL)")
         rows = tx.query("SELECT version FROM trainguard_schema")
         return int(rows[0]["version"]) if rows else 0
 

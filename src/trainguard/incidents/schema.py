@@ -39,6 +39,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from trainguard.errors import StoreError, StoreUnavailable
+
 MIGRATIONS: tuple[str, ...] = (
     # 1: initial schema
     """
@@ -238,17 +240,27 @@ def migrate(backend: Any) -> int:
 
     Raises ValueError if the store was written by a newer trainguard (the caller names it).
     """
-    with backend.transaction() as tx:
-        backend.migration_lock(tx)
-        found = backend.schema_version(tx)
-        if found > SCHEMA_VERSION:
-            raise ValueError(
-                f"schema version {found} is newer than this trainguard understands ({SCHEMA_VERSION}); "
-                "upgrade trainguard to read it"
-            )
-        for version in range(found + 1, SCHEMA_VERSION + 1):
-            for statement in render(MIGRATIONS[version - 1], backend.dialect):
-                tx.run(statement)
-        if found != SCHEMA_VERSION:
-            backend.set_schema_version(tx, SCHEMA_VERSION)
+    found: int | None = None
+    try:
+        with backend.transaction() as tx:
+            backend.migration_lock(tx)
+            found = backend.schema_version(tx)
+            if found > SCHEMA_VERSION:
+                raise ValueError(
+                    f"schema version {found} is newer than this trainguard understands ({SCHEMA_VERSION}); "
+                    "upgrade trainguard to read it"
+                )
+            for version in range(found + 1, SCHEMA_VERSION + 1):
+                for statement in render(MIGRATIONS[version - 1], backend.dialect):
+                    tx.run(statement)
+            if found != SCHEMA_VERSION:
+                backend.set_schema_version(tx, SCHEMA_VERSION)
+    except StoreError as exc:
+        if isinstance(exc, StoreUnavailable) or found is None or found >= SCHEMA_VERSION:
+            raise
+        # A node's writer role may not change the schema (incidents/roles.py): say who may.
+        raise StoreError(
+            f"{exc} (migrating the schema from version {found} to {SCHEMA_VERSION}: run "
+            "`trainguard fleet migrate` as the role that owns the store's tables)"
+        ) from None
     return found

@@ -372,8 +372,15 @@ class IncidentStore:
 
     def _upsert_job(self, job: str, values: dict[str, Any], node: dict[str, Any]) -> JobInfo:
         with self.backend.transaction() as tx:
-            tx.run("INSERT INTO jobs (job) VALUES (?) ON CONFLICT (job) DO NOTHING", (job,))
-            values = {**values, **{k: v for k, v in node.items() if v is not None}}
+            node = {k: v for k, v in node.items() if v is not None}
+            # The row is made with its node's identity: a writer role may make only its host's rows.
+            cols = ["job", *node]
+            tx.run(
+                f"INSERT INTO jobs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+                "ON CONFLICT (job) DO NOTHING",
+                (job, *node.values()),
+            )
+            values = {**values, **node}
             assign = ", ".join(f"{k} = ?" for k in values)
             tx.run(f"UPDATE jobs SET {assign} WHERE job = ?", (*values.values(), job))
             row = tx.query(f"SELECT job, {', '.join(_JOB_FIELDS)} FROM jobs WHERE job = ?", (job,))[0]

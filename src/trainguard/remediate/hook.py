@@ -4,7 +4,9 @@ per tick as the daemon's act (agent/assemble.py wraps it in the daemon's ``Act``
     daemon.step():  look (Agent.tick) -> judge (onsets) -> record (incidents stored) -> act: remediation.step(new)
 
 It adds intrusion findings (GPU processes of no job), hands the tick's new findings to the
-``Remediator``, and serves the breaker's state to ``/metrics`` and the API. Providers follow the
+``Remediator``, and serves the breaker's state to ``/metrics`` and the API from a `BreakerView`
+(remediate/breaker_view.py: the file read off the event loop, one reader at a time, the last
+good state served with a staleness flag while a read hangs). Providers follow the
 node: a simulated node gets the simulated scheduler and GPU reset; a real one Slurm or Kubernetes
 (the policy's ``provider``) and ``nvidia-smi``; a webhook when the policy names one. Nothing is
 done unless the policy (or ``--enforce``) enforces: by default every decision is a dry-run record.
@@ -26,6 +28,7 @@ from trainguard.errors import ConfigError, StoreError
 from trainguard.incidents import Incident
 from trainguard.records import Finding
 from trainguard.remediate.breaker import BreakerState, fleet_limit
+from trainguard.remediate.breaker_view import BreakerView
 from trainguard.remediate.executor import JobInfo, Remediator
 from trainguard.remediate.intrusion import unexpected_processes
 from trainguard.remediate.policy import Policy, load_policy
@@ -73,6 +76,7 @@ class AgentRemediation:
             fleet=_LazyFleet(fleet_writer) if fleet_writer is not None else None,
             **kw,
         )
+        self.breaker_view = BreakerView(self.remediator.breaker)  # what /metrics and the API show
         self._flagged: set[int] = set()  # pids already reported as unexpected
         self._jobs: Counter[str] = Counter()
         self.counts: Counter[tuple[str, str]] = Counter()  # (remedy, result) -> n
@@ -195,14 +199,18 @@ class AgentRemediation:
     # -- for /metrics and the API ------------------------------------------------------------
 
     def breaker(self) -> BreakerState:
+        """The breaker's state read now, on this thread (it may block on a hung file)."""
         return self.remediator.breaker.load()
 
     def status(self) -> dict[str, Any]:
-        try:
-            b = self.breaker()
-        except StoreError as exc:
-            return {"error": str(exc)}
-        limits = self.policy.breaker
+        """``GET /api/v1/remediation``: the breaker as last read (``breaker_view``; no I/O)."""
+        r = self.breaker_view.latest()
+        if r.state is None:
+            return {
+                "enforcing": self.enforcing,
+                "error": self.breaker_view.problem() or "breaker not read yet",
+            }
+        b, limits = r.state, self.policy.breaker
         return {
             "enforcing": self.enforcing,
             "breaker": {
@@ -214,23 +222,28 @@ class AgentRemediation:
                 "actioned_in_window": len({a.node for a in b.actioned}),
                 "limit": fleet_limit(limits, limits.fleet_size),
                 "window_s": limits.window_s,
+                "stale": r.stale,  # the file hangs or is unreadable: this is its last good state
+                "read_age_s": r.age_s,
             },
             "actions": [{"remedy": k[0], "result": k[1], "count": n} for k, n in sorted(self.counts.items())],
         }
 
     def metrics(self) -> list[tuple[str, str, str, list[tuple[dict[str, str], float]]]]:
-        """(name, gauge|counter, help, [(labels, value)]) for the Prometheus exporter."""
-        try:
-            b = self.breaker()
-            open_, held, jobs = float(b.tripped is not None), float(b.held), len(b.jobs_tripped)
-        except StoreError:
+        """(name, gauge|counter, help, [(labels, value)]) for the Prometheus exporter (no I/O)."""
+        r = self.breaker_view.latest()
+        b = r.state
+        if b is None:
             open_, held, jobs = float("nan"), float("nan"), 0
+        else:
+            open_, held, jobs = float(b.tripped is not None), float(b.held), len(b.jobs_tripped)
         actions = [({"remedy": k[0], "result": k[1]}, float(n)) for k, n in sorted(self.counts.items())]
         return [
             ("trainguard_remediation_breaker_open", "gauge", "1 while the fleet breaker is open (a person resets it).",
              [({}, open_)]),
             ("trainguard_remediation_breaker_jobs_open", "gauge", "Jobs whose breaker is open.", [({}, float(jobs))]),
             ("trainguard_remediation_held", "gauge", "Actions held by a breaker since its last reset.", [({}, held)]),
+            ("trainguard_remediation_breaker_stale", "gauge", "1 while the breaker file hangs or is unreadable "
+             "(the breaker gauges show its last good state).", [({}, float(r.stale))]),
             ("trainguard_remediation_enforcing", "gauge", "1 when remediation acts, 0 in dry run.",
              [({}, float(self.enforcing))]),
             ("trainguard_remediation_actions", "counter", "Remediation records by remedy and result "
