@@ -90,7 +90,9 @@ def watch_node(
     daemon = AgentDaemon(config, clock=plan.clock, backend=plan.sim, act=firsts)
     try:
         applied = 0
-        for k in range(1, int(plan.life_s // interval) + 1):
+        # readings at the times the training fleet reads (simfleet.py), and one more at the end
+        # that closes the last step
+        for k in range(int(plan.life_s // step_s) * readings_per_step + 1):
             now = plan.clock.advance_to(k * interval)
             applied = plan.load_until(now, applied)
             daemon.step()

@@ -107,10 +107,12 @@ class Predictor:
         if not pts or any(abs(p.step_s - h.step_s) > 1e-6 for p in pts):
             self.skipped += 1
             return None
-        if (len(pts) - 1) * h.step_s < MIN_HISTORY_S:
+        if len(pts) * h.step_s < MIN_HISTORY_S - 1e-6:
             return None
-        ch = ft.channels(pts)[1:]
-        return ft.windows(ch, h.width)[-1]
+        ch = ft.channels(pts)
+        if len(pts) > h.width:  # a series that began before the window: its first point gave the deltas
+            ch = ch[1:]
+        return ft.windows(ch, h.width)[-1]  # else, as in training, its first step counts nothing
 
     def _inputs(self, wins: Any) -> Any:
         np = need("numpy")

@@ -7,7 +7,9 @@ points read from a simulated node exactly as the agent reads a real one.
     -> Life(points up to the failure, failure time, kind, the rules' first alarm)
 
 Time is compressed by reading each GPU ``readings_per_step`` times a step instead of once a
-second; a step's point is what the agent's down-sampled series keeps. The labels are the
+second, at the step's start and evenly after it; a step's point is what the agent's
+down-sampled series keeps from the same readings (an agent ticking at those times folds the
+same readings into the same step: agent/fleet_run.py). The labels are the
 planned failure times; the kind is kept for the per-kind report, and the models never see
 either (they read `Life.points`). Stdlib only; seeded, so one seed is one fleet::
 
@@ -121,7 +123,7 @@ def simulate_node(
         start = k * step_s
         folds = [Fold(start) for _ in range(gpus_per_node)]
         for r in range(readings_per_step):
-            now = clock.advance_to(start + (r + 1) * step_s / readings_per_step)
+            now = clock.advance_to(start + r * step_s / readings_per_step)
             applied = plan.load_until(now, applied)
             samples = sim.sample()
             for s in samples:
