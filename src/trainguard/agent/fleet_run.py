@@ -114,10 +114,12 @@ def watch_fleet(
     return [w for node in range(nodes) for w in watch_node(node, db, state_dir, model=model, **kw)]
 
 
-def offline_alarms(predictor: Any, lives: Sequence[Any], chunk: int = 4096) -> list[float | None]:
+def offline_alarms(
+    predictor: Any, lives: Sequence[Any], chunk: int = 4096, horizon: int | None = None
+) -> list[float | None]:
     """Each life's first step (its end) at which ``predictor`` (a `Predictor`) alarms on any
-    horizon, scoring every step of the simulated fleet's own points (simfleet.py) at once: what
-    the agent should raise, from the training side's series."""
+    horizon (``horizon``: on that one alone), scoring every step of the simulated fleet's own
+    points (simfleet.py) at once: what the agent should raise, from the training side's series."""
     from trainguard.predictor.data import arrays
     from trainguard.predictor.evaluate import first_alarms
     from trainguard.reliability import need
@@ -128,8 +130,8 @@ def offline_alarms(predictor: Any, lives: Sequence[Any], chunk: int = 4096) -> l
     alarm = np.zeros(len(data.life), dtype=np.float32)
     for i in range(0, len(alarm), chunk):
         rows = np.arange(i, min(i + chunk, len(alarm)))
-        probs = predictor.probabilities(data.windows(rows))
-        alarm[rows] = (probs >= np.asarray(h.thresholds)[None, :]).any(axis=1)
+        hit = predictor.probabilities(data.windows(rows)) >= np.asarray(h.thresholds)[None, :]
+        alarm[rows] = hit.any(axis=1) if horizon is None else hit[:, horizon]
     first = first_alarms(alarm, data.life, data.t_end, 0.5, len(lives))
     return [None if math.isnan(t) else float(t) for t in first]
 
