@@ -85,7 +85,8 @@ def test_a_precursor_gpu_scores_above_healthy_ones(trained):
 def test_held_out_probabilities_are_calibrated_and_beat_chance(trained):
     _, t = trained
     day = t.report["held_out"]["24h"]["net"]
-    assert day["average_precision"] > 2 * day["base_rate"]
+    ap, chance = day["average_precision"], day["base_rate"]
+    assert (ap - chance) / (1 - chance) > 0.5  # more than half the way from chance to a perfect ranking
     assert day["ece"] < 0.1
     assert t.report["alarms"]["24h"]["net"]["dbe"]["recall"] > 0.5
 

@@ -55,6 +55,7 @@ class AgentConfig:
     series_step_s: float = 60.0  # seconds per point of the telemetry series (docs/agent.md)
     series_points: int = 360  # series points kept in memory per GPU (6 h at 60 s); 0 = no series
     series_keep_days: float = 7.0  # series points older than this leave the store; 0 = never stored
+    predictor: str = ""  # failure-predictor model file (docs/predictor.md); "" = none
 
     def __post_init__(self) -> None:
         host_port(self.listen)

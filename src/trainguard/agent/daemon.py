@@ -112,7 +112,10 @@ class AgentDaemon:
         """``backend``: a ready ``TelemetryBackend`` instead of the one ``config`` names;
         ``act``: the act step (``assemble()`` sets remediation here); ``store``: where incidents
         are recorded (an `IncidentStore`; default the one at ``config.db``, opened lazily);
-        ``detectors``: what judges each tick (default the fixed rules, detect/detector.py)."""
+        ``detectors``: what judges each tick (default the fixed rules, detect/detector.py, and
+        the failure predictor when ``config.predictor`` names a model file)."""
+        if detectors is None and config.predictor:  # checked before anything of the node opens
+            detectors = with_predictor(config, thresholds)
         self.config = config
         self.clock: Clock = clock or RealClock()
         self.hostname = config.hostname or socket.gethostname()
@@ -365,6 +368,7 @@ class AgentDaemon:
                 "enforce",
                 "series_step_s",
                 "series_points",
+                "predictor",
             )
             if getattr(config, name) != getattr(self.config, name)
         ]
@@ -392,6 +396,16 @@ class AgentDaemon:
         self.agent.close()
         if self._store is not None:
             self._store.close()
+
+
+def with_predictor(config: AgentConfig, thresholds: Thresholds | None) -> list[Detector]:
+    """The fixed rules and the failure predictor of ``config.predictor``, checked against the
+    series the agent keeps (a ConfigError says what to change; MissingDependency the extra)."""
+    from trainguard.detect.detector import fixed_rules
+    from trainguard.predictor.detector import FailurePredictor
+
+    model = FailurePredictor.load(config.predictor, config.series_step_s, config.series_points)
+    return [*fixed_rules(thresholds), model]
 
 
 def default_state_dir(environ: dict[str, str] | None = None) -> Path:

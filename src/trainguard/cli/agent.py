@@ -30,6 +30,7 @@ FLAGS = {
     "seed": "seed",
     "state_dir": "state_dir",
     "policy": "policy",
+    "predictor": "predictor",
 }
 
 
@@ -64,6 +65,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, metavar="S", help="seed of the simulated node")
     p.add_argument("--policy", metavar="PATH", help="remediation policy (TOML); see docs/remediation.md")
     p.add_argument("--enforce", action="store_true", help="act on remediation decisions (default: dry run)")
+    p.add_argument(
+        "--predictor",
+        metavar="MODEL",
+        help="failure-predictor model file (trainguard reliability train-predictor); see docs/predictor.md",
+    )
     add_config_args(p)
     p.set_defaults(func=run)
     from trainguard.cli.remediate import add_set_healthy

@@ -9,9 +9,10 @@ windows it has seen. The fixed rules implement it: `RuleState` (detect/rules.py,
 and `XidState` (detect/xid_rules.py, the kernel-log events); `fixed_rules` is the list an agent
 runs by default. A learned failure predictor implements it too, reading ``window.series``
 (telemetry/series.py: per GPU, one point per step of down-sampled readings and event counts),
-and joins the list where the agent is assembled, one line::
-
-    assemble(config, detectors=[*fixed_rules(), FailurePredictor.load(path)])
+and joins the list when the agent's config names a model file (``[agent] predictor``;
+predictor/detector.py). Its findings' rule, `PREDICTED_FAILURE`, marks a forecast: the store
+records it without a root cause (nothing has failed yet) and remediation acts on it only where
+the policy says so (remediate/policy.py).
 
 An example detector, and a window with one hot GPU::
 
@@ -41,7 +42,9 @@ from trainguard.records import Event, Finding, Gpu, Sample
 if TYPE_CHECKING:
     from trainguard.telemetry.series import Series
 
-__all__ = ["Detector", "Window", "fixed_rules"]
+__all__ = ["PREDICTED_FAILURE", "Detector", "Window", "fixed_rules"]
+
+PREDICTED_FAILURE = "predicted_failure"  # the rule of a failure predictor's findings: a forecast
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
     agent (each closed step):  IncidentStore.add_series(points)   -> series (host, gpu, t)
     a trainer:                 IncidentStore.series(host, gpu, since, until) -> [SeriesPoint]
+                               IncidentStore.series_hosts() -> the hosts that wrote any
     retention (the agent):     IncidentStore.prune_series(before)
 
 One row per GPU and step (``gpu`` -1: kernel-log events of no GPU), keyed by (host, gpu, t): a

@@ -480,6 +480,10 @@ class IncidentStore:
         sql, params = _series.query(host, gpu, since, until)
         return [_series.point_of(r) for r in self.read(sql, params)]
 
+    def series_hosts(self) -> list[str]:
+        """The hosts with series points, sorted (a trainer reads the series one host at a time)."""
+        return [str(r["host"]) for r in self.read("SELECT DISTINCT host FROM series ORDER BY host")]
+
     def prune_series(self, before: float) -> int:
         """Delete series points older than ``before`` (retention); the number deleted."""
         self._ensure_ready()

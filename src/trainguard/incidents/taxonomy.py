@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from trainguard.detect.detector import PREDICTED_FAILURE
 from trainguard.detect.training_log import ambiguous_cuda
 from trainguard.detect.xid import xid_info
 from trainguard.records import Category, Event, EventKind, Finding
@@ -197,8 +198,8 @@ def _from_event(ev: Event) -> Evidence | None:
 
 
 def _from_finding(f: Finding) -> Evidence | None:
-    if f.category is None or f.category is Category.INFO:
-        return None
+    if f.category is None or f.category is Category.INFO or f.rule == PREDICTED_FAILURE:
+        return None  # a forecast says a GPU may fail, not that anything has: no cause of its own
     text = f"{f.rule}: {f.reason}"
     cause = _RULE_CAUSE.get(f.rule) or _category_cause(f.category, text)
     symptom = cause is RootCause.NCCL_WATCHDOG_TIMEOUT

@@ -14,6 +14,7 @@ it, and `evidence` says what a reading did over the window in words. Needs numpy
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 from trainguard.predictor.series import Point
@@ -60,33 +61,38 @@ def _np() -> Any:
     return need("numpy", "predictor")
 
 
+_RAW = ("temperature_c", "temp_slowdown_c", "util_gpu_pct", "power_w", "power_limit_w", "sm_clock_mhz",
+        "sm_clock_max_mhz", "throttled", *_DELTAS.values(), "ecc_dbe_aggregate", "remap_uncorrectable")  # fmt: skip
+_NAN = float("nan")
+_COUNTER_COLUMNS = [_RAW.index(k) for k in (*_DELTAS.values(), "ecc_dbe_aggregate", "remap_uncorrectable")]
+
+
 def channels(points: Sequence[Point]) -> Any:
     """[T, C] float32: levels carried forward over steps that read nothing, counter deltas."""
     np = _np()
     n = len(points)
-    raw = {
-        k: np.array([np.nan if getattr(p, k) is None else float(getattr(p, k)) for p in points])
-        for k in ("temperature_c", "temp_slowdown_c", "util_gpu_pct", "power_w", "power_limit_w",
-                  "sm_clock_mhz", "sm_clock_max_mhz", "throttled", *_DELTAS.values(), "ecc_dbe_aggregate",
-                  "remap_uncorrectable")
-    }  # fmt: skip
-    raw = {k: _ffill(np, v) for k, v in raw.items()}
+    read = attrgetter(*_RAW)
+    table = np.array([[_NAN if v is None else v for v in read(p)] for p in points], dtype=np.float64).reshape(
+        n, len(_RAW)
+    )  # one pass over the points: this runs for every GPU at every step
+    filled = _ffill(np, table)
+    raw = {k: filled[:, i] for i, k in enumerate(_RAW)}
     out = np.zeros((n, len(CHANNELS)), dtype=np.float32)
     out[:, _C["temperature_c"]] = raw["temperature_c"]
     out[:, _C["headroom_c"]] = raw["temp_slowdown_c"] - raw["temperature_c"]
     out[:, _C["util"]] = raw["util_gpu_pct"] / 100.0
-    out[:, _C["power_frac"]] = raw["power_w"] / np.where(
-        raw["power_limit_w"] > 0, raw["power_limit_w"], np.nan
-    )
-    out[:, _C["clock_frac"]] = raw["sm_clock_mhz"] / np.where(
-        raw["sm_clock_max_mhz"] > 0, raw["sm_clock_max_mhz"], np.nan
-    )
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out[:, _C["power_frac"]] = raw["power_w"] / np.where(
+            raw["power_limit_w"] > 0, raw["power_limit_w"], np.nan
+        )
+        out[:, _C["clock_frac"]] = raw["sm_clock_mhz"] / np.where(
+            raw["sm_clock_max_mhz"] > 0, raw["sm_clock_max_mhz"], np.nan
+        )
     out[:, _C["throttled"]] = raw["throttled"]
-    for ch, counter in _DELTAS.items():
-        out[:, _C[ch]] = _delta(np, raw[counter])
-    out[:, _C["d_uncorrectable"]] = _delta(np, raw["ecc_dbe_aggregate"]) + _delta(
-        np, raw["remap_uncorrectable"]
-    )
+    d = _delta(np, filled[:, _COUNTER_COLUMNS])
+    for k, ch in enumerate(_DELTAS):
+        out[:, _C[ch]] = d[:, k]
+    out[:, _C["d_uncorrectable"]] = d[:, -2] + d[:, -1]
     out[:, _C["sbe_level"]] = raw["ecc_sbe_aggregate"]
     out[:, _C["missed"]] = [p.missed / p.n if p.n else 1.0 for p in points]
     out[:, _C["xids"]] = [p.xids for p in points]
@@ -94,20 +100,23 @@ def channels(points: Sequence[Point]) -> Any:
 
 
 def _ffill(np: Any, v: Any) -> Any:
-    """Carry the last reading forward; before the first, the first."""
-    ok = ~np.isnan(v)
-    if not ok.any():
+    """Carry the last reading forward, per column; before a column's first, its first."""
+    if not len(v):
         return v
-    idx = np.where(ok, np.arange(len(v)), 0)
-    np.maximum.accumulate(idx, out=idx)
-    out = v[idx]
-    out[: int(np.argmax(ok))] = v[int(np.argmax(ok))]
-    return out
+    ok = ~np.isnan(v)
+    idx = np.where(ok, np.arange(len(v))[:, None], 0)
+    np.maximum.accumulate(idx, axis=0, out=idx)
+    out = np.take_along_axis(v, idx, axis=0)
+    first = np.argmax(ok, axis=0)  # 0 for a column never read: it stays nan
+    before = np.arange(len(v))[:, None] < first[None, :]
+    return np.where(before, v[first, np.arange(v.shape[1])][None, :], out)
 
 
 def _delta(np: Any, v: Any) -> Any:
-    d = np.diff(np.nan_to_num(v, nan=0.0), prepend=np.nan_to_num(v[:1], nan=0.0))
-    return np.clip(d, 0.0, None)  # a counter that went back was reset: no new errors
+    """Per-step increments of counters (columns of ``v``); a counter never read counts nothing."""
+    v = np.where(np.isnan(v), 0.0, v)
+    d = np.diff(v, axis=0, prepend=v[:1])
+    return np.maximum(d, 0.0)  # a counter that went back was reset: no new errors
 
 
 def windows(ch: Any, width: int) -> Any:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.detect.detector import PREDICTED_FAILURE
 from trainguard.predictor import features as ft
 from trainguard.predictor import modelfile
 from trainguard.predictor.modelfile import Header
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["RULE", "Prediction", "Predictor", "lead_time_s"]
 
-RULE = "predicted_failure"
+RULE = PREDICTED_FAILURE
 MIN_HISTORY_S = 3600.0  # a GPU with less series than this gets no prediction
 _CATEGORY = {
     "ecc_sbe": Category.GPU_MEMORY_ECC,
@@ -106,10 +107,12 @@ class Predictor:
         if not pts or any(abs(p.step_s - h.step_s) > 1e-6 for p in pts):
             self.skipped += 1
             return None
-        if (len(pts) - 1) * h.step_s < MIN_HISTORY_S:
+        if len(pts) * h.step_s < MIN_HISTORY_S - 1e-6:
             return None
-        ch = ft.channels(pts)[1:]
-        return ft.windows(ch, h.width)[-1]
+        ch = ft.channels(pts)
+        if len(pts) > h.width:  # a series that began before the window: its first point gave the deltas
+            ch = ch[1:]
+        return ft.windows(ch, h.width)[-1]  # else, as in training, its first step counts nothing
 
     def _inputs(self, wins: Any) -> Any:
         np = need("numpy")
@@ -122,7 +125,6 @@ class Predictor:
         """Predictions for many GPUs in one forward pass (None where a series is too short or
         does not fit the model); ``explain``: name the drivers of alarmed GPUs."""
         from trainguard.predictor import torch as nets
-        from trainguard.predictor.train import sigmoid
 
         np = need("numpy")
         h = self.header
@@ -133,9 +135,7 @@ class Predictor:
             return out
         batch = np.stack([wins[i] for i in ok])
         x = self._inputs(batch)
-        logit = nets.logits(self.net, x)
-        probs = np.stack([sigmoid(a * logit[:, k] + b) for k, (a, b) in enumerate(h.platt)], 1)
-        probs[:, 0] = np.minimum(probs[:, 0], probs[:, -1])
+        probs = self._calibrated(nets.logits(self.net, x))
         alarmed = probs >= np.asarray(h.thresholds)[None, :]
         grads = nets.input_gradients(self.net, x[alarmed.any(1)]) if explain and alarmed.any() else None
         g = 0
@@ -159,6 +159,22 @@ class Predictor:
                 drivers=drivers,
             )
         return out
+
+    def _calibrated(self, logit: Any) -> Any:
+        from trainguard.predictor.train import sigmoid
+
+        np = need("numpy")
+        probs = np.stack([sigmoid(a * logit[:, k] + b) for k, (a, b) in enumerate(self.header.platt)], 1)
+        probs[:, 0] = np.minimum(probs[:, 0], probs[:, -1])  # failing within 1 h is failing within 24 h
+        return probs
+
+    def probabilities(self, windows: Any) -> Any:
+        """[B, horizons]: the calibrated probabilities of a batch of windows ([B, width,
+        channels], as `features.windows` cuts them): what `predict_many` computes, for scoring
+        many steps at once."""
+        from trainguard.predictor import torch as nets
+
+        return self._calibrated(nets.logits(self.net, self._inputs(windows)))
 
     def _drivers(self, attribution: Any, window: Any, top: int = 3) -> tuple[tuple[str, float, str], ...]:
         """The readings whose inputs pushed the logit up most, with their share of the push."""

@@ -133,17 +133,21 @@ class Fold:
 
 
 def point_of_values(t: float, step_s: float, n: int, values: Mapping[str, float | None]) -> Point:
-    """A point from the agent series' values by name (``SeriesPoint.as_dict()``): the throttle
-    share is the largest of its per-reason shares; ``missed`` its count of empty readings."""
-    throttles = [v for k, v in values.items() if k.startswith("throttle_") and v is not None]
+    """A point from the agent series' values by name (``SeriesPoint.as_dict()``): ``missed`` is
+    its ``unread`` (readings with nothing in them), the throttle share its ``throttled`` (any
+    reason; from a store written without it, the largest per-reason share)."""
+    throttled = values.get("throttled")
+    if throttled is None and "unread" not in values:  # a point written before the series had both
+        shares = [v for k, v in values.items() if k.startswith("throttle_") and v is not None]
+        throttled = max(shares) if shares else None
     fields = {k: values.get(k) for k in (*GAUGES, *COUNTERS)}
     return Point(
         t=t,
         step_s=step_s,
         n=n,
-        missed=int(values.get("missed") or 0),
+        missed=int(values.get("unread") or 0),
         lost=bool(values.get("lost")),
-        throttled=max(throttles) if throttles else None,
+        throttled=throttled,
         xids=int(values.get("xids") or 0),
         **fields,
     )

@@ -80,8 +80,11 @@ class Cnn(nn.Module):
         return self.head(torch.cat([h.mean(2), h.amax(2), h[:, :, -1]], dim=1))
 
 
-def build(arch: str, size: int) -> Any:
-    """A fresh net: ``arch`` "mlp" (``size`` features) or "cnn" (``size`` channels)."""
+def build(arch: str, size: int, seed: int | None = None) -> Any:
+    """A fresh net: ``arch`` "mlp" (``size`` features) or "cnn" (``size`` channels); its first
+    weights drawn from ``seed`` (None: torch's global generator as it stands)."""
+    if seed is not None:
+        torch.manual_seed(seed)
     return Mlp(size) if arch == "mlp" else Cnn(size)
 
 

@@ -88,7 +88,7 @@ def _fit_arch(
         neg = fit[data.y[fit, -1] == 0]
         rows = np.concatenate([pos, rng.choice(neg, min(len(neg), 2 * len(pos)), replace=False)])
     inputs = _Inputs(arch, data, mean, std)
-    net = nets.build(arch, len(mean))
+    net = nets.build(arch, len(mean), seed=seed)  # a seed is one model: its first weights too
     vsub = rng.choice(val, min(len(val), 20_000), replace=False)
     vx, vy = inputs(vsub), data.y[vsub]
 

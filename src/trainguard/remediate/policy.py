@@ -12,6 +12,7 @@ overrides. **Dry run is the default**: nothing is done unless ``enforce = true``
     [remediation.actions]          # finding rule, or the finding's suggested action -> remedy
     reset_gpu = "reset_gpu"
     unexpected_gpu_process = "webhook"
+    predicted_failure = "drain"    # act on the failure predictor's forecasts (default: none)
     [[remediation.group]]          # first matching group wins; its actions override the defaults
     name = "h100-pod-a"
     nodes = ["gpu-a*"]             # shell globs over the node name
@@ -40,6 +41,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from trainguard.detect.detector import PREDICTED_FAILURE
 from trainguard.errors import ConfigError
 from trainguard.records import Action, Finding, Health
 
@@ -83,8 +85,12 @@ DEFAULT_ACTIONS: dict[str, Remedy] = {
     Action.DRAIN.value: Remedy.DRAIN,
     Action.CONTACT_SUPPORT.value: Remedy.HARDWARE_INSPECTION,
 }
-# Rules whose remedy is not their suggested action's: a stranger's process is news, not a broken GPU.
-DEFAULT_RULES: dict[str, Remedy] = {"unexpected_gpu_process": Remedy.WEBHOOK}
+# Rules whose remedy is not their suggested action's: a stranger's process is news, not a broken GPU;
+# a forecast of a failure is acted on only where the policy names it (its own rule, not its action).
+DEFAULT_RULES: dict[str, Remedy] = {"unexpected_gpu_process": Remedy.WEBHOOK, PREDICTED_FAILURE: Remedy.NONE}
+# What a forecast may get: it drains a node ahead of the next job or tells someone, and never
+# resets or reboots by itself (nothing has failed yet).
+PREDICTED_REMEDIES = (Remedy.NONE, Remedy.WEBHOOK, Remedy.DRAIN, Remedy.CORDON)
 PROVIDERS = ("slurm", "kubernetes", "none")
 # Findings read from the kernel log (detect/xid_rules.py): the log's word, not the GPU's state.
 LOG_RULES = frozenset(
@@ -159,9 +165,10 @@ def choose(policy: Policy, finding: Finding, node: str, gpu_model: str | None = 
     if finding.health not in (Health.DEGRADED, Health.FAILED):
         return Decision(finding, Remedy.NONE, enforce, None, f"health {finding.health.value}")
     remedy, why = None, "default"
+    keys = (finding.rule,) if finding.rule == PREDICTED_FAILURE else (finding.rule, finding.action.value)
     for table, where in ((group.actions if group else {}, f"group {group.name}" if group else ""),
                          (policy.actions, "policy")):  # fmt: skip
-        for k in (finding.rule, finding.action.value):
+        for k in keys:
             if k in table:
                 remedy, why = table[k], f"{where} actions.{k}"
                 break
@@ -303,6 +310,12 @@ def _actions(raw: Any, where: str) -> dict[str, Remedy]:
             raise ConfigError(
                 f"{where}: {k} = {v!r} is not a remedy: choose one of {', '.join(r.value for r in Remedy)}"
             ) from None
+        if k == PREDICTED_FAILURE and out[k] not in PREDICTED_REMEDIES:
+            raise ConfigError(
+                f"{where}: {k} = {v!r}: a predicted failure has not happened yet: it may drain (or "
+                f"cordon) the node ahead of the next job or tell someone, never reset or reboot: "
+                f"choose one of {', '.join(r.value for r in PREDICTED_REMEDIES)}"
+            )
     return out
 
 

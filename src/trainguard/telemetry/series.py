@@ -8,8 +8,10 @@ A point folds the readings of its step: a gauge (temperature, power, clocks, uti
 used...) by its mean, and temperatures and power also by their max (``temperature_c_max``); a
 counter, flag or limit (ECC errors, remapped rows, retired pages, PCIe replays, NVLink errors,
 energy, pending remaps) by its last value; each throttle reason as the share of readings it was
-active in (``throttle_hw_thermal``); ``lost`` counts readings of a GPU that stopped answering;
-``recovery_action`` is the driver's last, as NVML's code (0 none ... 4 drain and reset).
+active in (``throttle_hw_thermal``), and ``throttled`` the share of the readings that were read
+with any reason active; ``lost``
+counts readings of a GPU that stopped answering, ``unread`` the readings that came back with
+neither a temperature nor a utilisation (NVML timed out, or the GPU was lost); ``recovery_action`` is the driver's last, as NVML's code (0 none ... 4 drain and reset).
 Kernel-log events count per GPU (``events``, ``xids`` and per code ``xid_79``), those of no GPU
 under ``NODE`` (-1). The agent keeps one series (agent/daemon.py) and writes each closed point to
 the incident store (``IncidentStore.series`` reads them back)::
@@ -62,6 +64,8 @@ FIELDS: tuple[str, ...] = (
     *_READ,
     *(f"{name}_max" for name in _MAXED),
     "lost",
+    "unread",
+    "throttled",
     *(f"throttle_{t.value}" for t in _THROTTLES),
     "recovery_action",
     "events",
@@ -122,10 +126,23 @@ class _Step:
     """The readings and events of one GPU in the step being filled. A tick only keeps the
     reading's numbers (one tuple); the folding is done once, when the step closes."""
 
-    __slots__ = ("action", "events", "lost", "rows", "t", "throttles", "uuid", "xids")
+    __slots__ = (
+        "action",
+        "events",
+        "lost",
+        "rows",
+        "said",
+        "t",
+        "throttled",
+        "throttles",
+        "unread",
+        "uuid",
+        "xids",
+    )
 
     def __init__(self, t: float) -> None:
-        self.t, self.lost, self.events = t, 0, 0
+        self.t, self.lost, self.unread, self.events = t, 0, 0, 0
+        self.said = self.throttled = 0  # readings that said their throttle reasons; any reason active
         self.rows: list[tuple[Any, ...]] = []
         self.throttles: list[frozenset[Throttle]] = []
         self.action: float | None = None
@@ -136,6 +153,11 @@ class _Step:
         self.rows.append(_get(s))
         if s.lost:
             self.lost += 1
+        if s.temperature_c is None and s.util_gpu_pct is None:
+            self.unread += 1  # a hang's precursor: ever more readings time out
+        elif s.throttle is not None:
+            self.said += 1
+            self.throttled += bool(s.throttle)
         if s.throttle is not None:
             self.throttles.append(s.throttle)
         if s.recovery_action is not None:
@@ -168,8 +190,10 @@ class _Step:
         shares: list[float | None] = [None] * len(_THROTTLES)
         if self.throttles:  # a share of all readings, those that could not say counted as not active
             shares = [sum(r in t for t in self.throttles) / n for r in _THROTTLES]
+        anyone = self.throttled / self.said if self.said else None  # of the readings that said
+        counts = (float(self.lost), float(self.unread)) if n else (None, None)
         values = (
-            *read, *maxes, float(self.lost) if n else None, *shares, self.action,
+            *read, *maxes, *counts, anyone, *shares, self.action,
             float(self.events), float(sum(self.xids.values())),
         )  # fmt: skip
         return SeriesPoint(host, gpu, self.t, step_s, n, values, tuple(sorted(self.xids.items())), self.uuid)
@@ -224,6 +248,11 @@ class Series:
     def points(self, gpu: int) -> tuple[SeriesPoint, ...]:
         """The closed points of one GPU, oldest first (at most ``depth``)."""
         return tuple(self._rings.get(gpu, ()))
+
+    def newest(self, gpu: int) -> SeriesPoint | None:
+        """The newest closed point of one GPU (a detector's check for a step that closed)."""
+        ring = self._rings.get(gpu)
+        return ring[-1] if ring else None
 
     def gpus(self) -> list[int]:
         return sorted(self._rings)
