@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,14 @@ def register(subparsers: Any) -> None:
         help="spare interpreters per local rank (default 2: a second fault before the pool has "
         "refilled still restarts warm; 1 saves memory)",
     )
+    g.add_argument(
+        "--warm-refill-delay",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds after a (re)start before the pool replaces the standbys it handed out (default 2; "
+        "their imports take CPU the restarted ranks may need: docs/supervisor.md)",
+    )
     g.add_argument("--no-tee", action="store_true", help="do not copy worker output to the console")
     g.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the run result as JSON")
     p.add_argument(
@@ -167,6 +176,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from trainguard.incidents.backend import check_cli_target
 
     check_cli_target(args.db)  # a database password on the command line is refused
+    if not 0 <= args.warm_refill_delay < math.inf:
+        from trainguard.errors import ConfigError
+
+        raise ConfigError(f"--warm-refill-delay {args.warm_refill_delay}: give a number of seconds >= 0")
     if args.warm_standby_sets < 1:
         from trainguard.errors import ConfigError
 
@@ -204,6 +217,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         min_nproc=args.min_nproc,
         warm_standby=args.warm_standby,
         warm_standby_sets=args.warm_standby_sets,
+        warm_refill_delay_s=args.warm_refill_delay,
         tee=not args.no_tee,
         thresholds=thresholds(args),
         gpus=_gpus(args.gpus),

@@ -65,6 +65,7 @@ class SupervisorConfig:
     gpus: tuple[int, ...] = ()  # the physical GPUs local ranks use (default 0..nproc-1)
     warm_standby: bool = False  # keep pre-imported spare interpreters for fast restarts
     warm_standby_sets: int = 2  # standbys per local rank: restarts in quick succession stay warm
+    warm_refill_delay_s: float = 2.0  # seconds after a start before the pool replaces what it gave
     # Modules standbys import ahead: torch, and torch._dynamo (DDP's constructor imports it: ~3 s).
     preload: tuple[str, ...] = (
         "torch",
