@@ -3,6 +3,7 @@
 
     python benchmarks/bench_ettr.py [--minutes 3] [--repeats 3] [--mtbf-s 20] [--seed 0] [--json]
     python benchmarks/bench_ettr.py --late-refill 30    # a third arm: the warm pool refills late
+    python benchmarks/bench_ettr.py --third-arm "--warm-refill-nice 0"   # refills at the job's priority
     python benchmarks/bench_ettr.py --quick             # 2 rounds of 40 s: that it runs
 
 The job is benchmarks/ddp_worker.py: 2-rank DDP over gloo checkpointing with trainguard's
@@ -35,9 +36,10 @@ faults and kills per round, startup_s and torchrun_startup_s (launch to the firs
 measured run), ledger_ettr (trainguard's own goodput ledger, per round); step_after_start and
 torchrun_step_after_start (mean step ms and count by seconds since an attempt's first step:
 0-2, 2-5, 5-10, 10-20, 20+, the rounds pooled); load_average (1-minute, before and after).
-With --late-refill S the rounds rotate three arms (A B C, B C A, ...), the third trainguard with
-``--warm-refill-delay S``: late_refill_ettr, late_refill_vs_default (its ETTR over the default's,
-paired per round, with _ci95), late_refill_step_after_start, late_refill_restart_samples_s.
+With --third-arm FLAGS the rounds rotate three arms (A B C, B C A, ...), the third `trainguard run`
+with FLAGS too (--late-refill S: "--warm-refill-delay S"): third_arm_ettr, ratio_vs_third_arm (the
+default's ETTR over the third arm's, paired per round, with _ci95), third_arm_step_after_start,
+third_arm_restart_samples_s, third_arm_flags.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
 def launch(
-    kind: str, work: Path, every: int, sleep: float, refill_delay: float = 2.0
+    kind: str, work: Path, every: int, sleep: float, flags: tuple[str, ...] = ()
 ) -> subprocess.Popen[bytes]:
     wargs = [str(WORKER), str(work), "--every", str(every), "--sleep", str(sleep)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -74,7 +76,7 @@ def launch(
         cmd = [sys.executable, "-m", "trainguard.cli", "run", "--standalone", "--nproc-per-node", "2",
                "--no-tee", "--max-restarts", "1000", "--db", str(work / "tg.db"), "--runs-dir",
                str(work / "runs"), "--job-id", "ettr", "--json", str(work / "result.json"),
-               "--warm-refill-delay", str(refill_delay), "--", sys.executable, *wargs]  # fmt: skip
+               *flags, "--", sys.executable, *wargs]  # fmt: skip
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "--max-restarts", "1000", *wargs]  # fmt: skip
@@ -147,7 +149,7 @@ class Run:
 
 
 # Windows (seconds since an attempt's first step) that step times are sorted into: the warm
-# pool's refill starts refill_delay seconds after a start and imports torch for ~10 s.
+# pool's refill starts --warm-refill-delay seconds after a start and imports torch for ~10 s.
 WINDOWS = ((0, 2), (2, 5), (5, 10), (10, 20), (20, math.inf))
 
 
@@ -176,7 +178,7 @@ def run_with_faults(
     sleep: float,
     faults: list[tuple[float, int]],
     startup_cap: float = 300.0,
-    refill_delay: float = 2.0,
+    flags: tuple[str, ...] = (),
 ) -> Run:
     """Launch, wait for the first step, then run ``seconds`` of training with the faults at their
     offsets from that step. Start-up (once per job, the same job under both launchers) is
@@ -184,7 +186,7 @@ def run_with_faults(
     work = Path(tempfile.mkdtemp(prefix=f"bench-ettr-{kind}-"))
     try:
         launched = time.time()
-        proc = launch(kind, work, every, sleep, refill_delay)
+        proc = launch(kind, work, every, sleep, flags)
         while not progress(work) and time.time() < launched + startup_cap:
             time.sleep(0.05)
         first = progress(work)
@@ -297,8 +299,13 @@ def main() -> int:
         type=float,
         default=None,
         metavar="S",
-        help="a third arm: trainguard whose warm pool refills S s after a start, not 2 s (does the "
-        "refill slow the restarted ranks?)",
+        help='the third arm "--warm-refill-delay S": does the refill slow the restarted ranks?',
+    )
+    p.add_argument(
+        "--third-arm",
+        default=None,
+        metavar="FLAGS",
+        help='a third arm: trainguard run with these flags too (e.g. "--warm-refill-nice 0")',
     )
     p.add_argument("--quick", action="store_true", help="2 rounds of 40 s: that it runs")
     p.add_argument("--json", action="store_true")
@@ -317,10 +324,12 @@ def main() -> int:
         lambda i: run_with_faults("torchrun", seconds, every, args.step_sleep, schedules[i]),
     ]
     if args.late_refill is not None:
-        late = args.late_refill
+        args.third_arm = f"--warm-refill-delay {args.late_refill:g}"
+    third = tuple(args.third_arm.split()) if args.third_arm else ()
+    if third:
         arms.append(
             lambda i: run_with_faults(
-                "trainguard", seconds, every, args.step_sleep, schedules[i], refill_delay=late
+                "trainguard", seconds, every, args.step_sleep, schedules[i], flags=third
             )
         )
     loads = [os.getloadavg()[0]]
@@ -375,17 +384,17 @@ def main() -> int:
         torchrun_step_after_start=after_start_json(theirs),
         load_average=[round(min(loads), 1), round(max(loads), 1)],
     )
-    if args.late_refill is not None:
-        late_runs = results[2]
-        e_late = [r.distinct_steps * step_s / r.wall_s for r in late_runs]
-        out.update(mean_ci(e_late).as_json("late_refill_ettr"))
-        if all(x > 0 for x in (*e_ours, *e_late)):
-            out.update(ratio_ci(e_late, e_ours).as_json("late_refill_vs_default"))
+    if third:
+        third_runs = results[2]
+        e_third = [r.distinct_steps * step_s / r.wall_s for r in third_runs]
+        out.update(mean_ci(e_third).as_json("third_arm_ettr"))
+        if all(x > 0 for x in (*e_ours, *e_third)):
+            out.update(ratio_ci(e_ours, e_third).as_json("ratio_vs_third_arm"))
         out.update(
-            late_refill_s=args.late_refill,
-            late_refill_ettr_samples=[round(x, 4) for x in e_late],
-            late_refill_restart_samples_s=[round(x, 2) for r in late_runs for x in r.restart_s],
-            late_refill_step_after_start=after_start_json(late_runs),
+            third_arm_flags=" ".join(third),
+            third_arm_ettr_samples=[round(x, 4) for x in e_third],
+            third_arm_restart_samples_s=[round(x, 2) for r in third_runs for x in r.restart_s],
+            third_arm_step_after_start=after_start_json(third_runs),
         )
     bad = missed(out, TARGETS)
     out["targets_missed"] = bad
@@ -408,12 +417,12 @@ def main() -> int:
     )
     print(f"  trainguard's own ledger says ETTR {out['ledger_ettr']}")
     for key, name in (("step_after_start", "trainguard"), ("torchrun_step_after_start", "torchrun"),
-                      ("late_refill_step_after_start", f"trainguard, refill after {args.late_refill} s")):  # fmt: skip
+                      ("third_arm_step_after_start", f"trainguard {args.third_arm}")):  # fmt: skip
         if key in out:
             print(f"  mean step ms after a start, {name}: {out[key]}")
-    if "late_refill_vs_default" in out:
+    if "ratio_vs_third_arm" in out:
         print(
-            f"  late refill ETTR / default: {out['late_refill_vs_default']} (95% CI {out['late_refill_vs_default_ci95']})"
+            f"  ETTR / the third arm's: {out['ratio_vs_third_arm']} (95% CI {out['ratio_vs_third_arm_ci95']})"
         )
     for line in bad:
         print(f"  target missed: {line}")

@@ -150,6 +150,14 @@ def register(subparsers: Any) -> None:
         help="seconds after a (re)start before the pool replaces the standbys it handed out (default 2; "
         "their imports take CPU the restarted ranks may need: docs/supervisor.md)",
     )
+    g.add_argument(
+        "--warm-refill-nice",
+        type=int,
+        default=19,
+        metavar="N",
+        help="nice value the pool's standbys import at (default 19: they take the CPU the ranks leave, "
+        "and go back to the job's priority when they become ranks; 0: the job's priority)",
+    )
     g.add_argument("--no-tee", action="store_true", help="do not copy worker output to the console")
     g.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the run result as JSON")
     p.add_argument(
@@ -180,6 +188,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
         from trainguard.errors import ConfigError
 
         raise ConfigError(f"--warm-refill-delay {args.warm_refill_delay}: give a number of seconds >= 0")
+    if not 0 <= args.warm_refill_nice <= 19:
+        from trainguard.errors import ConfigError
+
+        raise ConfigError(f"--warm-refill-nice {args.warm_refill_nice}: give a nice value from 0 to 19")
     if args.warm_standby_sets < 1:
         from trainguard.errors import ConfigError
 
@@ -218,6 +230,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         warm_standby=args.warm_standby,
         warm_standby_sets=args.warm_standby_sets,
         warm_refill_delay_s=args.warm_refill_delay,
+        warm_refill_nice=args.warm_refill_nice,
         tee=not args.no_tee,
         thresholds=thresholds(args),
         gpus=_gpus(args.gpus),

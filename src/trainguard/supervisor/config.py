@@ -66,6 +66,7 @@ class SupervisorConfig:
     warm_standby: bool = False  # keep pre-imported spare interpreters for fast restarts
     warm_standby_sets: int = 2  # standbys per local rank: restarts in quick succession stay warm
     warm_refill_delay_s: float = 2.0  # seconds after a start before the pool replaces what it gave
+    warm_refill_nice: int = 19  # standbys of a fill import at this nice value (0: the job's)
     # Modules standbys import ahead: torch, and torch._dynamo (DDP's constructor imports it: ~3 s).
     preload: tuple[str, ...] = (
         "torch",

@@ -193,7 +193,9 @@ class Supervisor:
         if cfg.warm_standby:
             from trainguard.supervisor.warm import WarmPool
 
-            self._pool = WarmPool(cfg.preload, refill_delay_s=cfg.warm_refill_delay_s)
+            self._pool = WarmPool(
+                cfg.preload, refill_delay_s=cfg.warm_refill_delay_s, refill_nice=cfg.warm_refill_nice
+            )
             self._pool.fill(
                 cfg.nproc_per_node * cfg.warm_standby_sets
             )  # they import while the rendezvous runs
