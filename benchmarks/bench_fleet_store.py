@@ -5,6 +5,7 @@ of 1 million incident rows.
     python benchmarks/bench_fleet_store.py              # a table
     python benchmarks/bench_fleet_store.py --json       # the figures as JSON
     python benchmarks/bench_fleet_store.py --base-incidents 100000 --repeats 2   # quicker
+    python benchmarks/bench_fleet_store.py --quick      # 20,000 base rows: that it runs
 
 PostgreSQL is Debian's (postgresql-15), started in a temp dir on loopback with its defaults
 (fsync on; verdict transactions commit without waiting for the WAL flush, incidents wait).
@@ -13,18 +14,29 @@ with COPY; the measured ingest goes through the real code path: one `IncidentSto
 spool, as an agent opens it) per writer process, one `FleetWriter` per simulated node, each
 verdict change and each incident its own transaction. A round: 5% of the nodes change a GPU's
 verdict (and change it back the next round), and one rack of 20 nodes fails at once (8
-incidents and a verdict change per node). Queries: `fleet_read.status` and `fleet_read.lemons`
-exactly as ``trainguard fleet status|lemons`` run them.
+incidents and a verdict change per node). Meanwhile every node's heartbeat runs (a node-row
+write per node every --heartbeat-s of wall time, 33 a second for 2,000 nodes at 60 s: the fleet's
+steady load), and an operator's dashboard runs `fleet_read.status`, a bare ``SELECT 1`` and
+`fleet_read.lemons` in a loop (exactly as ``trainguard fleet status|lemons`` run them, a
+--dashboard-pause-s pause between rounds): the query figures are its, timed during the ingest.
+The same queries are timed again after the ingest, on a quiet database (``*_after_ingest``).
+The base rows are VACUUM ANALYZEd once after the COPY (what autovacuum gives a running
+database); the rows written during the run are not.
 
 Baseline (same run, interleaved A B A B): one node's SQLite store (the embedded default) with
-that node's share of the base rows (1 M / 2,000) and one node's writes through the same code.
+that node's share of the base rows (1 M / 2,000) and one node's writes through the same code,
+with its heartbeat and the same dashboard.
 
 Keys: ingest_rows_per_s (target >= 5,000 on 2 cores), status_query_p99_ms, lemons_query_p99_ms
-(targets <= 100 ms with 1 M incident rows), their p50s, the same for sqlite_* (one node), with
-95% CIs over the repeats; ingest_rows_per_cpu_s (rows per CPU-second of writers and server
-together: what the machine's load does not change) and ingest_rows_per_s_2_free_cores_est
-(twice that); roundtrip_p50_ms / roundtrip_p99_ms: a bare ``SELECT 1``, timed between the
-queries, the floor any query pays on this machine at this moment; load_average_1m.
+(targets <= 100 ms with 1 M incident rows, timed during the ingest), their p50s, the same after
+the ingest (``*_after_ingest``) and for sqlite_* (one node), with 95% CIs over the repeats;
+ingest_rows_per_cpu_s (rows per CPU-second of writers, heartbeats and server together: what the
+machine's load does not change), ingest_cores_busy (those CPU-seconds per second of ingest: 2 is
+both cores; under other jobs' load it says what share they left) and
+ingest_rows_per_s_2_free_cores_est (twice the rows per CPU-second); roundtrip_p50_ms /
+roundtrip_p99_ms: a bare ``SELECT 1`` between the queries, the floor any query pays on this
+machine at this moment; heartbeats_per_repeat, dashboard_rounds_per_repeat; load_average_1m
+(min and max over the repeats).
 """
 
 from __future__ import annotations
@@ -121,9 +133,22 @@ def bulk_load(store: IncidentStore, nodes: list[int], n_incidents: int, now: flo
 
 
 def ingest(
-    target: str, nodes: list[int], rounds: int, writers: int, spool_dir: Path, seed: int, server_pid: int = 0
+    target: str,
+    nodes: list[int],
+    rounds: int,
+    writers: int,
+    spool_dir: Path,
+    seed: int,
+    server_pid: int = 0,
+    *,
+    heartbeat_s: float = 60.0,
+    dashboard_pause_s: float | None = None,
 ) -> dict[str, Any]:
-    """The measured writes from ``writers`` processes (agents are processes: no shared GIL)."""
+    """The measured writes from ``writers`` processes (agents are processes: no shared GIL), while
+    every node's heartbeat (one node-row write per node every ``heartbeat_s`` of wall time: the
+    fleet's steady load) runs in its own process, and, with ``dashboard_pause_s``, an operator's
+    dashboard runs the fleet queries in a loop (that pause between rounds): their milliseconds
+    are timed during the ingest, as a dashboard sees them."""
     rng = random.Random(seed)
     racks = sorted({n // RACK for n in nodes})
     plan: list[list[tuple[str, int, int]]] = [[] for _ in range(writers)]  # per writer: (kind, node, arg)
@@ -144,7 +169,14 @@ def ingest(
         )
         for w in range(writers)
     ]
-    for p in procs:
+    done = ctx.Event()
+    side = ctx.SimpleQueue()
+    helpers = []
+    if heartbeat_s > 0:
+        helpers.append(ctx.Process(target=_heartbeats, args=(target, nodes, heartbeat_s, done, side)))
+    if dashboard_pause_s is not None:
+        helpers.append(ctx.Process(target=_dashboard, args=(target, dashboard_pause_s, done, side)))
+    for p in [*helpers, *procs]:
         p.start()
     with contextlib.suppress(threading.BrokenBarrierError):
         ready.wait(timeout=300)
@@ -153,14 +185,59 @@ def ingest(
     got = [results.get() for _ in procs]
     seconds = time.perf_counter() - t0
     server_s = server_cpu_s(server_pid) - server0 if server_pid else 0.0
-    for p in procs:
+    done.set()
+    extra = dict(side.get() for _ in helpers)
+    for p in [*procs, *helpers]:
         p.join()
-    failed = [g for g in got if isinstance(g, str)]
+    failed = [g for g in [*got, *extra.values()] if isinstance(g, str)]
     if failed:
         raise RuntimeError(f"a writer failed: {failed[0]}")
     rows = sum(g[0] for g in got)
-    cpu = sum(g[1] for g in got) + server_s  # the writers' own CPU after connecting, and the server's
-    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds, "rows_per_cpu_s": rows / cpu}
+    beats = extra.get("heartbeats", (0, 0.0))
+    # The writers' own CPU after connecting, the heartbeats', and the server's (the dashboard's
+    # queries run on the server too: its share is in server_s, its client's is left out)
+    cpu = sum(g[1] for g in got) + beats[1] + server_s
+    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds, "rows_per_cpu_s": rows / cpu,
+            "cores_busy": cpu / seconds, "heartbeats": beats[0], "queries": extra.get("dashboard")}  # fmt: skip
+
+
+def _heartbeats(target: str, nodes: list[int], every_s: float, done: Any, out: Any) -> None:
+    """Every node's heartbeat, paced over wall time: ``len(nodes)`` node-row writes every ``every_s``."""
+    beats = 0
+    try:
+        with IncidentStore(target, identity=identity(nodes[0])) as store:
+            cpu0, t0 = time.process_time(), time.monotonic()
+            writers = {n: FleetWriter(store, identity(n), heartbeat_s=0.0) for n in nodes}
+            for w in writers.values():
+                w._last = dict.fromkeys([NODE, *range(GPUS)], OK)
+            while not done.is_set():
+                n = nodes[beats % len(nodes)]
+                done.wait(max(0.0, t0 + beats * every_s / len(nodes) - time.monotonic()))
+                writers[n].record({NODE: OK}, time.time(), OK)  # nothing changed: the node row's last_seen
+                beats += 1
+            out.put(("heartbeats", (beats, time.process_time() - cpu0)))
+    except BaseException as exc:
+        out.put(("heartbeats", f"{type(exc).__name__}: {exc}"))
+
+
+def _dashboard(target: str, pause_s: float, done: Any, out: Any) -> None:
+    """An operator's dashboard during the ingest: status, a round trip and lemons, then a pause."""
+    try:
+        times: dict[str, list[float]] = {"status": [], "lemons": [], "roundtrip": []}
+        with IncidentStore(target) as store:
+            while not done.is_set():
+                for name, fn in (("status", fr.status), ("roundtrip", _roundtrip), ("lemons", fr.lemons)):
+                    t0 = time.perf_counter()
+                    fn(store)
+                    times[name].append((time.perf_counter() - t0) * 1000)
+                done.wait(pause_s)
+        out.put(("dashboard", times))
+    except BaseException as exc:
+        out.put(("dashboard", f"{type(exc).__name__}: {exc}"))
+
+
+def _roundtrip(store: IncidentStore) -> None:
+    store.read("SELECT 1 AS one")
 
 
 def server_cpu_s(pid: int) -> float:
@@ -231,18 +308,25 @@ def query_ms(target: str, repeats: int) -> dict[str, list[float]]:
     """Each query's milliseconds, interleaved with the baseline: one bare ``SELECT 1`` round trip."""
     out: dict[str, list[float]] = {"status": [], "lemons": [], "roundtrip": []}
 
-    def roundtrip(store: IncidentStore) -> None:
-        store.read("SELECT 1 AS one")
-
     with IncidentStore(target) as store:
         fr.status(store)
         fr.lemons(store)  # warm the connection and the caches, as a running service has them
         for _ in range(repeats):
-            for name, fn in (("status", fr.status), ("roundtrip", roundtrip), ("lemons", fr.lemons)):
+            for name, fn in (("status", fr.status), ("roundtrip", _roundtrip), ("lemons", fr.lemons)):
                 t0 = time.perf_counter()
                 fn(store)
                 out[name].append((time.perf_counter() - t0) * 1000)
     return out
+
+
+def _add_queries(into: dict[str, list[float]], times: dict[str, list[float]] | None, when: str) -> None:
+    """Each query kind's p99 (``status``...) and p50 (``status_p50``...) of one repeat, ``when`` appended."""
+    for k, v in (times or {}).items():
+        if v:
+            into[k + when].append(p99(v))
+            into[k + "_p50" + when].append(statistics.median(v))
+    if times and when == "":
+        into["dashboard_rounds"].append(float(len(times["status"])))
 
 
 def p99(values: list[float]) -> float:
@@ -273,8 +357,19 @@ def main() -> int:
     ap.add_argument(
         "--repeats", type=int, default=3, help="interleaved PostgreSQL/SQLite repeats (default 3)"
     )
-    ap.add_argument("--queries", type=int, default=100, help="timed queries of each kind per repeat")
+    ap.add_argument("--queries", type=int, default=100, help="timed queries of each kind after the ingest")
+    ap.add_argument(
+        "--heartbeat-s", type=float, default=60.0, help="each node's heartbeat (default 60 s; 0: off)"
+    )
+    ap.add_argument(
+        "--dashboard-pause-s", type=float, default=0.2, help="the dashboard's pause between query rounds"
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="20,000 base rows, 2 repeats of 3 rounds: that it runs"
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.base_incidents, args.repeats, args.rounds, args.queries = 20_000, 2, 3, 20
     from pgserver import running_server
 
     now = time.time()
@@ -292,32 +387,41 @@ def main() -> int:
         pg_cpu: list[float] = []
         sq_cpu: list[float] = []
         pg_ingest, sq_ingest, pg_q, sq_q = [], [], defaultdict(list), defaultdict(list)
+        pg_busy, beats, loads = [], [], [os.getloadavg()[0]]
+        side = {"heartbeat_s": args.heartbeat_s, "dashboard_pause_s": args.dashboard_pause_s}
         for rep in range(args.repeats):  # A B A B
             assert pg.proc is not None
-            r = ingest(url, list(range(NODES)), args.rounds, args.writers, Path(tmp), 10 + rep, pg.proc.pid)
+            r = ingest(
+                url, list(range(NODES)), args.rounds, args.writers, Path(tmp), 10 + rep, pg.proc.pid, **side
+            )
             pg_ingest.append(r["rows_per_s"])
             pg_cpu.append(r["rows_per_cpu_s"])
-            for k, v in query_ms(url, args.queries).items():
-                pg_q[k].append(p99(v))
-                pg_q[k + "_p50"].append(statistics.median(v))
-            r = ingest(sqlite, [0], args.rounds * 20, 1, Path(tmp), seed=10 + rep)
+            pg_busy.append(r["cores_busy"])
+            beats.append(r["heartbeats"])
+            _add_queries(pg_q, r["queries"], "")
+            _add_queries(pg_q, query_ms(url, args.queries), "_after_ingest")
+            r = ingest(sqlite, [0], args.rounds * 20, 1, Path(tmp), seed=10 + rep, **side)
             sq_ingest.append(r["rows_per_s"])
             sq_cpu.append(r["rows_per_cpu_s"])
-            for k, v in query_ms(sqlite, args.queries).items():
-                sq_q[k].append(p99(v))
-                sq_q[k + "_p50"].append(statistics.median(v))
+            _add_queries(sq_q, r["queries"], "")
+            _add_queries(sq_q, query_ms(sqlite, args.queries), "_after_ingest")
+            loads.append(os.getloadavg()[0])
         with IncidentStore(url) as store:
             result["incident_rows"] = store.read("SELECT COUNT(*) AS n FROM incidents")[0]["n"]
             result["verdict_rows"] = store.read("SELECT COUNT(*) AS n FROM verdicts")[0]["n"]
-    for name, values in (
-        ("ingest_rows_per_s", pg_ingest), ("status_query_p99_ms", pg_q["status"]), ("lemons_query_p99_ms", pg_q["lemons"]),
-        ("ingest_rows_per_cpu_s", pg_cpu), ("sqlite_ingest_rows_per_cpu_s", sq_cpu),
-        ("roundtrip_p50_ms", pg_q["roundtrip_p50"]), ("roundtrip_p99_ms", pg_q["roundtrip"]),
-        ("status_query_p50_ms", pg_q["status_p50"]), ("lemons_query_p50_ms", pg_q["lemons_p50"]),
-        ("sqlite_status_query_p50_ms", sq_q["status_p50"]), ("sqlite_lemons_query_p50_ms", sq_q["lemons_p50"]),
-        ("sqlite_ingest_rows_per_s", sq_ingest), ("sqlite_status_query_p99_ms", sq_q["status"]),
-        ("sqlite_lemons_query_p99_ms", sq_q["lemons"]),
-    ):  # fmt: skip
+    figures = [("ingest_rows_per_s", pg_ingest), ("ingest_rows_per_cpu_s", pg_cpu), ("ingest_cores_busy", pg_busy),
+               ("sqlite_ingest_rows_per_s", sq_ingest), ("sqlite_ingest_rows_per_cpu_s", sq_cpu)]  # fmt: skip
+    for when in ("", "_after_ingest"):  # during the ingest (the dashboard's view), then after it
+        for prefix, q in (("", pg_q), ("sqlite_", sq_q)):
+            figures += [(f"{prefix}status_query_p99_ms{when}", q[f"status{when}"]),
+                        (f"{prefix}lemons_query_p99_ms{when}", q[f"lemons{when}"]),
+                        (f"{prefix}status_query_p50_ms{when}", q[f"status_p50{when}"]),
+                        (f"{prefix}lemons_query_p50_ms{when}", q[f"lemons_p50{when}"]),
+                        (f"{prefix}roundtrip_p50_ms{when}", q[f"roundtrip_p50{when}"]),
+                        (f"{prefix}roundtrip_p99_ms{when}", q[f"roundtrip{when}"])]  # fmt: skip
+    result["dashboard_rounds_per_repeat"] = [int(x) for x in pg_q["dashboard_rounds"]]
+    result["heartbeats_per_repeat"] = beats
+    for name, values in figures:
         m, lo, hi = ci95(values)
         result[name] = round(m, 2)
         result[name + "_ci95"] = [round(lo, 2), round(hi, 2)]
@@ -327,7 +431,7 @@ def main() -> int:
     )
     # CPU-bound on a shared machine: what 2 cores free for the writers and the server would carry.
     result["ingest_rows_per_s_2_free_cores_est"] = round(2 * result["ingest_rows_per_cpu_s"], 1)
-    result["load_average_1m"] = os.getloadavg()[0]
+    result["load_average_1m"] = [round(min(loads), 1), round(max(loads), 1)]
     if args.json:
         print(json.dumps(result, indent=1))
     else:

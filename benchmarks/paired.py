@@ -112,14 +112,36 @@ def interleave(rounds: int, a: Callable[[int], T], b: Callable[[int], T]) -> tup
     return xs, ys
 
 
-def missed(out: Mapping[str, Any], targets: Mapping[str, tuple[str, float]]) -> list[str]:
-    """The targets ``out`` misses (``{key: (op, bound)}``, checked by ``targets.Target``); a key
-    that is absent or None misses its target (the figure could not be measured)."""
-    return misses([Target(key, op, bound) for key, (op, bound) in targets.items()], out)
+def rotate(rounds: int, *arms: Callable[[int], T]) -> list[list[T]]:
+    """Each arm's figures of ``rounds`` rounds; round i runs the arms in their order rotated by i
+    (A B C, B C A, C A B, ...), so each arm runs first, middle and last alike. With two arms it is
+    ``interleave``'s A B, B A."""
+    out: list[list[T]] = [[] for _ in arms]
+    for i in range(rounds):
+        for k in range(len(arms)):
+            j = (i + k) % len(arms)
+            out[j].append(arms[j](i))
+    return out
 
 
-def targets_json(targets: Mapping[str, tuple[str, float]]) -> dict[str, str]:
-    return {key: f"{op} {bound:g}" for key, (op, bound) in targets.items()}
+def missed(out: Mapping[str, Any], targets: Mapping[str, tuple[str, float] | Target]) -> list[str]:
+    """The targets ``out`` misses (``{key: (op, bound)}`` or ``{key: Target}``, checked by
+    ``targets.Target``); a key that is absent or None misses its target (the figure could not be
+    measured)."""
+    return misses([_target(key, t) for key, t in targets.items()], out)
+
+
+def targets_json(targets: Mapping[str, tuple[str, float] | Target]) -> dict[str, str]:
+    out = {}
+    for key, t in targets.items():
+        target = _target(key, t)
+        on = "" if target.on == "value" else f" (on the 95% CI's {target.on.removeprefix('ci_')} end)"
+        out[key] = f"{target.op} {target.value:g}{on}"
+    return out
+
+
+def _target(key: str, t: tuple[str, float] | Target) -> Target:
+    return t if isinstance(t, Target) else Target(key, t[0], t[1])
 
 
 def _same_length(a: Sequence[float], b: Sequence[float]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from paired import diff_ci, interleave, mean_ci, median_ci, missed, ratio_ci, t95
+from paired import diff_ci, interleave, mean_ci, median_ci, missed, ratio_ci, rotate, t95
 
 
 def test_mean_ci_matches_the_t_interval_worked_by_hand():
@@ -108,3 +108,14 @@ def test_missed_reports_each_target_missed_and_only_those():
         "target gone >= 1: MISSED (not measured: None)",
     ]
     assert missed({"ratio": 1.05, "p99_ms": 50.0, "gone": math.inf}, targets) == []
+
+
+def test_rotate_runs_each_arm_in_every_position():
+    order: list[str] = []
+    arms = [lambda i, n=n: order.append(f"{n}{i}") or f"{n}{i}" for n in "abc"]
+    out = rotate(3, *arms)
+    assert order == ["a0", "b0", "c0", "b1", "c1", "a1", "c2", "a2", "b2"]
+    assert out == [["a0", "a1", "a2"], ["b0", "b1", "b2"], ["c0", "c1", "c2"]]
+    two: list[str] = []
+    rotate(2, lambda i: two.append(f"a{i}"), lambda i: two.append(f"b{i}"))
+    assert two == ["a0", "b0", "b1", "a1"]  # interleave's order

@@ -59,3 +59,23 @@ def test_make_bench_runs_every_benchmark_and_fails_on_any_miss():
     )
     assert dry.returncode == 0, dry.stderr
     assert "|| exit 1" not in dry.stdout and "exit 1" in dry.stdout
+
+
+def test_a_target_on_the_ci_low_end_is_missed_when_only_the_point_meets_it():
+    # bench_ettr's case: point 1.069, 95% CI 1.004-1.139 against ">= 1.05"
+    figures = {"ratio": 1.069, "ratio_ci95": [1.004, 1.139]}
+    assert not misses((Target("ratio", ">=", 1.05),), figures)
+    out = io.StringIO()
+    assert finish("b", (Target("ratio", ">=", 1.05, on="ci_low"),), figures, stream=out) == 1
+    assert "ratio CI's low end >= 1.05: 1.004 MISSED" in out.getvalue()
+    assert not misses((Target("ratio", ">=", 1.05, on="ci_low"),), {"ratio": 1.2, "ratio_ci95": [1.06, 1.3]})
+
+
+@pytest.mark.parametrize("ci", [None, [1.1], "wide"])
+def test_a_target_on_a_ci_end_without_an_interval_is_a_miss(ci):
+    assert misses((Target("ratio", ">=", 1.05, on="ci_low"),), {"ratio": 1.2, "ratio_ci95": ci})
+
+
+def test_an_unknown_ci_end_is_refused():
+    with pytest.raises(ValueError, match="unknown on="):
+        Target("x", ">=", 1, on="ci_mid")

@@ -90,3 +90,19 @@ def test_run_hands_the_thresholds_to_the_supervisors_health_agent(tmp_path, monk
     assert (cfg.health.thresholds.pcie_replay_per_min, cfg.health.thresholds.xid_hold_s) == (20.0, 60.0)
     health = NodeHealth("sim", 2, tmp_path, thresholds=cfg.health.thresholds)
     assert health.source == "local" and health._verdicts.agent.thresholds == cfg.health.thresholds
+
+
+def test_run_takes_the_warm_pools_refill_delay_and_refuses_a_negative_one():
+    from trainguard.cli import build_parser
+    from trainguard.cli.run import config_from_args
+    from trainguard.errors import ConfigError
+
+    def cfg(*flags: str):
+        return config_from_args(
+            build_parser().parse_args(["run", "--standalone", *flags, "--", "python", "t.py"])
+        )
+
+    assert cfg().standby.refill_delay_s == 2.0
+    assert cfg("--warm-refill-delay", "30").standby.refill_delay_s == 30.0
+    with pytest.raises(ConfigError, match="--warm-refill-delay -1"):
+        cfg("--warm-refill-delay", "-1")

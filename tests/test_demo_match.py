@@ -289,6 +289,8 @@ def report_for(
     exit_code: int = 0,
     reference: float | None = 0.975,
     goodput: dict | None = None,
+    reference_train_s: float | None = 52.0,  # (52 s of steps at this run's pace - 2 s saving) / 100 s
+    reference_step_s: float | None = 0.1,
 ) -> dict:
     incidents = all_incidents() if incidents is None else incidents
     incidents = [replace(i, time_lost_s=LOST.get(i.id)) if i.time_lost_s is None else i for i in incidents]
@@ -297,6 +299,7 @@ def report_for(
     return build_report(
         PLAN, faults, outcomes, incidents, job="j", started=T0, goodput=goodput or GOODPUT,
         accuracy=accuracy, reference_accuracy=reference, reference_source="run j-reference", startup_s=20.0,
+        reference_train_s=reference_train_s, reference_step_s=reference_step_s,
         supervisor={"exit_code": exit_code, "status": "ok", "reason": "all workers finished"},
         step_time=0.1, paths={"plot": "/tmp/t.png", "db": "/tmp/tg.db", "run_dir": "/tmp/r"}, duration_s=150.0,
     )  # fmt: skip
@@ -324,11 +327,31 @@ def test_the_report_passes_only_with_every_fault_matched_and_accuracy_near_the_r
 def test_an_ettr_the_incidents_time_lost_does_not_predict_fails_the_run():
     # The ledger says 70% productive, but start-up, checkpoints and the incidents' own figures
     # leave 50%: one of the two is wrong.
-    off = report_for(0.96, goodput={**GOODPUT, "ettr": 0.7, "productive_s": 70.0})
+    off = report_for(0.96, goodput={**GOODPUT, "ettr": 0.7, "productive_s": 70.0}, reference_train_s=72.0)
     assert off["problems"] == [
         "ETTR 70.0% from the goodput ledger, but the incidents' time lost predicts 50.0% (more than 3% apart)"
     ]
     assert verdict(report_for(0.96, goodput={**GOODPUT, "ettr": 0.52})) == []  # within 3 points
+
+
+def test_an_ettr_the_fault_free_references_time_does_not_predict_fails_the_run():
+    # The ledger and the incidents agree on 50%, but the same steps took 70 s without faults:
+    # 68% (less the 2 s of saves) of this run's 100 s. The books agree with each other, not with
+    # the clock.
+    off = report_for(0.96, reference_train_s=70.0)
+    assert off["ettr_reference"] == pytest.approx(0.68)
+    assert off["problems"] == [
+        "ETTR 50.0% from the goodput ledger, but the fault-free reference's time predicts 68.0% "
+        "(more than 5% apart)"
+    ]
+    # A reference measured on a host twice as busy (0.2 s steps, 104 s) predicts the same 50%.
+    assert verdict(report_for(0.96, reference_train_s=104.0, reference_step_s=0.2)) == []
+    assert verdict(report_for(0.96, reference_train_s=55.0)) == []  # 53%: within 5 points
+    missing = report_for(0.96, reference_train_s=None)
+    assert missing["problems"] == [
+        "no fault-free reference time to check the ETTR against (its heartbeats or this run's): "
+        "run once more to record the reference again"
+    ]
 
 
 def test_an_incident_no_fault_explains_fails_the_run():
@@ -490,16 +513,24 @@ def test_the_built_in_plan_injects_wrong_products_between_the_torn_checkpoint_an
 
 def test_a_recorded_reference_is_reused_only_for_the_same_training(tmp_path):
     from trainguard.demo import reference
+    from trainguard.rundir import HeartbeatWriter
 
     script = tmp_path / "train.py"
     script.write_text("print('test accuracy: 0.97')\n")
     what = reference.training(script, ["--steps", "130"], 4)
     key = reference.key_of(what)
     assert reference.load(key, tmp_path / "cache") is None
+    untimed = reference.record(key, 0.9721, "demo-x-reference", tmp_path / "runs" / "x", what)
+    reference.save(untimed, tmp_path / "cache")
+    assert untimed.train_s is None and reference.load(key, tmp_path / "cache") is None  # no heartbeats
+    writer = HeartbeatWriter(tmp_path / "runs" / "x", 0)
+    for step in range(10):
+        writer.beat(step, 1.0, 0.1, now=1000.0 + 0.1 * step)
     reference.save(
         reference.record(key, 0.9721, "demo-x-reference", tmp_path / "runs" / "x", what), tmp_path / "cache"
     )
-    assert reference.load(key, tmp_path / "cache").accuracy == 0.9721
+    rec = reference.load(key, tmp_path / "cache")
+    assert rec.accuracy == 0.9721 and rec.train_s == pytest.approx(0.9) and rec.step_s == pytest.approx(0.1)
     longer = reference.key_of(reference.training(script, ["--steps", "220"], 4))
     script.write_text("print('test accuracy: 0.50')\n")
     edited = reference.key_of(reference.training(script, ["--steps", "130"], 4))

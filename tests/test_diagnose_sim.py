@@ -282,10 +282,11 @@ def test_a_single_gpu_is_checked_against_the_golden_checksum_of_a_first_run():
         alone_with = run_diagnostics(alone, 2, tests=["sdc"], budget=FAST, golden=golden)
     finally:
         alone.close()
-    # Alone and always wrong, a GPU agrees with itself only if its flips repeat: the golden decides.
+    # A defect errs the same way on the same operands, so alone a GPU agrees with itself round
+    # after round: only the golden checksum (or peers) can tell it is wrong.
     assert alone_with.gpu(1).test("sdc").verdict is Verdict.FAIL
     assert "golden checksum of the first run" in alone_with.gpu(1).test("sdc").reason
-    assert alone_without.gpu(1).test("sdc").verdict is Verdict.FAIL  # its own rounds disagree
+    assert alone_without.gpu(1).test("sdc").verdict is Verdict.PASS
 
 
 class _LateDevice(SimDevice):
@@ -309,3 +310,36 @@ def test_a_device_loaded_late_still_gets_the_whole_stress_and_a_reading_at_its_e
         assert trace[-1][0] >= 0.7  # the last reading comes after the whole stress
     verdicts = {g: judge_thermal(ThermalTrace(tuple(t))).verdict for g, t in traces.items()}
     assert verdicts == {0: Verdict.PASS, 1: Verdict.FAIL}
+
+
+def test_a_defect_at_the_demos_realistic_rate_fails_every_preflight_and_a_far_rarer_one_passes():
+    # A defective unit errs on a small share of its operations, reproducibly (the same operands,
+    # the same wrong elements): the pre-flight's fixed SDC workload sees the demo's 1-in-10,000
+    # defect every time, and cannot see one a thousand times rarer (its 131,072 results a round).
+    from trainguard.demo.plan import SDC_RATE
+
+    assert SDC_RATE <= 1e-4
+    for _ in range(2):
+        fleet = SimNode(n_gpus=4, load=0.0)
+        fleet.now().wrong_products(gpu=2, rate=SDC_RATE)
+        report = preflight([0, 1, 2, 3], backend="sim", fleet=fleet)
+        assert [report.gpu_health(g) for g in range(4)] == [Health.OK, Health.OK, Health.FAILED, Health.OK]
+        assert "GPU 2 sdc fail: 3 of 3 rounds differ" in report.summary()
+    fleet = SimNode(n_gpus=4, load=0.0)
+    fleet.now().wrong_products(gpu=2, rate=SDC_RATE / 1000)
+    report = preflight([0, 1, 2, 3], backend="sim", fleet=fleet)
+    assert [report.gpu_health(g) for g in range(4)] == [Health.OK] * 4
+
+
+def test_wrong_products_err_on_the_same_elements_for_the_same_operands():
+    import torch
+
+    from trainguard.diagnose.sim_device import SimDevice
+
+    fleet = SimNode(n_gpus=2, load=0.0)
+    fleet.now().wrong_products(gpu=1, rate=0.01)
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+    first, again = SimDevice(fleet, 1).matmul(a, b), SimDevice(fleet, 1).matmul(a, b)
+    wrong = (first != a @ b).sum().item()
+    assert torch.equal(first, again) and 0 < wrong < 0.05 * first.numel()

@@ -83,6 +83,19 @@ def test_stdin_is_scanned_like_the_file_at_the_same_line_numbers(tmp_path, monke
     assert stats.lines == len(lines) and stats.threads == 1
 
 
+def test_a_file_of_one_run_is_searched_without_a_thread_pool(tmp_path, monkeypatch):
+    path, lines = _mixed_file(tmp_path, n=200)  # far under one 1 MiB run
+    started: list[int] = []
+    real = searchers.threaded
+    monkeypatch.setattr(
+        scan_mod, "threaded", lambda work, spans, n: started.append(n) or real(work, spans, n)
+    )
+    stats = ScanStats()
+    got = [(e.line_no, e.category.value) for e in scan_file(path, stats=stats, threads=4)]
+    assert got == [(no, category) for no, _, _, _, category in _reference(lines)]
+    assert started == [1] and stats.threads == 1
+
+
 def test_a_scan_stopped_early_leaves_no_search_thread_running(tmp_path):
     path, _ = _mixed_file(tmp_path, n=20_000)
     events = scan_file(path, chunk_size=4096, threads=4)

@@ -1,5 +1,5 @@
-"""The two newline counters of the Hyperscan first pass (numpy for big inputs, bytes.count below)
-give the same candidate lines and line count."""
+"""The two newline counters of the first pass (StringZilla's SIMD count, ``bytes.count`` without
+it) give the same candidate lines and line count."""
 
 from __future__ import annotations
 
@@ -10,21 +10,36 @@ import pytest
 from trainguard.detect import prefilter
 
 pytest.importorskip("hyperscan")
-pytest.importorskip("numpy")
 
 
-def test_numpy_and_bytes_count_agree_on_candidates_and_lines() -> None:
+@pytest.mark.parametrize("engine", ["hyperscan", "stdlib"])
+def test_stringzilla_and_bytes_count_agree_on_candidates_and_lines(monkeypatch, engine: str) -> None:
+    pytest.importorskip("stringzilla")
     lines = [b"node1:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM"] * 50
     lines[7] = b"[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered"
     lines[31] = b"node1:1:1 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer"
-    buf = b"\n".join(lines) + b"\npartial"
-    end = buf.rfind(b"\n") + 1
-    small = prefilter.first_pass("hyperscan", size=len(buf))
-    big = prefilter.first_pass("hyperscan", size=prefilter.NUMPY_FROM)
-    assert small is not big
-    spans, newlines, _ = small(buf, end)
-    assert (spans, newlines) == big(buf, end)[:2]
+    buf = bytearray(b"\n".join(lines) + b"\npartial\n\n\n")  # a reused buffer: stale lines past end
+    end = buf.find(b"partial")
+    assert prefilter._newline_count() is not prefilter._count_bytes  # StringZilla's
+    fast = prefilter.first_pass(engine)(buf, end)
+    monkeypatch.setattr(prefilter, "_newline_count", lambda: prefilter._count_bytes)
+    slow = prefilter.first_pass(engine)(buf, end)
+    assert fast[:2] == slow[:2]
+    spans, newlines, _ = fast
     assert [i for i, _, _ in spans] == [7, 31] and newlines == 50
+
+
+def test_stringzilla_counts_every_range_as_bytes_count_does() -> None:
+    pytest.importorskip("stringzilla")
+    import random
+
+    rng = random.Random(0)
+    buf = bytes(rng.choice(b"ab\n\r\x00\xff") for _ in range(5000))
+    count = prefilter._newline_count()
+    for _ in range(500):
+        a = rng.randrange(len(buf) + 1)
+        b = rng.randrange(a, len(buf) + 1)
+        assert count(buf, a, b) == buf.count(b"\n", a, b)
 
 
 def test_a_torn_hyperscan_cache_is_compiled_again_and_rewritten(tmp_path, monkeypatch) -> None:

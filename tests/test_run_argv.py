@@ -76,6 +76,8 @@ CASES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "--warm-standby": (["--no-warm-standby"], COMMAND, []),
     "--warm-standby-sets": (["--warm-standby-sets", "1"], COMMAND, []),
     "--warm-standby-preload": (["--warm-standby-preload", "torch,numpy"], COMMAND, []),
+    "--warm-refill-delay": (["--warm-refill-delay", "30"], COMMAND, []),
+    "--warm-refill-nice": (["--warm-refill-nice", "0"], COMMAND, []),
     "--no-tee": (["--no-tee"], COMMAND, []),
     "--json": (["--json", "/tmp/result.json"], COMMAND, []),
     "cmd": ([], ["--", "python", "other.py"], []),

@@ -150,7 +150,7 @@ def test_when_no_standby_can_start_the_ranks_start_cold_and_the_pool_lives_on(tm
 
     pool = WarmPool(preload=(), refill_delay_s=0.0)
 
-    def cannot_start() -> subprocess.Popen[bytes]:
+    def cannot_start(nice: int = 0) -> subprocess.Popen[bytes]:
         raise OSError(14, "Bad address")
 
     pool._spawn = cannot_start  # type: ignore[method-assign]
@@ -200,3 +200,58 @@ def test_a_rank_killed_while_its_standby_still_imports_keeps_its_log_files(tmp_p
     assert codes == [0, 0]
     assert sorted(p.name for p in (tmp_path / "logs" / "attempt0").iterdir()) == files
     assert (tmp_path / "logs" / "attempt1" / "rank1.stdout").read_text() == "rank 1 started\n"
+
+
+def test_a_standby_imports_at_low_priority_and_runs_its_job_at_the_priority_it_started_with(tmp_path):
+    from trainguard.supervisor.standby import NICE_ENV
+    from trainguard.supervisor.warm import can_restore_priority
+
+    if not can_restore_priority():
+        pytest.skip("going back from nice 19 needs CAP_SYS_NICE or RLIMIT_NICE: the pool does not nice here")
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import os\n"
+        "nices = [int(open(f'/proc/self/task/{t}/stat').read().rsplit(')', 1)[1].split()[16])\n"
+        "         for t in os.listdir('/proc/self/task')]\n"
+        "open('nice.txt', 'w').write(' '.join(map(str, nices)))\n"
+    )
+    start = os.getpriority(os.PRIO_PROCESS, 0)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainguard.supervisor.standby"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, NICE_ENV: "19"},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        idle = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[16]
+        assert int(idle) == 19  # importing (here: nothing) and waiting, at low priority
+        job = {"argv": [str(script)], "env": {**os.environ}, "cwd": str(tmp_path),
+               "stdout": str(tmp_path / "out.txt"), "stderr": str(tmp_path / "err.txt")}  # fmt: skip
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(job) + "\n").encode())
+        proc.stdin.close()
+        assert proc.wait(60) == 0, (tmp_path / "err.txt").read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+    nices = [int(n) for n in (tmp_path / "nice.txt").read_text().split()]
+    assert nices and all(n == start for n in nices)  # every thread of the rank, the main one included
+
+
+def test_the_pool_imports_at_the_jobs_priority_where_it_could_not_go_back(monkeypatch):
+    from trainguard.supervisor import warm
+
+    assert warm.can_restore_priority("CapEff:\t0000000000800000\n", nice_limit=0)  # CAP_SYS_NICE
+    assert not warm.can_restore_priority("CapEff:\t0000000000000000\n", nice_limit=0)  # a user's default
+    assert warm.can_restore_priority("CapEff:\t0000000000000000\n", nice_limit=20)  # RLIMIT_NICE allows 0
+    monkeypatch.setattr(warm, "can_restore_priority", lambda: False)
+    pool = warm.WarmPool(preload=(), refill_nice=19)
+    try:
+        assert pool.refill_nice == 0
+    finally:
+        pool.close()
+    monkeypatch.setattr(warm, "can_restore_priority", lambda: True)
+    pool = warm.WarmPool(preload=(), refill_nice=19)
+    try:
+        assert pool.refill_nice == 19
+    finally:
+        pool.close()

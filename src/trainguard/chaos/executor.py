@@ -252,7 +252,7 @@ def sim_wrong_products(fleet: Any, gpu: int | None, rate: float) -> str:
         fleet.now().wrong_products(gpu=gpu, rate=rate)
     except Exception as exc:
         return f"sim fleet refused wrong_products: {exc}"
-    return f"GPU {gpu} returns wrong matrix products ({rate:.0%} of them); no telemetry symptom"
+    return f"GPU {gpu} returns wrong matrix products ({rate:g} of their results); no telemetry symptom"
 
 
 def sim_throttle(fleet: Any, gpu: int | None, fraction: float, duration_s: float | None) -> str:

@@ -46,8 +46,9 @@ class FaultKind(str, Enum):
     RAISE = "raise"  # in-process: raise `exc`(`message`) (a software crash)
     EXIT = "exit"  # in-process: exit with `code`
     CORRUPT_CHECKPOINT = "corrupt_checkpoint"  # external: flip bytes in the newest checkpoint
-    # external, sim fleet: `rate` of the rank's GPU's matrix products come back wrong (silent data
-    # corruption: no telemetry symptom; the pre-flight's SDC round finds it)
+    # external, sim fleet: `rate` of the elements of the rank's GPU's products come back wrong, the
+    # same ones for the same operands (silent data corruption: no telemetry symptom; the
+    # pre-flight's SDC round finds it)
     WRONG_PRODUCTS = "wrong_products"
     # external, sim fleet: the rank's GPU held at `fraction` of its clock by a software limit (for
     # `duration_s`, else for good): telemetry shows the throttle, no health rule fires, and the
@@ -131,7 +132,7 @@ class Fault:
     message: str = ""
     code: int = 1
     bytes: int = 64  # how many bytes corrupt_checkpoint flips
-    rate: float = 1.0  # wrong_products: the share of the GPU's matrix products that are wrong
+    rate: float = 1.0  # wrong_products: the share of the results of the GPU's products that are wrong
     fraction: float = 0.5  # throttle: the share of its clock the GPU keeps
     duration_s: float | None = None  # throttle: for how long (None: until the GPU is reset)
     # nan: the NaN is the data's, not the machine's: it comes back whenever the step is replayed

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -183,6 +184,22 @@ def register(subparsers: Any) -> None:
         metavar="MODULES",
         help=f"modules each standby imports ahead, comma-separated (default {','.join(PRELOAD)})",
     )
+    g.add_argument(
+        "--warm-refill-delay",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds after a (re)start before the pool replaces the standbys it handed out (default 2; "
+        "their imports take CPU the restarted ranks may need: docs/supervisor.md)",
+    )
+    g.add_argument(
+        "--warm-refill-nice",
+        type=int,
+        default=19,
+        metavar="N",
+        help="nice value the pool's standbys import at (default 19: they take the CPU the ranks leave, "
+        "and go back to the job's priority when they become ranks; 0: the job's priority)",
+    )
     g.add_argument("--no-tee", action="store_true", help="do not copy worker output to the console")
     g.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the run result as JSON")
     m = p.add_argument_group(
@@ -225,6 +242,11 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
 
     check_cli_target(args.db)  # a database password on the command line is refused
     from trainguard.errors import ConfigError
+
+    if not 0 <= args.warm_refill_delay < math.inf:
+        raise ConfigError(f"--warm-refill-delay {args.warm_refill_delay}: give a number of seconds >= 0")
+    if not 0 <= args.warm_refill_nice <= 19:
+        raise ConfigError(f"--warm-refill-nice {args.warm_refill_nice}: give a nice value from 0 to 19")
 
     if args.warm_standby_sets < 1:
         raise ConfigError(
@@ -288,6 +310,8 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
             enabled=args.warm_standby,
             sets=args.warm_standby_sets,
             preload=tuple(m.strip() for m in args.warm_standby_preload.split(",") if m.strip()),
+            refill_delay_s=args.warm_refill_delay,
+            refill_nice=args.warm_refill_nice,
         ),
         chaos=args.chaos,
         replica_groups=args.replica_groups,

@@ -14,7 +14,7 @@ from trainguard.demo import find_example
 from trainguard.demo import reference as recorded_reference
 from trainguard.demo.live import DemoState, make_display
 from trainguard.demo.match import match
-from trainguard.demo.measure import median_step_time
+from trainguard.demo.measure import median_step_time, train_span
 from trainguard.demo.plan import build_keras_plan, build_plan
 from trainguard.demo.report import build_report, render
 from trainguard.demo.runner import quiet_logs, run_chaos, run_reference, worker_cmd
@@ -153,6 +153,8 @@ def assemble(
             else None
         ),
         reference_ran=reference is not None or recorded is not None,
+        reference_train_s=_reference_timing(recorded, reference)[0],
+        reference_step_s=_reference_timing(recorded, reference)[1],
         reference_source=(
             None
             if recorded is None
@@ -172,6 +174,15 @@ def assemble(
         },
         duration_s=time.time() - t0,
     )
+
+
+def _reference_timing(recorded: Any, reference: Any) -> tuple[float | None, float | None]:
+    """(first step to last, median step) of the fault-free reference: recorded, or just run."""
+    if recorded is not None:
+        return recorded.train_s, recorded.step_s
+    if reference is not None:
+        return train_span(Path(reference.run_dir)), median_step_time(Path(reference.run_dir))
+    return None, None
 
 
 def _nan_rollback(run_dir: Path, injected: list[Any]) -> int | None:

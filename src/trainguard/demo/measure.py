@@ -1,6 +1,7 @@
 """Figures the demo's report measures from the run itself (heartbeats, incidents, the ledger),
 never from the fault plan: the median step time, the time a slow stretch cost, and the ETTR
-the incidents' own time-lost figures predict (stdlib only)."""
+the incidents' own time-lost figures predict, and the one the fault-free reference's time
+predicts (stdlib only)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ def _beats(run_dir: Path) -> list[Heartbeat]:
         for b in read_heartbeats(path)
         if b.phase == "train"
     ]
+
+
+def train_span(run_dir: Path) -> float | None:
+    """Seconds from the run's first training step to its last (any rank's heartbeats)."""
+    times = [b.time for b in _beats(run_dir)]
+    return max(times) - min(times) if len(times) > 1 else None
 
 
 def median_step_time(run_dir: Path) -> float | None:
@@ -65,3 +72,17 @@ def predicted_ettr(
         return None
     lost = sum(i.time_lost_s for i in incidents if i.time_lost_s is not None)
     return max(0.0, 1.0 - (startup_s + goodput.get("checkpoint_s", 0.0) + lost) / wall)
+
+
+def reference_ettr(
+    goodput: dict[str, Any], train_s: float | None, ref_step_s: float | None, step_s: float | None
+) -> float | None:
+    """The ETTR the fault-free reference predicts, from neither this run's ledger nor its
+    incidents: the time the same steps took without faults (the reference's first step to its
+    last, ``train_s``), at this run's pace (scaled by the two runs' median step times, so a busier
+    host does not count as lost time), less this run's checkpoint stalls (the ledger counts them
+    apart from productive time), over this run's wall time."""
+    wall = goodput.get("wall_s")
+    if not wall or not train_s or not ref_step_s or not step_s:
+        return None
+    return max(0.0, min(1.0, (train_s * step_s / ref_step_s - goodput.get("checkpoint_s", 0.0)) / wall))

@@ -42,7 +42,7 @@ class DemoFault:
     xid: int = 79
     delay_s: float = 0.5  # straggler: extra seconds per step ...
     slow_steps: int = 6  # ... for this many steps
-    rate: float = 1.0  # wrong_products: the share of the GPU's matrix products that are wrong
+    rate: float = 1.0  # wrong_products: the share of the results of the GPU's products that are wrong
     message: str = ""  # xid: the error the process raises (default: torch's for that Xid)
 
 
@@ -61,6 +61,13 @@ class DemoPlan:
 
     def fault(self, fault_id: str) -> DemoFault:
         return next(f for f in self.faults if f.id == fault_id)
+
+
+# F7's defective GPU gets 1 in 10,000 elements of its products' results wrong, picked by position
+# and value (the same operands, the same wrong elements: docs/demo.md). The pre-flight's SDC
+# round on the simulated GPU (two 256 x 256 fp32 products: 131,072 results) gets 16 of them
+# wrong, every time.
+SDC_RATE = 1e-4
 
 
 def build_plan(quick: bool = False, steps: int | None = None, speed: float = 1.0) -> DemoPlan:
@@ -127,7 +134,9 @@ def build_plan(quick: bool = False, steps: int | None = None, speed: float = 1.0
         DemoFault(
             "F7", "wrong_products", "GPU 1 returns wrong matrix products", s("wrong_products"), rank=1,
             # No telemetry symptom: only the pre-flight's SDC round before the next restart sees it.
+            # A defective unit errs on a small share of its operations, reproducibly (SDC_RATE).
             expected_causes=("silent_data_corruption",), expected_actions=("exclude_gpu",),
+            rate=SDC_RATE,
         ),
     )  # fmt: skip
     return replace(base, faults=faults)

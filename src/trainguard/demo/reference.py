@@ -8,8 +8,9 @@ training reads it instead of training again::
     $TRAINGUARD_CACHE_DIR/demo-reference/<key>.json     (default: ~/.cache/trainguard, or
                                                          $XDG_CACHE_HOME/trainguard)
 
-A record is a real run's: the accuracy its rank 0 printed, with the run's job id, directory and
-date. Change any part of the key and the reference runs again.
+A record is a real run's: the accuracy its rank 0 printed and how long its steps took (first step
+to last, and the median step), with the run's job id, directory and date. Change any part of the
+key and the reference runs again; so does a record without its timing.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class Recorded:
     run_dir: str
     recorded: float  # unix seconds
     training: dict[str, Any]  # what the key was made of
+    train_s: float | None = None  # its first step to its last (heartbeats), no fault in between
+    step_s: float | None = None  # its median step time
 
 
 def cache_dir(environ: dict[str, str] | None = None) -> Path:
@@ -79,6 +82,8 @@ def load(key: str, directory: Path | None = None) -> Recorded | None:
         return None
     if rec.key != key or not isinstance(rec.accuracy, (int, float)):
         return None
+    if not isinstance(rec.train_s, (int, float)) or not isinstance(rec.step_s, (int, float)):
+        return None  # recorded without its timing: the ETTR check needs it, run it again
     return rec
 
 
@@ -90,4 +95,8 @@ def save(rec: Recorded, directory: Path | None = None) -> Path:
 
 
 def record(key: str, accuracy: float, job: str, run_dir: Path, what: dict[str, Any]) -> Recorded:
-    return Recorded(key, accuracy, job, str(run_dir), time.time(), what)
+    from trainguard.demo.measure import median_step_time, train_span
+
+    return Recorded(
+        key, accuracy, job, str(run_dir), time.time(), what, train_span(run_dir), median_step_time(run_dir)
+    )

@@ -7,7 +7,7 @@ error: ``, ``NVRM``...) and their line numbers, and parses only those lines. Wit
 engine the bulk work releases the GIL, so the runs of a regular file are searched on all cores
 (as ripgrep does) while this thread parses the candidates in file order. A large file read by a
 process with no other thread (the CLI) is split between forked processes instead, which also
-share out what holds the GIL (counting newlines, as much CPU as the search). Every line is a
+share out what holds the GIL (the ``re`` passes of the stdlib engine, ``bytes.count``). Every line is a
 finding of its own; ``merge_events`` folds the lines of one failure into one::
 
     >>> stats = ScanStats()
@@ -138,7 +138,7 @@ def scan_file(
     stats = stats if stats is not None else ScanStats()
     stats.engine = scan_engine(engine)
     info = os.fstat(fh.fileno()) if name != "-" else None
-    lines = first_pass(stats.engine, info.st_size if info and stat.S_ISREG(info.st_mode) else None)
+    lines = first_pass(stats.engine)
     chunk, tracker = max(chunk_size, 1 << 12), tracker or BurstTracker()
     if info and stat.S_ISREG(info.st_mode) and info.st_size > 0:  # /proc files say size 0: streamed
         fork = info.st_size >= FORK_FROM and alone()
@@ -242,6 +242,8 @@ def _scan_regular(
                 raise InputError(f"{name}: read failed ({exc.strerror or exc})") from None
             return _candidates(data, len(data), lines)
 
+        if stats.processes == 1:
+            stats.threads = max(min(stats.threads, len(spans)), 1)  # a one-run file starts no pool
         runs = (
             forked(work, _shares(spans, stats.processes))
             if stats.processes > 1

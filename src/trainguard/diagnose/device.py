@@ -90,7 +90,7 @@ _CUDA2 = Budget(
 )  # fmt: skip
 # Sized to a shared CPU so that level 2 over 8 simulated GPUs takes well under a minute.
 _CPU2 = Budget(
-    matmul_n=384, dtypes=("fp32",), compute_s=0.6, sdc_rounds=20, sdc_n=96,
+    matmul_n=384, dtypes=("fp32",), compute_s=0.6, sdc_rounds=20, sdc_n=256,
     copy_bytes=16 * _MiB, bandwidth_s=0.4, pattern_fraction=1.0, pattern_max_bytes=4 * _MiB,
     allreduce_bytes=4 * _MiB, allreduce_iters=8, stress_s=3.5, sample_every_s=0.25, timeout_s=60.0,
 )  # fmt: skip

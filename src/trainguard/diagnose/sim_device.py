@@ -9,7 +9,9 @@ It does the real work on the CPU, then does to it what the fleet's faults do to 
   elsewhere (sharing its caches, taking its time slices) does not skew one GPU against another;
 - ``SlowProducts`` (clocks read normal) makes it really do more work per product: the compute
   test sees the time it took, telemetry sees nothing;
-- ``WrongProducts`` flips a bit in that share of its matrix products;
+- ``WrongProducts`` flips a bit in that share of the elements of its products' results, picked by
+  each element's position and value: the same operands always come back with the same wrong
+  elements, as a defective unit errs reproducibly on operations of a particular kind;
 - ``HbmCorruption`` flips bits in what is written to its memory; ``StuckBits`` holds a bit of some
   bytes at 0 or 1, so a written pattern that needs the other value really reads back wrong;
 - its link moves data at its model's rate (``profiles.link_gbps``): the collective's bytes really
@@ -141,9 +143,8 @@ class SimDevice(TorchDevice):
                 a[..., :rows, :] @ b
         key = (a.shape, b.shape, a.dtype, torch.get_float32_matmul_precision(), slow)
         least = self._least[key] = min(time.thread_time() - t1, self._least.get(key, float("inf")))
-        with self._lock:
-            if wrong is not None and self._rng.random() < wrong.rate:
-                self._flip_bits(c, 1)
+        if wrong is not None:
+            _defective_results(c, wrong.rate)
         # On the device a product costs the least one of its shape took on the host, at the clock's
         # rate: neither a moment when the host was busy elsewhere nor the simulator's bookkeeping
         # is device time (the extra work of a slow product is).
@@ -228,3 +229,22 @@ class SimDevice(TorchDevice):
         if st.mem_total_mib is None or st.mem_used_mib is None:
             return self._cpu_memory_bytes
         return int((st.mem_total_mib - st.mem_used_mib) * 2**20)
+
+
+_INT_OF_SIZE = {2: "int16", 4: "int32", 8: "int64"}
+_FLIP_OF_SIZE = {2: 1 << 6, 4: 1 << 22, 8: 1 << 51}  # the top mantissa bit of bf16, fp32, fp64
+
+
+def _defective_results(c: Any, rate: float) -> None:
+    """Flip a mantissa bit in the share ``rate`` of ``c``'s elements, picked by a hash of each
+    element's position and correct value: the same operands give the same wrong elements every
+    time. Defective cores err reproducibly on a small share of operations of a particular kind
+    (Meta's "Silent Data Corruptions at Scale", 2021; Google's "Cores that don't count", 2021), so
+    a fixed test workload either always sees the defect or never does."""
+    if rate <= 0 or not c.is_contiguous() or c.element_size() not in _INT_OF_SIZE:
+        return
+    bits = c.view(-1).view(getattr(torch, _INT_OF_SIZE[c.element_size()]))
+    h = bits.to(torch.int64) * 0x9E3779B1 + torch.arange(bits.numel(), dtype=torch.int64) * 0x85EBCA77
+    h = ((h ^ (h >> 29)) * 0x2C1B3C6D) & 0xFFFFFFFF  # a multiplicative hash's low 32 bits, mixed
+    picked = h < int(rate * 2**32) if rate < 1 else torch.ones_like(h, dtype=torch.bool)
+    bits[picked] ^= _FLIP_OF_SIZE[c.element_size()]

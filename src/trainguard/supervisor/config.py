@@ -133,6 +133,8 @@ class StandbyConfig:
     enabled: bool = False
     sets: int = 2  # standbys per local rank: restarts in quick succession stay warm
     preload: tuple[str, ...] = PRELOAD
+    refill_delay_s: float = 2.0  # seconds after a start before the pool replaces what it gave
+    refill_nice: int = 19  # standbys of a fill import at this nice value (0: the job's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +218,7 @@ class SupervisorConfig:
         s = c.standby
         argv += ["--warm-standby" if s.enabled else "--no-warm-standby", "--warm-standby-sets", str(s.sets)]
         argv += ["--warm-standby-preload", ",".join(s.preload)]
+        argv += ["--warm-refill-delay", _num(s.refill_delay_s), "--warm-refill-nice", str(s.refill_nice)]
         if c.replica_groups:
             argv += ["--replica-groups", str(c.replica_groups)]
         # A first word that is a .py file would be read as torchrun's script: say it is a command.

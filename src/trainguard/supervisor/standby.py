@@ -18,6 +18,10 @@ process (C++ threads of gloo and the autograd engine releasing Python objects wh
 interpreter is torn down: pytorch/pytorch#190489). torch sized its thread pool at import, before
 the rank's environment arrived; the rank's OMP_NUM_THREADS is applied when the job arrives.
 
+A standby the pool starts to fill or refill itself imports at low priority (nice 19, where the
+pool may go back: ``TRAINGUARD_STANDBY_NICE``) and returns to its start priority, every thread of
+it, the moment a job arrives.
+
 A standby dies with the supervisor that started it (parent-death signal, and a parent poll for
 the case where the parent died before the signal was armed), also once it has become a rank.
 """
@@ -29,6 +33,7 @@ import importlib
 import json
 import os
 import runpy
+import select
 import signal
 import sys
 import threading
@@ -38,18 +43,22 @@ from typing import NoReturn
 from trainguard.procs import die_of, die_with_parent
 
 PARENT_ENV = "TRAINGUARD_STANDBY_PARENT"  # the pid of the supervisor that started it
+NICE_ENV = "TRAINGUARD_STANDBY_NICE"  # import at this nice value; the rank runs at the parent's
 READY = b"ready\n"  # written to stdout once the preloads are imported
 
 
 def main(modules: list[str]) -> int:
     # Killed when the pool's thread that started it exits; the poll covers non-Linux hosts.
     die_with_parent(int(os.environ.pop(PARENT_ENV, "") or os.getppid()), poll_s=1.0)
+    start = _import_at_low_priority(os.environ.pop(NICE_ENV, ""))
     for name in modules:
         with contextlib.suppress(ImportError):  # a missing preload only costs the time it saves
             importlib.import_module(name)
     with contextlib.suppress(OSError):  # the pool may have stopped listening: it only ranks standbys
         os.write(1, READY)
     line = sys.stdin.readline()
+    if start is not None:
+        restore_priority(start)  # the watcher thread may not have run yet
     if not line.strip():
         return 0
     job = json.loads(line)
@@ -150,6 +159,37 @@ def _apply_thread_env() -> None:
     torch = sys.modules.get("torch")
     if value.isdigit() and int(value) > 0 and torch is not None:
         torch.set_num_threads(int(value))
+
+
+def _import_at_low_priority(nice: str) -> int | None:
+    """Import at ``nice`` (the pool's refill must not take the CPU the ranks need), and go back to
+    the priority it started with as soon as a job arrives on stdin, imports finished or not: a
+    rank never runs, nor waits on its imports, at low priority. The pool asks for it only where
+    going back is allowed (``warm.can_restore_priority``)."""
+    if not nice.lstrip("-").isdigit():
+        return None
+    start = os.getpriority(os.PRIO_PROCESS, 0)
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, int(nice))  # this thread: those it starts inherit it
+
+    def restore_when_a_job_arrives() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            select.select([0], [], [])  # a job line, or EOF: either ends the wait
+        restore_priority(start)
+
+    threading.Thread(target=restore_when_a_job_arrives, daemon=True, name="standby-priority").start()
+    return start
+
+
+def restore_priority(nice: int) -> None:
+    """Every thread of this process back to ``nice`` (Linux keeps a nice value per thread)."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
 
 
 def _redirect(fd: int, path: str) -> None:

@@ -40,7 +40,11 @@ class TorchElastic:
         if cfg.standby.enabled:
             from trainguard.supervisor.warm import WarmPool
 
-            pool = WarmPool(cfg.standby.preload)
+            pool = WarmPool(
+                cfg.standby.preload,
+                refill_delay_s=cfg.standby.refill_delay_s,
+                refill_nice=cfg.standby.refill_nice,
+            )
             pool.fill(cfg.launch.nproc_per_node * cfg.standby.sets)  # they import while the rendezvous runs
         # Workers host a fresh TCPStore per attempt (torch's own opt-out of sharing the agent's):
         # a shared store keeps the dead attempt's gloo addresses, and a restarted rank that reads

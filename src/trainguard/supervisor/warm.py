@@ -7,8 +7,10 @@ refill importing torch again, still restarts warm). When the agent starts a grou
 (argv, torch's environment, log files) is handed to a standby, which becomes the worker: ready
 ones first (they say so on stdout once their imports are done), then ones still importing, oldest
 first, and only when none is left a fresh one. The pool then refills itself a few seconds later,
-off the restart's critical path; what a start got is its `StandbyUse`. Process management stays
-torch's: the context below has the shape of torch's ``SubprocessContext`` (``pids``, ``close``,
+off the restart's critical path, and at low priority (nice 19) where a standby may go back to the
+job's priority when it becomes a rank (``can_restore_priority``): on a node whose cores the
+ranks use, a refill at their priority slowed their steps for seconds after every restart. What a
+start got is its `StandbyUse`. Process management stays torch's: the context below has the shape of torch's ``SubprocessContext`` (``pids``, ``close``,
 ``subprocess_handlers[i].proc``).
 
 Only ``python [-u] script.py ...`` and ``python -m module ...`` commands run warm (the standby is
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.supervisor.standby import PARENT_ENV, READY
+from trainguard.supervisor.standby import NICE_ENV, PARENT_ENV, READY
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +124,18 @@ class WarmPool:
     forked it exits, so a short-lived refill timer would kill the standbys it made."""
 
     def __init__(
-        self, preload: tuple[str, ...] = ("torch", "torch.distributed"), refill_delay_s: float = 2.0
+        self,
+        preload: tuple[str, ...] = ("torch", "torch.distributed"),
+        refill_delay_s: float = 2.0,
+        refill_nice: int = 19,
     ):
         self.preload = preload
         self.refill_delay_s = refill_delay_s
+        # The standbys of a fill import at this nice value, so their seconds of `import torch` take
+        # the CPU the ranks leave (on a node whose cores the ranks use, a refill at the ranks'
+        # priority slowed their steps 4x for seconds after each restart); 0, or a host where a
+        # standby could not go back to normal priority when it becomes a rank: the job's priority.
+        self.refill_nice = refill_nice if refill_nice > 0 and can_restore_priority() else 0
         self._idle: list[_Standby] = []  # oldest first
         self._target = 0  # idle standbys to keep
         self.last_use: StandbyUse | None = None  # what the newest start got (None: not started here)
@@ -267,21 +277,44 @@ class WarmPool:
                     self._idle = [s for s in self._idle if s.proc.poll() is None]
                     try:
                         while len(self._idle) < n and not self._closed:
-                            self._idle.append(_Standby(self._spawn()))
+                            self._idle.append(_Standby(self._spawn(self.refill_nice)))
                     except OSError as e:
                         log.warning("could not start a warm standby: %s", e)
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
-
+    def _spawn(self, nice: int = 0) -> subprocess.Popen[bytes]:
+        """A standby; ``nice`` > 0: it imports at that nice value (a fill's, off the critical path),
+        else at the job's priority (one a start is waiting for)."""
         cmd = [sys.executable, "-m", "trainguard.supervisor.standby", *self.preload]
+        env = {**self._env, PARENT_ENV: str(os.getpid())}  # who it must die with
+        if nice > 0:
+            env[NICE_ENV] = str(nice)
         return subprocess.Popen(
             cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,  # its "ready" line
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-            env={**self._env, PARENT_ENV: str(os.getpid())},  # who it must die with
+            env=env,
         )
+
+
+def can_restore_priority(status: str | None = None, nice_limit: int | None = None) -> bool:
+    """Whether a process of ours may raise its priority back to ours after lowering it: with
+    CAP_SYS_NICE (``status``: /proc/self/status), or when RLIMIT_NICE (``nice_limit``) allows our
+    nice value (Linux: 20 - nice <= the limit). Without either (an unprivileged user's default,
+    Docker's root), nice is one-way, and a standby must not import at low priority."""
+    import resource
+
+    try:
+        status = Path("/proc/self/status").read_text() if status is None else status
+        cap_eff = int(next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), 16)
+    except (OSError, StopIteration, ValueError, IndexError):
+        cap_eff = 0
+    if cap_eff >> 23 & 1:  # CAP_SYS_NICE
+        return True
+    if nice_limit is None:
+        nice_limit = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    return nice_limit == resource.RLIM_INFINITY or 20 - os.getpriority(os.PRIO_PROCESS, 0) <= nice_limit
 
 
 def _create(path: str) -> None:

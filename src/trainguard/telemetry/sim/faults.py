@@ -313,7 +313,8 @@ class NodeReboot:
 
 @dataclass(frozen=True, slots=True)
 class WrongProducts:
-    """Silent data corruption: ``rate`` of the GPU's matrix products come back with flipped bits.
+    """Silent data corruption: ``rate`` of the elements of the GPU's matrix products come back with
+    a flipped bit, picked by position and value (the same operands, the same wrong elements).
     Nothing in telemetry or the kernel log shows it; the SDC test of ``trainguard diagnose`` does.
     A defect of the silicon: a GPU reset does not cure it."""
 

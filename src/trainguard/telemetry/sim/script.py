@@ -97,7 +97,7 @@ class At:
         return self.fault(F.Throttled(gpu, fraction, reason, duration_s))
 
     def wrong_products(self, gpu: int, rate: float = 1.0) -> At:
-        """Silent data corruption: ``rate`` of the GPU's matrix products have flipped bits."""
+        """Silent data corruption: ``rate`` of the elements of the GPU's products have a flipped bit."""
         return self.fault(F.WrongProducts(gpu, rate))
 
     def hbm_corruption(self, gpu: int, per_gib: float = 256.0) -> At:

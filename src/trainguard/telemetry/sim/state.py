@@ -232,7 +232,8 @@ class NvlinkDown:
 
 @dataclass(frozen=True, slots=True)
 class WrongProducts:
-    """Matrix products come back with flipped bits in ``rate`` of the results (silent data corruption)."""
+    """``rate`` of the elements of matrix products come back with a flipped bit, the same ones for
+    the same operands (silent data corruption)."""
 
     since: float
     rate: float = 1.0
