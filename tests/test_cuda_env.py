@@ -20,12 +20,12 @@ SHIPPED = ("src", "examples", "tools", "benchmarks", "deploy")
 
 # Setting a variable, as Python, shell and Kubernetes manifests spell it: a dict key or item
 # assignment ("NAME": / ["NAME"] =), os.environ.setdefault/putenv("NAME", ...), NAME=value in a
-# shell line, and `name: NAME` in an env list.
+# shell line or as a keyword argument (env.update(NAME=...)), and `name: NAME` in an env list.
 _SETS = (
     r"""["']{name}["']\s*:""",
     r"""\[\s*["']{name}["']\s*\]\s*=(?!=)""",
     r"""(?:setdefault|putenv)\(\s*["']{name}["']""",
-    r"""(?:^|[\s;])(?:export\s+)?{name}=\S""",
+    r"""(?:^|[\s;(,])(?:export\s+)?{name}=\S""",  # a shell line, or a keyword argument
     r"""name:\s*["']?{name}\b""",
 )
 

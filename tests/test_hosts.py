@@ -21,7 +21,13 @@ from trainguard.incidents.hosts import NodeState, choose, parse_hostfile, render
 from trainguard.incidents.identity import NodeIdentity
 from trainguard.records import Action, Gpu, GpuVerdict, Health, NodeVerdict
 
-NOW = time.time()
+NOW = 0.0  # this test's "now", set as it starts: a heartbeat written at import would go stale
+
+
+@pytest.fixture(autouse=True)
+def _now() -> None:
+    global NOW
+    NOW = time.time()
 
 
 def verdict(

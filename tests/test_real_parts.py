@@ -151,10 +151,12 @@ def test_a_missing_torchft_or_browser_is_a_listed_skip_in_make_test(tmp_path):
 
 def test_no_test_skips_a_missing_part_on_its_own():
     """Every skip in tests/ for something missing goes through real_parts (so CI fails on it): the
-    other hand-written skips are for GPU hardware, judged by `make gpu-check` on a GPU machine.
+    other hand-written skips are for GPU hardware, judged by `make gpu-check` on a GPU machine, or
+    for a kernel capability the machine withholds (CAP_SYS_NICE: Docker's root has none).
     (A bare ``importorskip("numpy")`` guards an import the package itself needs; one that says how
     to install its module is a real part and must be a ``require_module``.)"""
-    gpu_only = re.compile(r"hardware:|GPU|NVIDIA|NVML|nvidia-smi|CUDA|driver|/proc")
+    # GPU hardware, or a kernel capability a container may withhold (nothing a package installs)
+    gpu_only = re.compile(r"hardware:|GPU|NVIDIA|NVML|nvidia-smi|CUDA|driver|/proc|CAP_SYS_NICE")
     offenders = []
     for path in sorted(TESTS.glob("*.py")):
         if path.name in ("real_parts.py", "test_gpu_paths.py"):  # the helper; the gpu-marked file

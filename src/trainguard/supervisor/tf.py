@@ -93,6 +93,7 @@ class TfWorkers(LocalWorkers):
                     values.pop("TRAINGUARD_GPU", None)  # the process runs on all of them
             elif gpu.isdigit():
                 values["CUDA_VISIBLE_DEVICES"] = gpu  # TF takes every GPU it sees: this one only
+                values["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # numbered as NVML numbers them
 
         return env
 
