@@ -168,7 +168,10 @@ def run_groups(args: argparse.Namespace, cfg: Any, restart_ettr: Any) -> dict[st
     if args.stall_seconds is not None:
         stall, source["stall"] = Estimate.parse(args.stall_seconds), "assumed (--stall-seconds)"
     if args.step_overhead_ms is not None:
-        overhead, source["step_overhead"] = Estimate.parse(args.step_overhead_ms), "given (--step-overhead-ms)"
+        overhead, source["step_overhead"] = (
+            Estimate.parse(args.step_overhead_ms),
+            "given (--step-overhead-ms)",
+        )
     model = GroupModel(args.replica_groups, heal_s, stall, overhead, args.step_seconds)
     ettr = simulate_groups(cfg, model)
     out = {
@@ -183,12 +186,18 @@ def run_groups(args: argparse.Namespace, cfg: Any, restart_ettr: Any) -> dict[st
         "restart_ettr_mean": round(float(restart_ettr.mean()), 5),
         "sources": source,
         "sensitivity": [
-            {"stall_seconds": s, **_summary(simulate_groups(cfg, replace(model, stall_s=Estimate(s))), restart_ettr, interval)}
+            {
+                "stall_seconds": s,
+                **_summary(simulate_groups(cfg, replace(model, stall_s=Estimate(s))), restart_ettr, interval),
+            }
             for s in SENSITIVITY_STALLS_S
         ],
     }
     if args.from_no_restart:
-        out["from_no_restart"] = {"file": args.from_no_restart, "restart_minutes": round(cfg.restart_s / 60.0, 4)}
+        out["from_no_restart"] = {
+            "file": args.from_no_restart,
+            "restart_minutes": round(cfg.restart_s / 60.0, 4),
+        }
     return out
 
 

@@ -62,10 +62,8 @@ class Estimate:
                 if not 0 < lo <= hi:
                     raise ValueError("a range needs 0 < lo <= hi")
                 return cls(lo, hi=hi)
-            if m := _PLUS_MINUS.match(text):
-                est = cls(float(m[1]), float(m[2]))
-            else:
-                est = cls(float(text))
+            m = _PLUS_MINUS.match(text)
+            est = cls(float(m[1]), float(m[2])) if m else cls(float(text))
         except ValueError as exc:
             raise ConfigError(
                 f"{text!r}: give a number, a number +- its 95% half-width (18.8+-48.3) or a range lo..hi "
@@ -147,7 +145,9 @@ def simulate_groups(cfg: SimConfig, model: GroupModel) -> Any:
     start = np.where(prev_wide >= 0, np.take_along_axis(compute, np.maximum(prev_wide, 0), axis=1), 0.0)
     runs = np.where(wide, compute - start, 0.0)
     final_start = np.where(
-        last_wide[:, -1] >= 0, np.take_along_axis(compute, np.maximum(last_wide[:, -1:], 0), axis=1)[:, 0], 0.0
+        last_wide[:, -1] >= 0,
+        np.take_along_axis(compute, np.maximum(last_wide[:, -1:], 0), axis=1)[:, 0],
+        0.0,
     )
     useful = np.where(wide, _committed(runs, cfg, final=False), 0.0).sum(axis=1)
     useful = useful + _committed(compute[:, -1] - final_start + tail, cfg, final=True)
