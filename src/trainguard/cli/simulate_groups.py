@@ -153,7 +153,11 @@ def run_groups(args: argparse.Namespace, cfg: Any, restart_ettr: Any) -> dict[st
     }
     heal_s = (args.heal_minutes if args.heal_minutes is not None else args.restart_minutes) * 60.0
     stall, overhead = Estimate.parse("1..600"), Estimate(0.0)
-    source |= {"heal": "assumed", "stall": "assumed (range)", "step_overhead": "assumed (none)"}
+    source |= {
+        "heal": "assumed (--heal-minutes)",
+        "stall": "assumed (range)",
+        "step_overhead": "assumed (none)",
+    }
     if args.from_no_restart:
         measured = no_restart_costs(args.from_no_restart, cfg.restart_s, args.step_seconds)
         heal_s, stall, overhead = measured["heal_s"], measured["stall"], measured["overhead"]
