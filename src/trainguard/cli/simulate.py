@@ -2,14 +2,17 @@
 
     trainguard simulate --gpus N --days D [--checkpoint-minutes M] [--checkpoint-write-seconds W]
                         [--restart-minutes U] [--trials T] [--seed S] [--from-bench FILE]
-                        [--replica-groups G [--heal-minutes H --lost-seconds L |
-                         --from-no-restart FILE --step-seconds S]] [--json] [--plot PATH.png]
+                        [--replica-groups G [--heal-minutes H | --from-no-restart FILE]
+                         [--stall-seconds EST] [--step-overhead-ms EST] [--step-seconds S]
+                         [--job-wide KINDS]] [--json] [--plot PATH.png]
 
 Default failure rates: Llama 3 405B's 54-day record (Table 5), per GPU. --from-bench FILE takes
 the recovery costs `benchmarks/bench_recovery.py --json` measured for trainguard and for plain
 torchrun (the same figures for both: restart after a kill, recovery from a hang) and simulates
 the job under each. --replica-groups G adds the third recovery mode (a failed group heals while
-the others train); --from-no-restart FILE takes its costs, and the restart mode's, from
+the others stall, then train on; job-wide failure kinds restart the job), with the uncertainty of
+its inputs in the interval it prints and a table over the healthy groups' stall
+(cli/simulate_groups.py); --from-no-restart FILE takes its costs, and the restart mode's, from
 `benchmarks/bench_no_restart.py --json`. Exit codes: 0 shown, 2 bad usage.
 """
 
@@ -51,43 +54,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--no-spare-nodes waits --repair-minutes for it (the same for both launchers)",
     )
     p.add_argument("--repair-minutes", type=float, default=120.0, metavar="R", help="default 120")
-    p.add_argument(
-        "--replica-groups",
-        type=int,
-        default=0,
-        metavar="G",
-        help="also the third recovery mode: G replica groups (trainguard run --replica-groups); a "
-        "failure takes one group out while the others train on (docs/no-restart.md)",
-    )
-    p.add_argument(
-        "--heal-minutes",
-        type=float,
-        default=None,
-        metavar="H",
-        help="a group's restart and heal (default: --restart-minutes)",
-    )
-    p.add_argument(
-        "--lost-seconds",
-        type=float,
-        default=0.0,
-        metavar="L",
-        help="whole-job time lost per failure by the healthy groups (discarded steps)",
-    )
-    p.add_argument(
-        "--from-no-restart",
-        metavar="FILE",
-        help="with --replica-groups: JSON of benchmarks/bench_no_restart.py --json; the third mode's heal, "
-        "the healthy groups' pause and discarded steps and its per-step cost, and the restart mode's "
-        "recovery, from what it measured (in place of --heal-minutes and --lost-seconds)",
-    )
-    p.add_argument(
-        "--step-seconds",
-        type=float,
-        default=5.0,
-        metavar="S",
-        help="with --from-no-restart: one training step of the simulated job (default 5): scales the "
-        "measured per-step overhead and discarded steps",
-    )
+    from trainguard.cli.simulate_groups import add_arguments
+
+    add_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="PATH.png", help="draw the distributions to this PNG file")
     p.set_defaults(func=run)
@@ -102,7 +71,7 @@ BENCH_KEYS = {
 }
 
 
-def _read(path: str, flag: str) -> str:
+def read_text(path: str, flag: str) -> str:
     from trainguard.errors import InputError
 
     try:
@@ -120,7 +89,7 @@ def bench_costs(path: str, restart_s: float, wait_s: float = 0.0) -> dict[str, d
     measure node faults, so neither launcher gets a figure it did not earn."""
     from trainguard.errors import InputError
 
-    text = _read(path, "--from-bench")
+    text = read_text(path, "--from-bench")
     try:
         data = json.loads(text)
         costs = {}
@@ -139,50 +108,6 @@ def bench_costs(path: str, restart_s: float, wait_s: float = 0.0) -> dict[str, d
             f"case and the MTTR rounds ({exc!r}); run it without --no-hang or --hang-only"
         ) from None
     return costs
-
-
-# What bench_no_restart.py --json must carry (each {"mean": ..., "ci95": ..., "n": ...}).
-NO_RESTART_KEYS = (
-    "heal_s",
-    "restart_recovery_s",
-    "healthy_group_pause_s",
-    "healthy_group_pause_clean_s",
-    "steps_lost_per_failure",
-    "step_overhead_ms",
-)
-
-
-def no_restart_costs(path: str, restart_s: float, step_s: float) -> dict[str, float]:
-    """The replica-group mode's costs, and the restart mode's, from a bench_no_restart JSON, by
-    the same formula as `bench_costs`: each failure costs the job's own restart (``restart_s``:
-    reload, NCCL init, warm-up) plus what each mode measured from the fault to its first step
-    (the failed group's first commit beside a peer; the restarted job's first step). The
-    healthy groups lose, per failure, their pause beyond a fault-free run's longest gap plus the
-    steps they discarded (``step_s`` each); every step costs the measured overhead of torchft's
-    quorum and commit over a plain DDP step, as a share of ``step_s``."""
-    from trainguard.errors import InputError
-
-    if not step_s > 0:
-        raise InputError(f"--step-seconds {step_s:g}: give the simulated job's step time in seconds, above 0")
-    text = _read(path, "--from-no-restart")
-    try:
-        data = json.loads(text)
-        m = {key: float(data[key]["mean"]) for key in NO_RESTART_KEYS}
-        if any(not (v >= 0 or key == "step_overhead_ms") for key, v in m.items()):
-            raise ValueError("times and counts must be >= 0")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InputError(
-            f"--from-no-restart {path}: not the JSON of `benchmarks/bench_no_restart.py --json` ({exc!r}); "
-            "run it again with this version"
-        ) from None
-    pause = max(0.0, m["healthy_group_pause_s"] - m["healthy_group_pause_clean_s"])
-    return {
-        "heal_s": restart_s + m["heal_s"],
-        "restart_s": restart_s + m["restart_recovery_s"],
-        "lost_s": pause + m["steps_lost_per_failure"] * step_s,
-        # A measured overhead below 0 (noise) is no gain: torchft does more per step than DDP.
-        "step_cost": 1.0 + max(0.0, m["step_overhead_ms"]) / 1000.0 / step_s,
-    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -212,43 +137,10 @@ def run(args: argparse.Namespace) -> int:
         from trainguard.errors import InputError
 
         raise InputError("--from-no-restart feeds the third mode: give --replica-groups G as well")
-    if args.from_no_restart and (args.heal_minutes is not None or args.lost_seconds):
-        from trainguard.errors import InputError
-
-        raise InputError(
-            "--from-no-restart takes the heal and the lost time from the benchmark: drop --heal-minutes "
-            "and --lost-seconds (or drop --from-no-restart to give them by hand)"
-        )
     if args.replica_groups:
-        from dataclasses import replace
+        from trainguard.cli.simulate_groups import run_groups
 
-        from trainguard.reliability.simulate import simulate_groups
-
-        heal_s = (args.heal_minutes if args.heal_minutes is not None else args.restart_minutes) * 60.0
-        lost_s, step_cost, restart_ettr = args.lost_seconds, 1.0, out["ettr_mean"]
-        measured = None
-        if args.from_no_restart:
-            measured = no_restart_costs(args.from_no_restart, cfg.restart_s, args.step_seconds)
-            heal_s, lost_s, step_cost = measured["heal_s"], measured["lost_s"], measured["step_cost"]
-            restart = simulate(replace(cfg, restart_s=measured["restart_s"]))  # the same failures
-            restart_ettr = restart.summary()["ettr_mean"]
-        ettr = simulate_groups(cfg, args.replica_groups, heal_s, lost_s, step_cost)
-        out["replica_groups"] = {
-            "groups": args.replica_groups,
-            "heal_minutes": round(heal_s / 60.0, 4),
-            "lost_seconds": round(lost_s, 3),
-            "step_cost": round(step_cost, 5),
-            "ettr_mean": round(float(ettr.mean()), 5),
-            "ettr_sd": round(float(ettr.std(ddof=1)) if cfg.trials > 1 else 0.0, 5),
-            "restart_ettr_mean": restart_ettr,
-            "ettr_vs_restart": round(float(ettr.mean()) / restart_ettr, 4) if restart_ettr else None,
-        }
-        if measured is not None:
-            out["replica_groups"]["from_no_restart"] = {
-                "file": args.from_no_restart,
-                "step_seconds": args.step_seconds,
-                "restart_minutes": round(measured["restart_s"] / 60.0, 4),
-            }
+        out["replica_groups"] = run_groups(args, cfg, results["simulated"].ettr)
     if args.plot:
         from trainguard.reliability.plot import plot_simulation
 
@@ -304,12 +196,9 @@ def render(s: dict[str, Any], result: Any) -> str:
             f"{g['ci95'][1]:+.5f}, {g['trials']} trials)"
         )
     if (g := s.get("replica_groups")) is not None:
-        lines.append(
-            f"\nreplica groups: {g['groups']} groups, a failed one heals in {g['heal_minutes']:g} min while the "
-            f"others train, {g['lost_seconds']:g} s lost per failure, each step {g['step_cost']:g}x a DDP "
-            f"step -> ETTR {g['ettr_mean']:.4f} +/- {g['ettr_sd']:.4f} ({g['ettr_vs_restart']}x the restart "
-            f"mode's {g['restart_ettr_mean']:.4f})"
-        )
+        from trainguard.cli.simulate_groups import render_groups
+
+        lines += render_groups(g)
     return "\n".join(lines)
 
 

@@ -51,6 +51,22 @@ class RootCause(str, Enum):
     UNKNOWN = "unknown"
 
 
+# Causes that stop every replica, so replica groups (`trainguard run --replica-groups`) cannot
+# train around them and the whole job restarts from a checkpoint: a software bug is in every
+# replica's code and data path and crashes them all; silent data corruption reaches every replica
+# through the gradient all-reduce before anything sees it, so all roll back; a switch or cable
+# failure cuts the fabric the cross-replica all-reduce runs on; a dependency (storage, scheduler)
+# serves every replica. The rest (a GPU, its memory, a host, its NIC) stay inside one replica.
+JOB_WIDE_CAUSES = frozenset(
+    {
+        RootCause.SOFTWARE_BUG,
+        RootCause.SILENT_DATA_CORRUPTION,
+        RootCause.NETWORK_SWITCH_CABLE,
+        RootCause.DEPENDENCY,
+    }
+)
+
+
 _CATEGORY_CAUSE: dict[Category, RootCause] = {
     Category.GPU_HARDWARE: RootCause.FAULTY_GPU,
     Category.GPU_MEMORY_ECC: RootCause.GPU_HBM_MEMORY,

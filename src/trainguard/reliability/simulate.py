@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainguard.errors import ConfigError
+from trainguard.incidents.taxonomy import JOB_WIDE_CAUSES, RootCause
 from trainguard.reliability import need
 from trainguard.reliability.models import DAY_S, LLAMA3_DAYS, LLAMA3_GPUS, exact_ettr, expected_ettr
 
@@ -41,6 +42,7 @@ class FailureCategory:
     restart_s: float | None = None  # None: the job's restart cost
     node_fault: bool = False  # the fault stays with its node: recovery must exclude the node
     extra_s: float = 0.0  # more downtime per failure (e.g. waiting for a replacement node)
+    job_wide: bool = False  # stops every replica group too (incidents.taxonomy.JOB_WIDE_CAUSES)
 
 
 # Table 5: unexpected interruptions by root cause, and whether the job sees a hang (the
@@ -88,10 +90,37 @@ NODE_FAULTS = frozenset(
 )
 
 
-def llama3_categories() -> tuple[FailureCategory, ...]:
+# Table 5's rows in the incident taxonomy's root causes (incidents/taxonomy.py), which says which
+# causes are job-wide.
+LLAMA3_CAUSE: dict[str, RootCause] = {
+    "faulty_gpu": RootCause.FAULTY_GPU,
+    "gpu_hbm3_memory": RootCause.GPU_HBM_MEMORY,
+    "software_bug": RootCause.SOFTWARE_BUG,
+    "network_switch_cable": RootCause.NETWORK_SWITCH_CABLE,
+    "host_maintenance": RootCause.HOST,
+    "gpu_sram_memory": RootCause.GPU_SRAM,
+    "gpu_system_processor": RootCause.GPU_SYSTEM_PROCESSOR,
+    "nic": RootCause.NIC,
+    "nccl_watchdog_timeouts": RootCause.NCCL_WATCHDOG_TIMEOUT,
+    "silent_data_corruption": RootCause.SILENT_DATA_CORRUPTION,
+    "gpu_thermal_interface_sensor": RootCause.GPU_THERMAL,
+    "ssd": RootCause.HOST,
+    "power_supply": RootCause.HOST,
+    "server_chassis": RootCause.HOST,
+    "io_expansion_board": RootCause.HOST,
+    "dependency": RootCause.DEPENDENCY,
+    "cpu": RootCause.HOST,
+    "system_memory": RootCause.HOST,
+}
+
+
+def llama3_categories(job_wide: frozenset[RootCause] = JOB_WIDE_CAUSES) -> tuple[FailureCategory, ...]:
+    """Table 5 as failure categories; ``job_wide``: the root causes that stop every replica group."""
     scale = LLAMA3_GPUS * LLAMA3_DAYS
     return tuple(
-        FailureCategory(name, count / scale, hang, node_fault=name in NODE_FAULTS)
+        FailureCategory(
+            name, count / scale, hang, node_fault=name in NODE_FAULTS, job_wide=LLAMA3_CAUSE[name] in job_wide
+        )
         for name, count, hang in LLAMA3_TABLE5
     )
 
@@ -215,33 +244,6 @@ def _failures(cfg: SimConfig, rng: Any) -> tuple[Any, Any, Any]:
     cdf = np.cumsum(shares / shares.sum())
     cats = np.minimum(np.searchsorted(cdf, rng.random(times.shape), side="right"), ncat - 1)
     return times, cats, failed
-
-
-def simulate_groups(cfg: SimConfig, groups: int, heal_s: float, lost_s: float, step_cost: float = 1.0) -> Any:
-    """ETTR per trial under the third recovery mode, replica groups (``trainguard run
-    --replica-groups``): a failure takes the one group holding the failed GPU out for the
-    category's detection delay + ``heal_s`` (restart and heal from a live peer, in place of the
-    job's restart) + its extra downtime, while the other groups keep training, so the job loses
-    ``1 / groups`` of its capacity for that long, plus ``lost_s`` of the whole job's time (the steps
-    the healthy groups discard while the quorum drops the failed one). Nothing rolls back to a
-    checkpoint; durable checkpoints still block ``write_s`` per ``interval_s``. ``step_cost``: a
-    step under torchft takes this many times a plain DDP step (its quorum and commit RPCs), so
-    the useful work is divided by it. The same failures as `simulate` with the same seed."""
-    np = need("numpy")
-    if groups < 1 or heal_s < 0 or lost_s < 0 or not step_cost >= 1.0:
-        raise ConfigError(
-            "replica groups: give 1 or more groups, non-negative heal and loss times and a step cost >= 1"
-        )
-    rng = np.random.default_rng(cfg.seed)
-    horizon = cfg.days * DAY_S
-    if cfg.rate_per_s == 0:
-        return np.full(cfg.trials, cfg.interval_s / (cfg.interval_s + cfg.write_s) / step_cost)
-    times, cats, failed = _failures(cfg, rng)
-    down = np.array([c.detect_s + heal_s + c.extra_s for c in cfg.categories], dtype=float)[cats]
-    lost = np.minimum(down, np.maximum(0.0, horizon - times)) / groups + lost_s
-    lost_total = np.where(failed, lost, 0.0).sum(axis=1)
-    useful = np.maximum(0.0, horizon - lost_total) * cfg.interval_s / (cfg.interval_s + cfg.write_s)
-    return useful / horizon / step_cost
 
 
 def _committed(runs: Any, cfg: SimConfig, *, final: bool) -> Any:
