@@ -237,9 +237,10 @@ class MpiWorkers:
             return
         if p.poll() is None:
             codes = self.files.exit_codes(None)
-            if any(c not in (None, 0) for c in codes.values()):
-                # a rank failed: mpirun is ending the job itself; a signal now makes it abort
-                # its own teardown (Open MPI 4.1 then crashes in PMIx_Finalize)
+            if any(c not in (None, 0) for c in codes.values()) or self.files.all_exited():
+                # a rank failed, or every rank ended: the launcher is ending the job itself; a
+                # signal now makes it abort its own teardown (Open MPI 4.1 then crashes in
+                # PMIx_Finalize; srun cancels a step that was finishing)
                 _wait(p, ABORT_WAIT_S)
             else:
                 p.send_signal(signal.SIGTERM)  # mpirun ends the ranks on every host
