@@ -200,7 +200,9 @@ def test_mpirun_options_are_refused_by_the_other_launchers() -> None:
         "-x",
         "NCCL_DEBUG",
     )
-    with pytest.raises(ConfigError, match="-np: an option of mpirun or srun, which --launcher local does not take"):
+    with pytest.raises(
+        ConfigError, match="-np: an option of mpirun or srun, which --launcher local does not take"
+    ):
         config("--launcher", "local", "-np", "4")
 
 
