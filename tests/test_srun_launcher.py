@@ -16,7 +16,7 @@ import pytest
 
 from real_parts import require_module
 from slurm_cluster import NODE, SlurmCluster, require_slurm
-from test_mpi_launcher import INSTALL, attempts, result, started, wait_for
+from test_mpi_launcher import INSTALL, attempts, fail_gpu_1, result
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -81,21 +81,9 @@ def test_a_killed_task_ends_the_step_and_the_job_restarts_from_its_checkpoint(
 
 
 def test_a_failed_gpu_restarts_the_step_with_one_task_less(cluster: SlurmCluster, tmp_path: Path) -> None:
-    from trainguard.telemetry.sim.kmsg import write_xid_line
-    from trainguard.telemetry.sim.profiles import pci_address
-
     proc = run(cluster, tmp_path, "--backend", "sim", "--no-preflight", steps=200, background=True)
     assert isinstance(proc, subprocess.Popen)
-    try:
-        wait_for(lambda: started(tmp_path, 1) is not None, "rank 1 started")
-        rank1 = started(tmp_path, 1)
-        assert rank1 is not None and rank1["gpu"] == 1
-        write_xid_line(tmp_path / "runs" / "mpi" / "sim-kmsg.log", pci_address(1), 79, pid=rank1["pid"])
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    out = fail_gpu_1(proc, tmp_path)
     assert proc.returncode == 0, out
     _, second = attempts(tmp_path)
     assert (second / "hostfile").read_text() == f"{NODE}\n"  # -n 2 -> 1: GPU 1 is out

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from test_mpi_plan import recorded_starts
 from trainguard.errors import ConfigError
 from trainguard.incidents.hosts import Host
 from trainguard.supervisor.mpi_hosts import HostPlan
@@ -59,8 +60,6 @@ def test_slurm_holds_out_drained_down_and_silent_nodes(state: str, why: str) -> 
 
 
 def test_the_next_step_leaves_out_what_slurm_drained_and_srun_lost(tmp_path: Path, monkeypatch) -> None:
-    import subprocess
-
     from trainguard.supervisor import srun
     from trainguard.supervisor.config import LaunchConfig, RecordConfig, SupervisorConfig
     from trainguard.supervisor.launch import LaunchJob
@@ -71,21 +70,7 @@ def test_the_next_step_leaves_out_what_slurm_drained_and_srun_lost(tmp_path: Pat
             "tg1|gpu-a01|allocated\ntg2|gpu-a02|draining\ntg3|gpu-a03|allocated\ntg4|gpu-a04|allocated\n",
     }  # fmt: skip
     monkeypatch.setattr(srun, "_slurm", lambda *argv: answers[argv])
-    started: list[tuple[list[str], dict[str, str]]] = []
-
-    class Recorded:
-        pid, returncode = 0, 0
-
-        def __init__(self, argv: list[str], env: dict[str, str], **_kw: object) -> None:
-            started.append((argv, env))
-
-        def poll(self) -> int:
-            return 0
-
-        def wait(self, _timeout: float | None = None) -> int:
-            return 0
-
-    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    started = recorded_starts(monkeypatch)
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "tg[1-4]")
     monkeypatch.setenv("SLURM_TASKS_PER_NODE", "2(x4)")
