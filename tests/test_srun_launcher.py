@@ -1,7 +1,7 @@
 """`trainguard run --launcher srun` inside a real Slurm allocation (tests/slurm_cluster.py: slurmctld,
 slurmd and munged on loopback) with a plain mpi4py script that never imports trainguard
 (examples/mpi/train_mpi.py, wired up by srun's PMIx plugin, ``--mpi=pmix``): a clean run, a killed
-task, a failed GPU."""
+task, a failed GPU, a stopped task (a hang)."""
 
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         yield c
 
 
-def run(cluster: SlurmCluster, tmp_path: Path, *options: str, steps: int = 60,
+def run(cluster: SlurmCluster, tmp_path: Path, *options: str, steps: int = 60, heartbeats: bool = False,
         background: bool = False) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:  # fmt: skip
     job = [sys.executable, str(JOB), "--steps", str(steps), "--step-time", "0.05",
-           "--checkpoint-dir", str(tmp_path / "ckpt")]  # fmt: skip
+           "--checkpoint-dir", str(tmp_path / "ckpt"), *(["--heartbeats"] if heartbeats else [])]  # fmt: skip
     # salloc: the user's allocation; trainguard runs in it, one srun step per attempt
     cmd = ["salloc", "--quiet", "-n", "2", sys.executable, "-m", "trainguard.cli", "run", "--launcher", "srun",
            "-n", "2", "--mpi=pmix", *options, "--db", str(tmp_path / "tg.db"), "--runs-dir", str(tmp_path / "runs"),
@@ -91,3 +91,18 @@ def test_a_failed_gpu_restarts_the_step_with_one_task_less(cluster: SlurmCluster
     assert not (second / "rank1.proc").exists()
     (incident,) = result(tmp_path)["incidents"]
     assert incident["gpu"] == 1 and incident["action"] == "exclude_gpu"
+
+
+def test_a_stopped_task_is_a_hang_the_heartbeats_show_and_the_step_is_replaced(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    (tmp_path / "stop.toml").write_text('[[fault]]\nkind = "stop"\nrank = 1\nat_s = 6\n')
+    r = run(cluster, tmp_path, "--chaos", str(tmp_path / "stop.toml"), "--hang-timeout-floor", "10",
+            steps=150, heartbeats=True)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    first, second = attempts(tmp_path)
+    assert json.loads((first / "rank1.exit").read_text())["code"] < 0  # stopped, then ended by a signal
+    assert "done step=150" in (second / "rank0.stdout").read_text()
+    (incident,) = result(tmp_path)["incidents"]
+    assert incident["rank"] == 1 and incident["action"] == "restart"
+    assert (incident["category"], incident["detected_by"]) == ("hang", "heartbeat")
