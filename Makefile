@@ -40,7 +40,7 @@ unit-all: $(STAMP)
 	$(BIN)/pytest -q -m "not gpu"
 
 # The real parts the tests run against, from Debian (needs root): chromium, chromium-driver,
-# prometheus, strace (power-loss crash states), postgresql, slurm-wlm and munge, Open MPI
+# prometheus, strace (power-loss crash states), postgresql, slurm-wlm and munge (the test cluster; srun --mpi=pmix for the srun launcher's tests), Open MPI
 # (openmpi-bin, libopenmpi-dev: mpirun for the MPI launcher's tests, the library mpi4py loads;
 # mpi4py itself is the [mpi] extra, in [dev]). A failure stops
 # here. A test that needs a real part calls tests/real_parts.py's

@@ -44,9 +44,10 @@ def free_port() -> int:
 
 
 class SlurmCluster:
-    def __init__(self, root: Path, extra_conf: str = "") -> None:
+    def __init__(self, root: Path, extra_conf: str = "", cpus: int = 1) -> None:
         self.root = root
         self.extra_conf = extra_conf
+        self.cpus = cpus  # the node's CPUs: the tasks a step may run on it without --overcommit
         self.conf = root / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -114,7 +115,7 @@ MpiDefault=none
 ReturnToService=2
 RebootProgram=/bin/true
 {self.extra_conf}
-NodeName={NODE} NodeHostname={host} NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 State=UNKNOWN
+NodeName={NODE} NodeHostname={host} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=100 State=UNKNOWN
 PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
 """
         )

@@ -98,25 +98,30 @@ def test_a_killed_rank_restarts_the_job_from_its_checkpoint(tmp_path: Path) -> N
     assert incident["rank"] == 1 and incident["action"] == "restart"
 
 
-def test_a_failed_gpu_restarts_the_job_without_it(tmp_path: Path) -> None:
+def fail_gpu_1(proc: subprocess.Popen[str], tmp_path: Path) -> str:
+    """Once rank 1 runs, the simulated node's driver reports Xid 79 on its GPU 1; the run's
+    output once it ends."""
     from trainguard.telemetry.sim.kmsg import write_xid_line
     from trainguard.telemetry.sim.profiles import pci_address
 
-    proc = run(tmp_path, "-np", "2", "--backend", "sim", "--no-preflight", steps=200, background=True)
-    assert isinstance(proc, subprocess.Popen)
     try:
         wait_for(lambda: started(tmp_path, 1) is not None, "rank 1 started")
         rank1 = started(tmp_path, 1)
-        assert rank1 is not None
+        assert rank1 is not None and rank1["gpu"] == 1
         log = tmp_path / "runs" / "mpi" / "sim-kmsg.log"  # the simulated node's kernel log
-        write_xid_line(
-            log, pci_address(1), 79, pid=rank1["pid"]
-        )  # the driver's line for GPU 1 (the kernel's)
+        write_xid_line(log, pci_address(1), 79, pid=rank1["pid"])  # the driver's line (the kernel's)
         out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    return out
+
+
+def test_a_failed_gpu_restarts_the_job_without_it(tmp_path: Path) -> None:
+    proc = run(tmp_path, "-np", "2", "--backend", "sim", "--no-preflight", steps=200, background=True)
+    assert isinstance(proc, subprocess.Popen)
+    out = fail_gpu_1(proc, tmp_path)
     assert proc.returncode == 0, out
     _, second = attempts(tmp_path)
     assert "rank 0 of 1" in (second / "rank0.stdout").read_text()  # -np 2 -> 1: GPU 1 is out

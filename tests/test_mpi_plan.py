@@ -115,12 +115,9 @@ def test_mpirun_options_are_read_and_the_rest_passed_on(tmp_path: Path) -> None:
         MpirunArgs.parse(["--hostfile", "/nonexistent"])
 
 
-def test_each_attempt_starts_mpirun_with_the_ranks_env_exported(tmp_path: Path, monkeypatch) -> None:
+def recorded_starts(monkeypatch) -> list[tuple[list[str], dict[str, str]]]:  # type: ignore[no-untyped-def]
+    """Every process started from now on, as (argv, env), none of them run (each "exits" 0)."""
     import subprocess
-
-    from trainguard.supervisor import mpirun
-    from trainguard.supervisor.config import LaunchConfig, RecordConfig, SupervisorConfig
-    from trainguard.supervisor.launch import LaunchJob
 
     started: list[tuple[list[str], dict[str, str]]] = []
 
@@ -136,10 +133,20 @@ def test_each_attempt_starts_mpirun_with_the_ranks_env_exported(tmp_path: Path, 
         def wait(self, _timeout: float | None = None) -> int:
             return 0
 
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    return started
+
+
+def test_each_attempt_starts_mpirun_with_the_ranks_env_exported(tmp_path: Path, monkeypatch) -> None:
+    from trainguard.supervisor import mpirun
+    from trainguard.supervisor.config import LaunchConfig, RecordConfig, SupervisorConfig
+    from trainguard.supervisor.launch import LaunchJob
+
+    started = recorded_starts(monkeypatch)
+
     def worker_env(_lr: int, env: dict[str, str]) -> None:
         env.update(TRAINGUARD_RUN_DIR=str(tmp_path / "run"), CUDA_VISIBLE_DEVICES="0,1,2")
 
-    monkeypatch.setattr(subprocess, "Popen", Recorded)
     config = SupervisorConfig(
         LaunchConfig(cmd=("python", "t.py"), nproc_per_node=3, launcher="mpirun",
                      launcher_args=("-np", "3", "--bind-to", "core")),
@@ -200,7 +207,9 @@ def test_mpirun_options_are_refused_by_the_other_launchers() -> None:
         "-x",
         "NCCL_DEBUG",
     )
-    with pytest.raises(ConfigError, match="-np: an option of mpirun, which --launcher local does not take"):
+    with pytest.raises(
+        ConfigError, match="-np: an option of mpirun or srun, which --launcher local does not take"
+    ):
         config("--launcher", "local", "-np", "4")
 
 

@@ -90,6 +90,13 @@ CASES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "--map-by": (["--launcher", "mpirun", "--bind-to", "core"], COMMAND, ["--launcher", "mpirun"]),
     "--cpus-per-proc": (["--launcher", "mpirun", "--timeout", "600"], COMMAND, ["--launcher", "mpirun"]),
     "--oversubscribe": (["--launcher", "mpirun", "--oversubscribe"], COMMAND, ["--launcher", "mpirun"]),
+    # srun's (--launcher srun), kept as written
+    "--ntasks": (
+        ["--launcher", "srun", "--ntasks", "4", "--mpi=pmix", "-w", "tg[1-2]", "--exclude=tg3"],
+        COMMAND,
+        ["--launcher", "srun"],
+    ),
+    "-O": (["--launcher", "srun", "-O", "--label"], COMMAND, ["--launcher", "srun"]),
     "--launcher-arg": (
         ["--launcher", "mpirun", "--launcher-arg=--display-devel-map"],
         COMMAND,

@@ -1,10 +1,13 @@
-"""mpirun's options on `trainguard run`'s command line, kept as written for the launcher.
+"""mpirun's and srun's options on `trainguard run`'s command line, kept as written for the launcher.
 
     trainguard run --launcher mpirun -np 4 --hostfile hosts --map-by slot -x NCCL_DEBUG -- python train.py
+    trainguard run --launcher srun -n 8 --mpi=pmix --gpus-per-task 1 -- python train.py
 
-``add_launcher_options`` registers the mpirun options training jobs use (``LAUNCHER_OPTIONS``,
-with how many values each takes); each is collected, in order and as written, into
-``launcher_args``, which the launcher reads (`supervisor.mpirun.MpirunArgs`) and passes on.
+``add_launcher_options`` registers the mpirun and srun options training jobs use
+(``LAUNCHER_OPTIONS``, with how many values each takes; a name both use, such as ``-n``, ``-N``,
+``-x``, ``-c``, takes one value in both); each is collected, in order and as written, into
+``launcher_args``, which the launcher reads (`supervisor.mpirun.MpirunArgs`,
+`supervisor.srun.SrunArgs`) and passes on.
 ``--launcher-arg=ARG`` passes any other one (``--launcher-arg=--display-devel-map``). A name
 `trainguard run` already uses keeps its trainguard (or torchrun) meaning.
 """
@@ -17,7 +20,7 @@ from typing import Any
 
 __all__ = ["LAUNCHER_OPTIONS", "MPI_LAUNCHERS", "add_launcher_options", "resolve_mpi"]
 
-MPI_LAUNCHERS = ("mpirun",)
+MPI_LAUNCHERS = ("mpirun", "srun")
 
 # (option strings, number of values): Open MPI 4.1's mpirun options that training jobs use
 LAUNCHER_OPTIONS: list[tuple[tuple[str, ...], int]] = [
@@ -31,6 +34,12 @@ LAUNCHER_OPTIONS: list[tuple[tuple[str, ...], int]] = [
     (("--oversubscribe", "--allow-run-as-root", "--tag-output", "--timestamp-output", "--report-bindings",
       "--display-map", "--display-allocation", "--nolocal", "--noprefix", "--use-hwthread-cpus",
       "--get-stack-traces", "--report-state-on-timeout"), 0),
+    # Slurm 22.05's srun options that training jobs use
+    (("--ntasks", "--nodes", "-w", "--nodelist", "--exclude", "--ntasks-per-node", "--cpus-per-task",
+      "--gpus-per-task", "--gpus-per-node", "--gpu-bind", "--cpu-bind", "--mpi", "--export", "-m",
+      "--distribution", "--mem", "--mem-per-cpu", "-p", "--partition", "--time", "-J", "--job-name",
+      "--network"), 1),
+    (("-O", "--overcommit", "-l", "--label", "-u", "--unbuffered", "--overlap"), 0),
 ]  # fmt: skip
 
 
@@ -60,24 +69,34 @@ def add_launcher_options(group: Any, taken: set[str]) -> None:
         action=Collect,
         dest="launcher_args",
         metavar="ARG",
-        help="pass ARG on to mpirun (repeat; --launcher-arg=--flag for one that starts with -)",
+        help="pass ARG on to mpirun or srun (repeat; --launcher-arg=--flag for one that starts with -)",
     )
 
 
 def resolve_mpi(
     launcher: str, launcher_args: Sequence[str], nproc: int, gpus: tuple[int, ...]
 ) -> tuple[int, tuple[int, ...]]:
-    """(ranks, this node's GPUs) of an MPI launch: ``-np`` if given (else ``--nproc-per-node``);
-    with hosts and no ``--gpus``, GPUs 0..(the most slots a host has)-1."""
+    """(ranks, this node's GPUs) of an MPI launch: ``-np``/``-n`` if given (else ``--nproc-per-node``);
+    with hosts and no ``--gpus``, GPUs 0..(the most slots a host has)-1; under srun in an
+    allocation, 0..(the most tasks a node has)-1."""
     from trainguard.errors import ConfigError
 
     if launcher not in MPI_LAUNCHERS:
         if launcher_args:
             raise ConfigError(
-                f"{launcher_args[0]}: an option of mpirun, which --launcher {launcher} does not take "
-                "(use --launcher mpirun)"
+                f"{launcher_args[0]}: an option of mpirun or srun, which --launcher {launcher} does not "
+                "take (use --launcher mpirun or srun)"
             )
         return nproc, gpus
+    if launcher == "srun":
+        import os
+
+        from trainguard.mpi.identity import tasks_per_node
+        from trainguard.supervisor.srun import SrunArgs
+
+        n = SrunArgs.parse(launcher_args).ntasks or nproc
+        per_node = tasks_per_node(os.environ.get("SLURM_TASKS_PER_NODE", ""))
+        return n, gpus or (tuple(range(min(n, max(per_node)))) if per_node else ())
     from trainguard.supervisor.mpirun import MpirunArgs
 
     parsed = MpirunArgs.parse(launcher_args)

@@ -59,8 +59,9 @@ def register(subparsers: Any) -> None:
         help="how workers start: torch (torch's elastic agent, as torchrun; default), local "
         "(N plain processes with torchrun's per-rank variables; no torch needed), tf (TensorFlow: "
         "N workers with TF_CONFIG each, or with --nproc-per-node 1 one MirroredStrategy process over "
-        "the --gpus; docs/tensorflow.md) or mpirun (Open MPI's mpirun with its options: -np N, "
-        "--host, --hostfile, -x, --mca...; docs/mpi.md)",
+        "the --gpus; docs/tensorflow.md), mpirun (Open MPI's mpirun with its options: -np N, "
+        "--host, --hostfile, -x, --mca...) or srun (Slurm's srun, one step per attempt, inside the "
+        "allocation: -n N, --mpi, -w, -x...; docs/mpi.md)",
     )
     g.add_argument("--job-id", default="", help="default: --rdzv-id, else a timestamp")
     g.add_argument(
@@ -203,7 +204,8 @@ def register(subparsers: Any) -> None:
     g.add_argument("--no-tee", action="store_true", help="do not copy worker output to the console")
     g.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the run result as JSON")
     m = p.add_argument_group(
-        "mpirun's options (--launcher mpirun: -np N, --host, --hostfile, -x, --mca, --map-by...; docs/mpi.md)"
+        "mpirun's and srun's options (--launcher mpirun: -np N, --host, --hostfile, -x, --mca, --map-by...; "
+        "--launcher srun: -n N, --mpi, -w, -x, --gpus-per-task...; docs/mpi.md)"
     )
     add_launcher_options(m, set(p._option_string_actions))
     p.add_argument(

@@ -7,7 +7,8 @@ per-rank variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE) and its node
 files and records, for the supervisor, the command's pid and how it ended::
 
     $TRAINGUARD_MPI_LOG_DIR/rank<R>.stdout|.stderr  the command's output (appended, as under torch)
-    $TRAINGUARD_MPI_LOG_DIR/rank<R>.proc            {"rank", "local_rank", "host", "pid", "gpu"}
+    $TRAINGUARD_MPI_LOG_DIR/rank<R>.proc            {"rank", "local_rank", "host", "pid", "gpu"},
+                                                    under srun "step" (JOB.STEP) and Slurm's node name
     $TRAINGUARD_MPI_LOG_DIR/rank<R>.exit            {"rank", "code", "time", "signal"}: code < 0 is
                                                     death by that signal; "signal": the stop signal
                                                     this wrapper passed on (mpirun's teardown), if any
@@ -115,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     die_with_parent(os.getppid())  # mpirun's daemon gone: so is this rank
     env = dict(os.environ)
-    host = env.get(HOST_ENV) or socket.gethostname()
+    # under srun a node is named as Slurm names it (the name srun's --exclude and its errors use)
+    slurm_node = env.get("SLURMD_NODENAME") if me.source == "Slurm" else None
+    host = slurm_node or env.get(HOST_ENV) or socket.gethostname()
     warnings = rank_env(me, gpu_list(env.get(GPUS_ENV, ""), env.get(HOST_GPUS_ENV, ""), host), env)
     folder = Path(env.get(LOG_DIR_ENV) or ".")
     folder.mkdir(parents=True, exist_ok=True)
@@ -139,8 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             e.write(f"trainguard.mpi.rank: cannot start {cmd[0]!r}: {exc}\n".encode())
             return 127
     gpu = env.get("TRAINGUARD_GPU")
-    proc = {"rank": me.rank, "local_rank": me.local_rank, "host": host, "pid": child.pid,
-            "gpu": int(gpu) if gpu else None}  # fmt: skip
+    proc: dict[str, Any] = {"rank": me.rank, "local_rank": me.local_rank, "host": host, "pid": child.pid,
+                            "gpu": int(gpu) if gpu else None}  # fmt: skip
+    if slurm_node and env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID"):
+        proc["step"] = f"{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"  # what scancel ends
     _record(folder / f"rank{me.rank}.proc", proc)
     if stopped:  # a stop signal came before the command existed
         os.kill(child.pid, stopped[0])

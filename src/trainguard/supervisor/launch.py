@@ -6,17 +6,19 @@ A `Launcher` starts the workers of one job and runs the supervisor's monitor loo
     launcher.launch(job, monitor)       # -> None when the loop returned, else the stop signal's name
 
 The loop (`Supervisor.monitor`) sees the workers only through `Workers`: exit codes, process
-handles, ranks, stop and restart. Three launchers ship (`LAUNCHERS`, chosen by ``--launcher``):
+handles, ranks, stop and restart. Five launchers ship (`LAUNCHERS`, chosen by ``--launcher``):
 
     torch   torch's elastic agent, as torchrun runs it (`supervisor.torchrun` -> `supervisor.elastic`)
     local   N local processes, a per-rank environment, no torch (`supervisor.local.LocalLauncher`)
     tf      TensorFlow: N workers with TF_CONFIG each, or one MirroredStrategy process (`supervisor.tf`)
     mpirun  Open MPI's mpirun: one launcher process for every rank on every host, each rank behind
             a small wrapper that records its pid and exit (`supervisor.mpirun`, `trainguard.mpi`)
+    srun    Slurm's srun: one job step per attempt, each task behind the same wrapper
+            (`supervisor.srun`, on mpirun's `MpiWorkers`)
 
-A new framework or launcher (TensorFlow with TF_CONFIG per worker, Slurm's srun) is one more
+A new framework or launcher is one more
 `Launcher` (most build on `LocalLauncher`: a per-rank environment hook and a command factory; a
-launcher that is one process for all ranks, as mpirun, on `MpiWorkers`) and one name in
+launcher that is one process for all ranks, as mpirun and srun, on `MpiWorkers`) and one name in
 `LAUNCHERS`; the loops do not learn its name.
 
     >>> launcher_for("local").name
@@ -108,6 +110,7 @@ LAUNCHERS: dict[str, str] = {
     "local": "trainguard.supervisor.local:LocalLauncher",
     "tf": "trainguard.supervisor.tf:TfLauncher",
     "mpirun": "trainguard.supervisor.mpirun:MpirunLauncher",
+    "srun": "trainguard.supervisor.srun:SrunLauncher",
 }
 
 

@@ -2,7 +2,7 @@
 
     <attempt dir>/rank<R>.proc   {"rank", "local_rank", "host", "pid", "gpu"}  (trainguard.mpi.rank)
     <attempt dir>/rank<R>.exit   {"rank", "code", "time", "signal"}
-    <attempt dir>/mpirun.log     mpirun's own output
+    <attempt dir>/mpirun.log     the launcher's own output (srun.log under srun)
 
 A rank's exit code is its ``.exit`` record; while mpirun runs, a rank without one is running.
 Once mpirun has ended: a rank that started and left no record was killed with its wrapper
@@ -76,8 +76,10 @@ def _alive(pid: int) -> bool:
 
 
 class RankFiles:
-    def __init__(self, directory: Path, np: int, is_here: Callable[[str], bool]) -> None:
-        self.directory, self.np, self.is_here = directory, np, is_here
+    def __init__(
+        self, directory: Path, np: int, is_here: Callable[[str], bool], log: str = "mpirun.log"
+    ) -> None:
+        self.directory, self.np, self.is_here, self.log = directory, np, is_here, log
         self._exits: dict[int, int] = {}
         self._procs: dict[int, dict[str, Any]] = {}
         self._handles: dict[int, RankProcess] = {}
@@ -135,9 +137,9 @@ class RankFiles:
             if _alive(p.pid):
                 p.kill()
 
-    def mpirun_tail(self, lines: int = 20) -> str:
+    def launcher_tail(self, lines: int = 20) -> str:
         try:
-            with open(self.directory / "mpirun.log", "rb") as f:
+            with open(self.directory / self.log, "rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
                 text = f.read().decode("utf-8", "replace")
         except OSError:
@@ -145,10 +147,11 @@ class RankFiles:
         return "\n".join(text.splitlines()[-lines:])
 
     def lost_nodes(self) -> dict[str, str]:
-        """Nodes mpirun reported lost in this attempt ("Remote daemon: ... on node X") -> the line."""
+        """Nodes the launcher reported lost in this attempt (mpirun's "Remote daemon: ... on node X",
+        srun's "Node failure on X") -> the line."""
         found = {}
-        for line in self.mpirun_tail(400).splitlines():
+        for line in self.launcher_tail(400).splitlines():
             node = lost_node(line)
             if node is not None:
-                found[node] = f"mpirun lost it: {line.strip()}"
+                found[node] = f"{self.log.split('.')[0]} lost it: {line.strip()}"
         return found

@@ -120,8 +120,11 @@ class MpirunLauncher:
         if shutil.which("mpirun") is None:
             raise MissingDependency(f"--launcher mpirun needs Open MPI's mpirun on PATH: {INSTALL_HINT}")
 
+    def workers(self, job: LaunchJob) -> MpiWorkers:
+        return MpiWorkers(job, MpirunArgs.parse(job.config.launch.launcher_args))
+
     def launch(self, job: LaunchJob, monitor: Monitor) -> str | None:
-        workers = MpiWorkers(job, MpirunArgs.parse(job.config.launch.launcher_args))
+        workers = self.workers(job)
 
         def interrupt(signum: int, _frame: Any) -> None:
             workers.received.append(signum)
@@ -144,17 +147,20 @@ def here(name: str) -> bool:
 
 
 class MpiWorkers:
-    """The `Workers` handle over one mpirun: its ranks, as the wrapper records them."""
+    """The `Workers` handle over one MPI launcher process (mpirun here; srun in `supervisor.srun`,
+    which overrides `command` and `is_here`): its ranks, as the wrapper records them."""
 
-    def __init__(self, job: LaunchJob, args: MpirunArgs) -> None:
+    launcher, log = "mpirun", "mpirun.log"
+
+    def __init__(self, job: LaunchJob, args: Any) -> None:
         self.job, self.args = job, args
         self.received: list[int] = []
         self.restarts = 0
-        self.lost: dict[str, str] = {}  # nodes mpirun lost in an earlier attempt -> its line
-        self.mpirun: subprocess.Popen[bytes] | None = None
+        self.lost: dict[str, str] = {}  # nodes the launcher lost in an earlier attempt -> its line
+        self.mpirun: subprocess.Popen[bytes] | None = None  # the launcher process (mpirun, srun)
         self.files = RankFiles(Path("."), 0, here)
         self.plan: HostPlan | None = None
-        self.told = False  # mpirun's failure was logged
+        self.told = False  # the launcher's failure was logged
 
     def start(self, local_world_size: int | None = None) -> None:
         launch = self.job.config.launch
@@ -167,32 +173,45 @@ class MpiWorkers:
         self.job.worker_env(0, env)
         env[LOG_DIR_ENV], env[GPUS_ENV] = str(directory), ",".join(map(str, gpus))
         # one host: the ranks asked for, less one for each GPU the loop excluded
-        hostfile, np = None, launch.nproc_per_node - (len(every) - len(gpus))
-        self.plan = None
-        if self.args.hosts:
-            self.plan = plan_hosts(self.args.hosts, self.args.np, self._states(), self.lost, gpus,
-                                   is_here=here, now=time.time())  # fmt: skip
-            for host, why in self.plan.left_out.items():
-                log.warning("mpirun: attempt without %s: %s", host, why)
-            hostfile = directory / "hostfile"
-            hostfile.write_text(self.plan.hostfile())
-            env[HOST_GPUS_ENV] = ";".join(
-                f"{h}={','.join(map(str, g))}" for h, g in self.plan.host_gpus.items()
-            )
-            np = self.plan.np
-        if np < 1:
-            raise ConfigError("mpirun: no host is left to run on (every one is out: see the warnings)")
-        export = sorted(k for k, v in env.items() if os.environ.get(k) != v)
-        argv = mpirun_argv(self.args, self.plan, np, hostfile, export, launch.cmd, root=os.geteuid() == 0)
-        self.files, self.told = RankFiles(directory, np, here), False
-        log.info("mpirun: %s", " ".join(argv))
-        with open(directory / "mpirun.log", "ab") as out:
+        argv, np = self.command(directory, gpus, launch.nproc_per_node - (len(every) - len(gpus)), env)
+        self.files, self.told = RankFiles(directory, np, self.is_here, self.log), False
+        log.info("%s: %s", self.launcher, " ".join(argv))
+        with open(directory / self.log, "ab") as out:
             self.mpirun = subprocess.Popen(
                 argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, preexec_fn=parent_death(signal.SIGTERM),
             )  # fmt: skip
 
-    def _states(self) -> dict[str, Any]:
+    def is_here(self, name: str) -> bool:
+        return here(name)
+
+    def announce(self, plan: HostPlan, env: dict[str, str]) -> HostPlan:
+        """Log the hosts ``plan`` leaves out; tell the wrappers the GPUs of hosts that lost some."""
+        self.plan = plan
+        for host, why in plan.left_out.items():
+            log.warning("%s: attempt without %s: %s", self.launcher, host, why)
+        env[HOST_GPUS_ENV] = ";".join(f"{h}={','.join(map(str, g))}" for h, g in plan.host_gpus.items())
+        return plan
+
+    def command(
+        self, directory: Path, gpus: tuple[int, ...], np: int, env: dict[str, str]
+    ) -> tuple[list[str], int]:
+        """The attempt's launcher command line and its number of ranks (``np``: the ranks on this
+        host alone); may add to ``env``."""
+        hostfile, self.plan = None, None
+        if self.args.hosts:
+            plan = self.announce(plan_hosts(self.args.hosts, self.args.np, self.states(), self.lost,
+                                            gpus, is_here=here, now=time.time()), env)  # fmt: skip
+            hostfile = directory / "hostfile"
+            hostfile.write_text(plan.hostfile())
+            np = plan.np
+        if np < 1:
+            raise ConfigError("mpirun: no host is left to run on (every one is out: see the warnings)")
+        export = sorted(k for k, v in env.items() if os.environ.get(k) != v)
+        return mpirun_argv(self.args, self.plan, np, hostfile, export, self.job.config.launch.cmd,
+                           root=os.geteuid() == 0), np  # fmt: skip
+
+    def states(self) -> dict[str, Any]:
         """The fleet store's view of the hosts (none when there is no store to read)."""
         from trainguard.errors import TrainguardError
         from trainguard.incidents import IncidentStore
@@ -202,7 +221,7 @@ class MpiWorkers:
             with IncidentStore(self.job.config.resolved_db(), create=False) as store:
                 return read_nodes(store)
         except (TrainguardError, OSError) as exc:
-            log.warning("mpirun: hosts not checked against the fleet store: %s", exc)
+            log.warning("%s: hosts not checked against the fleet store: %s", self.launcher, exc)
             return {}
 
     def restart(self, counts_as_retry: bool, local_world_size: int) -> None:
@@ -218,20 +237,25 @@ class MpiWorkers:
             return
         if p.poll() is None:
             codes = self.files.exit_codes(None)
-            if any(c not in (None, 0) for c in codes.values()):
-                # a rank failed: mpirun is ending the job itself; a signal now makes it abort
-                # its own teardown (Open MPI 4.1 then crashes in PMIx_Finalize)
+            if any(c not in (None, 0) for c in codes.values()) or self.files.all_exited():
+                # a rank failed, or every rank ended: the launcher is ending the job itself; a
+                # signal now makes it abort its own teardown (Open MPI 4.1 then crashes in
+                # PMIx_Finalize; srun cancels a step that was finishing)
                 _wait(p, ABORT_WAIT_S)
             else:
                 p.send_signal(signal.SIGTERM)  # mpirun ends the ranks on every host
                 _wait(p, max(STOP_GRACE_S, self.job.config.launch.kill_grace_s))
             if p.poll() is None:
-                log.warning("mpirun did not end by itself; killing it")
+                log.warning("%s did not end by itself; killing it", self.launcher)
         with_pgroup_kill(p)
         self.files.kill_local()
+        self.reap()
         if p.returncode not in (0, None) and not self.files.all_exited() and not self.told:
             self.told = True  # once per attempt: the loop stops, then restarts
-            log.warning("mpirun exited %s:\n%s", p.returncode, self.files.mpirun_tail())
+            log.warning("%s exited %s:\n%s", self.launcher, p.returncode, self.files.launcher_tail())
+
+    def reap(self) -> None:
+        """After the launcher is gone: end what it started elsewhere (mpirun's daemons die with it)."""
 
     def ranks(self) -> dict[int, int]:
         return {r: r for r in range(self.files.np)}
