@@ -34,6 +34,7 @@ TAIL_BYTES = 64 * 1024  # the end of a rank's stderr: where its last traceback i
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
 _EXC = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::|$)")  # ExcType[: message]
+_RANK_TAG = re.compile(r"^\[rank\d+\]: ?")  # torch's prefix on an uncaught exception's lines
 _ERRORISH = re.compile(r"error|exception|can't|cannot|not found|no such|fatal|denied", re.IGNORECASE)
 _MASKS = (
     (re.compile(r"0x[0-9a-fA-F]+"), "<hex>"),
@@ -82,7 +83,7 @@ def _from_elastic(text: str) -> str | None:
 
 def _from_traceback(text: str) -> str | None:
     """The exception line of the last traceback in ``text`` and the innermost frame above it."""
-    lines = [ln.rstrip() for ln in text.splitlines()]
+    lines = [_RANK_TAG.sub("", ln.rstrip(), count=1) for ln in text.splitlines()]
     start = max(
         (i for i, ln in enumerate(lines) if ln.lstrip().startswith("Traceback (most recent")), default=-1
     )
