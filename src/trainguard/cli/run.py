@@ -125,7 +125,8 @@ def register(subparsers: Any) -> None:
         type=int,
         default=3,
         metavar="N",
-        help="stop with exit 3 after the same application error N times in a row (default 3)",
+        help="stop with exit 3 after the same application error N times in a row (default 3); "
+        "the same failure before any step stops after min(2, N)",
     )
     g.add_argument("--backoff-base", type=float, default=1.0, metavar="S")
     g.add_argument(
