@@ -111,7 +111,7 @@ def _diagnose(args: argparse.Namespace) -> Any:
         fleet = SimNode(n_gpus=args.sim_gpus, seed=args.seed, load=0.0)
         scenario.script(fleet)
         extra = {"scenario": name, "description": scenario.description}
-    target = open_target(backend, _indices(args.gpus, "--gpus"), fleet=fleet)
+    target = open_target(backend, _indices(args.gpus, "--gpus"), fleet=fleet, cpu_fallback=False)
     progress = None
     if not args.quiet and (not args.json or sys.stderr.isatty()):
         from trainguard.cli.diagnose_render import progress_printer

@@ -176,6 +176,14 @@ def run_scan(args: argparse.Namespace) -> int:
         except BrokenPipeError:  # `| head`: the reader has seen enough
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return status
+        if stats.skipped and stats.skipped * 2 > stats.lines:  # a few NUL lines: a log after a crash
+            print(
+                f"trainguard logs scan: error: {path}: a binary file, not a log ({stats.skipped} of "
+                f"{stats.lines} line(s) are not text); give a text log (decompress it first)",
+                file=sys.stderr,
+            )
+            status = 2
+            continue
         if stats.skipped:
             print(
                 f"trainguard logs scan: {path}: skipped {stats.skipped} binary or non-UTF-8 line(s)",

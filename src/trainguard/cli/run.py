@@ -213,9 +213,11 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
             "directory's log files (copied to the console unless --no-tee)",
             file=sys.stderr,
         )
-    from trainguard.incidents.backend import check_cli_target
+    from trainguard.incidents.backend import check_cli_target, check_scheme
+    from trainguard.incidents.store import default_db
 
     check_cli_target(args.db)  # a database password on the command line is refused
+    check_scheme(args.db or default_db())  # $TRAINGUARD_DB too: the run must not start unrecorded
     from trainguard.errors import ConfigError
 
     if args.warm_standby_sets < 1:
