@@ -5,7 +5,8 @@
     trainguard diagnose --backend sim --scenario sdc --level 2 --json
     trainguard diagnose --list-tests | --list-scenarios
 
-Exit code: 0 pass, 1 warn, 2 fail, 3 could not run (also for a bad flag).
+Exit code: 0 pass, 1 warn, 2 fail, 3 could not run (also for a bad flag, and with no usable GPU
+unless --backend cpu or sim says to test the CPU or the simulated node).
 """
 
 from __future__ import annotations
