@@ -63,3 +63,12 @@ def test_a_signal_a_clean_exit_or_no_error_text_has_no_fingerprint():
     assert fingerprint(-9, None, TRACEBACK) is None
     assert fingerprint(0, None, TRACEBACK) is None
     assert fingerprint(1, None, "epoch 3 | loss 0.2\n") is None
+
+
+def test_the_module_example_runs():
+    import doctest
+
+    from trainguard.supervisor import fingerprint as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
