@@ -72,3 +72,13 @@ def test_the_module_example_runs():
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_peers_loss_seen_from_the_survivor_has_no_fingerprint():
+    gloo = (
+        'Traceback (most recent call last):\n  File "/w/multinode.py", line 52, in _run_batch\n'
+        "    loss.backward()\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+        "Connection closed by peer [127.0.0.1]:29500\n"
+    )
+    assert fingerprint(1, None, gloo) is None
+    assert fingerprint(1, None, "torch.distributed.DistNetworkError: failed to recv, got 0 bytes\n") is None

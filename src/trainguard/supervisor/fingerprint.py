@@ -14,7 +14,9 @@ a plain script leaves only torchelastic's error file (when its ``main`` carries 
 The key is the evidence itself: exception type, message and ``file:line``, with only what differs
 between two runs of the same bug masked (hex addresses, pids, ports). Numbers in the message are
 kept, so "bad batch at step 120" and "... 240" are two failures, not one. A rank killed by a
-signal has no fingerprint: a kill is not the script's bug.
+signal has no fingerprint, nor has a transport or rendezvous error (gloo's "Connection closed by
+peer", ``ncclRemoteError``, a timeout): those follow a peer's or the network's loss, whatever
+the script does.
 
     >>> fingerprint(1, None, 'Traceback (most recent call last):\\n  File "/x/train.py", line 3, '
     ...             'in <module>\\n    import nosuch\\nModuleNotFoundError: No module named \\'nosuch\\'\\n')
@@ -35,6 +37,13 @@ TAIL_BYTES = 64 * 1024  # the end of a rank's stderr: where its last traceback i
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
 _EXC = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::|$)")  # ExcType[: message]
 _RANK_TAG = re.compile(r"^\[rank\d+\]: ?")  # torch's prefix on an uncaught exception's lines
+# A transport or rendezvous error is what a rank sees when a peer or the network went away: a
+# consequence, the same text on every try whoever failed, and not the script's own bug.
+_PEER_LOSS = re.compile(
+    r"Connection (?:closed|reset) by peer|Connection refused|Broken pipe|ncclRemoteError|ncclSystemError"
+    r"|DistNetworkError|DistStoreError|Rendezvous\w*(?:Error|Timeout|Closed)|timed? ?out",
+    re.IGNORECASE,
+)
 _ERRORISH = re.compile(r"error|exception|can't|cannot|not found|no such|fatal|denied", re.IGNORECASE)
 _MASKS = (
     (re.compile(r"0x[0-9a-fA-F]+"), "<hex>"),
@@ -65,6 +74,8 @@ def fingerprint(code: int | None, elastic_error: str | None, stderr_tail: str) -
         if not _ERRORISH.search(line):
             return None
         found = f"exit {code}: {line}"
+    if _PEER_LOSS.search(found):
+        return None
     return _mask(found)[:400]
 
 
