@@ -76,8 +76,9 @@ def test_a_missing_script_stops_on_the_second_try_naming_it(tmp_path):
     assert_stopped_on_second_try(code, result, err, "can't open file", "no_such_train.py")
 
 
-def test_a_missing_command_is_named_without_a_traceback(tmp_path):
-    code, result, err = run(tmp_path, "--no-python", "no-such-trainer", nproc=1)
+@pytest.mark.parametrize("launcher", ["torch", "local"])
+def test_a_missing_command_is_named_without_a_traceback(tmp_path, launcher):
+    code, result, err = run(tmp_path, "--launcher", launcher, "--", "no-such-trainer", nproc=1)
     assert_stopped_on_second_try(code, result, err, "cannot run 'no-such-trainer': command not found")
     assert "Traceback" not in err
 
