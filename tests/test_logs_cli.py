@@ -55,7 +55,8 @@ def test_missing_path_is_named_and_exits_2(tmp_path, capsys):
 
 def test_garbage_is_counted_on_stderr_not_a_crash(tmp_path, capsys):
     path = tmp_path / "bin.log"
-    path.write_bytes(b"\x00\xff" * 100 + b"\nNVRM \xc3\x28\nKilled\n")
+    # a log with garbage in it (most lines text): a file mostly not text is refused (test_cli_exits)
+    path.write_bytes(b"\x00\xff" * 100 + b"\nNVRM \xc3\x28\nKilled\nstep 1\nstep 2\n")
     assert main(["logs", "scan", "--json", str(path)]) == 0
     out, err = capsys.readouterr()
     assert [r["line_no"] for r in _json_lines(out)] == [3]

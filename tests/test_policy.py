@@ -124,3 +124,26 @@ def test_a_degraded_gpu_still_in_service_asks_for_a_checkpoint_now():
     assert (slow.verb, slow.checkpoint) == (Verb.CONTINUE, False)  # slow, not at risk of failing
     failed = decide(with_diagnosis(degraded, Health.FAILED), PolicyState(gpus_in_use=2))
     assert (failed.verb, failed.checkpoint) == (Verb.EXCLUDE_GPU, False)
+
+
+START = "ModuleNotFoundError: No module named 'webdataset' @ train.py:12"
+
+
+def test_the_same_failure_before_any_step_twice_is_a_crash_loop():
+    state = PolicyState(recent_fingerprints=(START,), crash_loop_after=3)
+    d = decide(Trouble(kind=TroubleKind.PROCESS_EXIT, fingerprint=START), state)
+    assert d.verb is Verb.STOP_CRASH_LOOP and START in d.reason
+
+
+def test_a_different_failure_before_any_step_is_retried():
+    state = PolicyState(recent_fingerprints=("OSError: shard 3 is not readable yet @ train.py:17",))
+    trouble = Trouble(
+        kind=TroubleKind.PROCESS_EXIT, fingerprint="OSError: shard 7 is not readable yet @ train.py:17"
+    )
+    assert decide(trouble, state).verb is Verb.RESTART
+
+
+def test_a_first_failure_before_any_step_is_retried_once():
+    assert (
+        decide(Trouble(kind=TroubleKind.PROCESS_EXIT, fingerprint=START), PolicyState()).verb is Verb.RESTART
+    )

@@ -47,12 +47,18 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 # ``python -S -c DIE_WITH_PARENT_EXEC PARENT_PID PROGRAM ARGS...``: arm SIGKILL on the parent's
 # death, give up if the parent is already gone, then become PROGRAM (for a launcher that takes a
-# command line, not a preexec_fn: torch's process start).
+# command line, not a preexec_fn: torch's process start). A PROGRAM that cannot run exits as a
+# shell's would (127 not found, 126 not executable) with one line that names it.
 DIE_WITH_PARENT_EXEC = (
     "import ctypes,os,sys\n"
     f"ctypes.CDLL(None, use_errno=True).prctl({PR_SET_PDEATHSIG}, 9, 0, 0, 0)\n"
     "os.getppid() == int(sys.argv[1]) or os._exit(1)\n"
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "try:\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as e:\n"
+    "    sys.stderr.write(f'trainguard run: cannot run {sys.argv[2]!r}: '\n"
+    "                     f'{\"command not found\" if e.errno == 2 else e.strerror}\\n')\n"
+    "    os._exit(127 if e.errno == 2 else 126)\n"
 )
 
 

@@ -5,7 +5,8 @@
     trainguard diagnose --backend sim --scenario sdc --level 2 --json
     trainguard diagnose --list-tests | --list-scenarios
 
-Exit code: 0 pass, 1 warn, 2 fail, 3 could not run (also for a bad flag).
+Exit code: 0 pass, 1 warn, 2 fail, 3 could not run (also for a bad flag, and with no usable GPU
+unless --backend cpu or sim says to test the CPU or the simulated node).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def _diagnose(args: argparse.Namespace) -> Any:
         fleet = SimNode(n_gpus=args.sim_gpus, seed=args.seed, load=0.0)
         scenario.script(fleet)
         extra = {"scenario": name, "description": scenario.description}
-    target = open_target(backend, _indices(args.gpus, "--gpus"), fleet=fleet)
+    target = open_target(backend, _indices(args.gpus, "--gpus"), fleet=fleet, cpu_fallback=False)
     progress = None
     if not args.quiet and (not args.json or sys.stderr.isatty()):
         from trainguard.cli.diagnose_render import progress_printer

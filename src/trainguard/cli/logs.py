@@ -2,7 +2,7 @@
 
 Classify kernel-log lines (Xid, SXid, fallen off the bus, GPU map) and training-log lines (NCCL,
 CUDA, OOM, torchelastic, crashes). ``--json`` prints one object per finding per line; lines that
-are not findings print nothing. Exit 0, or 2 when a path cannot be read.
+are not findings print nothing. Exit 0, or 2 when a path cannot be read or is a binary file.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="classify whole files (dmesg, syslog, journal exports, training logs)",
         description="Print every failure in the given logs: Xid/SXid and fallen-off-the-bus lines of kernel "
         "logs; NCCL, CUDA, OOM, host and crash lines of training logs. One finding per failure (torch's "
-        "six-line watchdog timeout is one); exit 0, or 2 when a path cannot be read.",
+        "six-line watchdog timeout is one); exit 0, or 2 when a path cannot be read or is a binary file.",
     )
     scan.add_argument("paths", nargs="+", metavar="PATH", help="log files to scan ('-' reads stdin)")
     _common(scan)
@@ -176,6 +176,14 @@ def run_scan(args: argparse.Namespace) -> int:
         except BrokenPipeError:  # `| head`: the reader has seen enough
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return status
+        if stats.skipped and stats.skipped * 2 > stats.lines:  # a few NUL lines: a log after a crash
+            print(
+                f"trainguard logs scan: error: {path}: a binary file, not a log ({stats.skipped} of "
+                f"{stats.lines} line(s) are not text); give a text log (decompress it first)",
+                file=sys.stderr,
+            )
+            status = 2
+            continue
         if stats.skipped:
             print(
                 f"trainguard logs scan: {path}: skipped {stats.skipped} binary or non-UTF-8 line(s)",

@@ -132,7 +132,8 @@ def register(subparsers: Any) -> None:
         type=int,
         default=3,
         metavar="N",
-        help="stop with exit 3 after the same application error N times in a row (default 3)",
+        help="stop with exit 3 after the same application error N times in a row (default 3); "
+        "the same failure before any step stops after min(2, N)",
     )
     g.add_argument("--backoff-base", type=float, default=1.0, metavar="S")
     g.add_argument(
@@ -240,9 +241,11 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
             "directory's log files (copied to the console unless --no-tee)",
             file=sys.stderr,
         )
-    from trainguard.incidents.backend import check_cli_target
+    from trainguard.incidents.backend import check_cli_target, check_scheme
+    from trainguard.incidents.store import default_db
 
     check_cli_target(args.db)  # a database password on the command line is refused
+    check_scheme(args.db or default_db())  # $TRAINGUARD_DB too: the run must not start unrecorded
     from trainguard.errors import ConfigError
 
     if not 0 <= args.warm_refill_delay < math.inf:

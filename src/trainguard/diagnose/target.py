@@ -90,14 +90,21 @@ def open_target(
     fleet: Any = None,
     n_sim: int = 8,
     seed: int = 0,
+    cpu_fallback: bool = True,
 ) -> Target:
-    """Open the devices of ``backend`` (``--gpus`` indices as NVML/nvidia-smi number them)."""
+    """Open the devices of ``backend`` (``--gpus`` indices as NVML/nvidia-smi number them).
+
+    ``auto`` is CUDA, else the CPU; with ``cpu_fallback=False`` (a gate: ``trainguard diagnose``)
+    a machine where torch sees no GPU raises `BackendError` instead: a node whose driver is
+    missing or broken must not pass by testing its CPU."""
     if backend not in BACKENDS:
         raise ConfigError(f"unknown diagnostics backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "sim":
         return _open_sim(gpus, fleet, n_sim, seed)
     from trainguard.diagnose.torch_device import TorchDevice, cuda_count
 
+    if backend == "auto" and not cpu_fallback and not cuda_count():
+        raise BackendError(f"no usable GPU: torch sees no CUDA device; {_nvml_says()}; {_NO_GPU_HINT}")
     if backend == "auto":
         backend = "cuda" if cuda_count() else "cpu"
     if backend == "cpu":
@@ -106,6 +113,23 @@ def open_target(
     if not cuda_count():
         raise BackendError("torch sees no CUDA GPU here; use --backend cpu or --backend sim")
     return _open_cuda(gpus, TorchDevice)
+
+
+_NO_GPU_HINT = "--backend cpu tests this machine's CPU, --backend sim the simulated node"
+
+
+def _nvml_says() -> str:
+    """Why NVML sees no GPU (the driver's own words), or that it sees some torch cannot use."""
+    from trainguard.telemetry.nvml import NvmlBackend
+
+    try:
+        nvml = NvmlBackend()
+    except BackendError as exc:
+        return str(exc).split("; ", 1)[0]
+    try:
+        return f"NVML sees {len(nvml.gpus())} GPU(s) that torch cannot use"
+    finally:
+        nvml.close()
 
 
 def _open_sim(gpus: Sequence[int] | None, fleet: Any, n_sim: int, seed: int) -> Target:

@@ -18,6 +18,9 @@ in ``ps``::
     'postgresql://tg:***@db.example:5432/fleet'
     >>> is_url("postgresql://db/fleet"), is_url("runs/trainguard.db")
     (True, False)
+
+Any other ``scheme://`` (``mysql://...``) is refused with the schemes that work, never taken for a
+file name.
 """
 
 from __future__ import annotations
@@ -115,8 +118,21 @@ def is_keyword_string(target: str | object) -> bool:
     return isinstance(target, str) and _KEYWORDS.match(target) is not None
 
 
+def check_scheme(target: str | None) -> None:
+    """Refuse a URL whose scheme names no backend (``mysql://``), naming the ones that work."""
+    scheme, sep, _rest = (target or "").partition("://")
+    if sep and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme) and not is_url(target):
+        raise ConfigError(
+            f"{mask_url(target or '')}: {scheme}:// is not a store this version can use; the incident "
+            "store is a SQLite file (a path, or sqlite:///abs/path.db) or PostgreSQL "
+            "(postgresql://user@host:5432/dbname)"
+        )
+
+
 def check_cli_target(target: str | None) -> None:
-    """Refuse credentials on the command line (visible to every user in ``ps``)."""
+    """Refuse credentials on the command line (visible to every user in ``ps``) and a URL no
+    backend takes."""
+    check_scheme(target)
     if target and (is_url(target) or is_keyword_string(target)) and url_has_password(target):
         raise ConfigError(
             f"--db {mask_url(target)}: a password on the command line is visible to every user of "
@@ -132,6 +148,7 @@ def open_backend(target: str, *, create: bool = True, timeout_s: float = 30.0) -
             f"{mask_url(target)}: a libpq key=value connection string is not a store name (it would "
             "become a SQLite file of that name); write it as a URL, postgresql://user@host:5432/dbname"
         )
+    check_scheme(target)
     parts = urlsplit(target) if is_url(target) else None
     if parts is not None and parts.scheme in POSTGRES_SCHEMES:
         from trainguard.incidents.postgres import PostgresBackend

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainguard.detect.numerics import sources_of
 from trainguard.incidents import RootCause, suspects
-from trainguard.records import Category, Event, Health
+from trainguard.records import HARDWARE_CATEGORIES, Category, Event, Health
 from trainguard.supervisor.attempt import Attempt, History
 from trainguard.supervisor.balance import balance_trouble, balancing, only_slow
 from trainguard.supervisor.exits import Exited, exit_trouble, gpu_trouble
@@ -62,7 +62,9 @@ def assess(obs: Observation, attempt: Attempt, history: History) -> Trouble | No
             oom_killed=obs.oom_kills > 0,
         )
         lost = peer_node_trouble(trouble, attempt.node, attempt.ranks, attempt.peers, errors, attempt.events)
-        return lost if lost is not None else trouble
+        if lost is not None:
+            return lost
+        return with_fingerprint(trouble, obs, attempt)
     if obs.verdict is not None:
         for gv in obs.verdict.gpus:
             g = gv.gpu.index
@@ -221,6 +223,20 @@ def numerics_verdicts(obs: Observation, history: History) -> list[NumericsUpdate
             changes = {"root_cause": cause, "evidence": evidence, "resolved": True, "resolution": f.reason}
             out.append(NumericsUpdate(key, step, changes))
     return out
+
+
+def with_fingerprint(trouble: Trouble, obs: Observation, attempt: Attempt) -> Trouble:
+    """The trouble with its rank's fingerprint when it is the script's own failure before any
+    step (a missing file, an import or syntax error, an exception at start-up): such a failure is
+    the same on every try, and the policy stops it on the second. A hardware, network or host
+    cause, or an attempt that made a step, keeps the fingerprint out."""
+    own = trouble.root_cause in (RootCause.SOFTWARE_BUG, RootCause.UNKNOWN)
+    if trouble.kind is not TroubleKind.PROCESS_EXIT or attempt.first_step_seen or not own:
+        return trouble
+    if trouble.category in HARDWARE_CATEGORIES or trouble.rank is None:
+        return trouble
+    found = obs.fingerprints.get(trouble.rank)
+    return replace(trouble, fingerprint=found) if found else trouble
 
 
 def hang_trouble(obs: Observation, attempt: Attempt) -> Trouble:

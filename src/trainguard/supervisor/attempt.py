@@ -82,6 +82,7 @@ class History:
     restarts_used: int = 0
     failures_in_a_row: int = 0  # failures without healthy progress in between (drives backoff)
     signatures: list[str | None] = field(default_factory=list)  # one per failed attempt
+    fingerprints: list[str | None] = field(default_factory=list)  # one per failed attempt
     reported: set[tuple[Any, ...]] = field(default_factory=set)  # keys of troubles recorded once
     degraded_reported: bool = False
     numerics_incidents: dict[int, Incident] = field(default_factory=dict)  # step -> incident
@@ -107,6 +108,7 @@ class History:
             failures_in_a_row=self.failures_in_a_row + (1 if fatal else 0),
             recent_signatures=tuple(self.signatures),
             crash_loop_after=config.recovery.crash_loop_after,
+            recent_fingerprints=tuple(self.fingerprints),
             gpus_in_use=gpus_in_use,
             min_gpus=config.recovery.min_nproc,
             backoff_base_s=config.recovery.backoff_base_s,

@@ -116,7 +116,7 @@ class RecoveryConfig:
     """The recovery policy's limits (`supervisor.policy.PolicyState`)."""
 
     max_restarts: int = 3  # restart budget; exclusions and membership changes are free
-    crash_loop_after: int = 3  # same application error this many times in a row -> exit 3
+    crash_loop_after: int = 3  # same app error N times in a row -> exit 3 (before any step: min(2, N))
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
     min_nproc: int = 1  # fewest local workers to continue with after excluding GPUs

@@ -24,10 +24,11 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainguard.procs import parent_death, stop_signals
+from trainguard.procs import DIE_WITH_PARENT_EXEC, parent_death, stop_signals
 from trainguard.supervisor.launch import LaunchJob, Monitor
 from trainguard.supervisor.ports import private_port
 
@@ -127,8 +128,16 @@ class LocalWorkers:
                 open(directory / f"rank{lr}.stdout", "ab") as out,
                 open(directory / f"rank{lr}.stderr", "ab") as err,
             ):
+                # Through the exec shim: a program that cannot run is a rank that exits 127 (126)
+                # naming it in its stderr, as under torch's launcher, not an error in this process.
+                shim = [sys.executable, "-S", "-c", DIE_WITH_PARENT_EXEC, str(os.getpid())]
                 self._procs[lr] = subprocess.Popen(
-                    argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=parent_death()
+                    [*shim, *argv],
+                    env=env,
+                    stdout=out,
+                    stderr=err,
+                    stdin=subprocess.DEVNULL,
+                    preexec_fn=parent_death(),
                 )
 
     def restart(self, counts_as_retry: bool, local_world_size: int) -> None:

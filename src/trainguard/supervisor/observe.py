@@ -22,6 +22,7 @@ from trainguard.records import Event, Finding, Health, NodeVerdict
 from trainguard.rundir import ErrorRecord, read_errors, read_findings
 from trainguard.supervisor.attempt import Attempt
 from trainguard.supervisor.exits import TEARDOWN_SIGNALS, aborted_after_finishing
+from trainguard.supervisor.fingerprint import read_fingerprint
 from trainguard.supervisor.hang import HangReport, collect
 from trainguard.supervisor.health import NodeHealth
 from trainguard.supervisor.idle import IdleWatch
@@ -55,6 +56,7 @@ class Observation:
     failed_gpu_findings: tuple[Finding, ...] = ()  # findings of FAILED GPUs in use
     degraded_gpu: int | None = None  # a DEGRADED GPU in use
     errors: tuple[ErrorRecord, ...] = ()  # error files (read only when a worker failed)
+    fingerprints: Mapping[int, str] = field(default_factory=dict)  # failed rank -> `fingerprint`
     findings: tuple[FindingRow, ...] = ()  # the Guard's numerics and balancing findings of this attempt
     hang: HangReport | None = None  # the ranks' stacks, when no rank progressed in time
     nodes_waiting: int = 0
@@ -104,6 +106,7 @@ class Observer:
         progress = self.watch.poll(now)
         verdict = self.health.tick(now)
         errors: list[ErrorRecord] = []
+        fingerprints: dict[int, str] = {}
         failed = any(c not in (None, 0) for c in codes.values())
         ooms = 0
         if failed:
@@ -111,6 +114,7 @@ class Observer:
             events += [ln.event for ln in self.logtail.poll() if ln.event is not None]
             self.health.tick(now, force=True)
             errors = read_errors(self.run_dir)
+            fingerprints = self._fingerprints(codes, attempt)
             count = oom_kills()
             if count is not None and attempt.oom_kills_at_start is not None:
                 ooms = count - attempt.oom_kills_at_start
@@ -144,6 +148,7 @@ class Observer:
             failed_gpu_findings=tuple(f for gv in in_use if gv.health is Health.FAILED for f in gv.findings),
             degraded_gpu=next((gv.gpu.index for gv in in_use if gv.health is Health.DEGRADED), None),
             errors=tuple(errors),
+            fingerprints=fingerprints,
             findings=self._findings(attempt),
             hang=hang,
             nodes_waiting=waiting,
@@ -172,6 +177,17 @@ class Observer:
             tail = _tail(self.attempt_dir(attempt.number) / f"rank{rank}.stderr")
             if aborted_after_finishing(codes[lr], phase, rank in errors, tail):
                 found.add(lr)
+        return found
+
+    def _fingerprints(self, codes: Mapping[int, int | None], attempt: Attempt) -> dict[int, str]:
+        """The failed ranks' fingerprints, from torchelastic's error file or their stderr."""
+        folder = self.attempt_dir(attempt.number)
+        found = {}
+        for lr, code in codes.items():
+            rank = attempt.rank_of[lr]
+            fp = read_fingerprint(code, folder / f"rank{rank}.error.json", folder / f"rank{rank}.stderr")
+            if fp is not None:
+                found[rank] = fp
         return found
 
     def _collect_stacks(self, workers: Workers, attempt: Attempt) -> HangReport:

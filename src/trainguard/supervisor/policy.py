@@ -5,6 +5,7 @@ loop gathers the evidence (`observe`, `assess`), this module decides, the loop a
 `decide` top to bottom; the first rule that matches wins::
 
     stopped by a crash loop?      the same application error N times in a row -> STOP_CRASH_LOOP
+                                  (the same failure before any step, as evidence: twice)
     a GPU we use is FAILED?       -> EXCLUDE_GPU (continue on fewer; not a retry)
                                      or STOP_NO_CAPACITY when nothing would be left
     hardware-looking but unproven (CUDA ECC / launch failure text, degraded GPU, app Xid burst,
@@ -90,6 +91,7 @@ class Trouble:
 
     kind: TroubleKind
     signature: str | None = None  # normalised application error (see `error_signature`)
+    fingerprint: str | None = None  # a failure before any step, as evidence (`supervisor.fingerprint`)
     category: str | None = None  # records.Category value of the root-cause evidence
     gpu: int | None = None  # suspect physical GPU index on this node
     gpu_health: Health | None = None  # the agent's verdict for that GPU
@@ -117,6 +119,8 @@ class PolicyState:
     failures_in_a_row: int = 0  # failures without healthy progress in between (drives backoff)
     recent_signatures: tuple[str | None, ...] = ()  # newest last, one per failed attempt
     crash_loop_after: int = 3  # same application error this many times in a row -> stop
+    recent_fingerprints: tuple[str | None, ...] = ()  # newest last, one per failed attempt
+    startup_loop_after: int = 2  # the same failure before any step this many times in a row -> stop
     gpus_in_use: int = 1  # local GPUs (or worker slots) still in use on this node
     min_gpus: int = 1  # fewest local workers worth continuing with
     backoff_base_s: float = 1.0
@@ -139,6 +143,12 @@ def decide(trouble: Trouble, state: PolicyState) -> Decision:
     if trouble.kind is TroubleKind.PROCESS_EXIT and trouble.signature and _is_crash_loop(trouble, state):
         n = state.crash_loop_after
         return Decision(Verb.STOP_CRASH_LOOP, f"the same error {n} times in a row: {trouble.signature}")
+    if trouble.kind is TroubleKind.PROCESS_EXIT and trouble.fingerprint and _is_startup_loop(trouble, state):
+        n = min(state.startup_loop_after, state.crash_loop_after)
+        return Decision(
+            Verb.STOP_CRASH_LOOP,
+            f"the same failure before any step {n} times in a row: {trouble.fingerprint}",
+        )
 
     gpu_dead = trouble.gpu_health is Health.FAILED or trouble.diagnosis is Health.FAILED
     if trouble.gpu is not None and gpu_dead:
@@ -209,6 +219,12 @@ def _is_crash_loop(trouble: Trouble, state: PolicyState) -> bool:
     history = (*state.recent_signatures, trouble.signature)
     tail = history[-state.crash_loop_after :]
     return len(tail) >= state.crash_loop_after and all(s == trouble.signature for s in tail)
+
+
+def _is_startup_loop(trouble: Trouble, state: PolicyState) -> bool:
+    n = min(state.startup_loop_after, state.crash_loop_after)
+    tail = (*state.recent_fingerprints, trouble.fingerprint)[-n:]
+    return len(tail) >= n and all(f == trouble.fingerprint for f in tail)
 
 
 def _looks_like_hardware(trouble: Trouble) -> bool:

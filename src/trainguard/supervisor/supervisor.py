@@ -262,6 +262,7 @@ class Supervisor:
         if trouble.fatal:
             history.failures_in_a_row += 1
         history.signatures.append(trouble.signature)
+        history.fingerprints.append(trouble.fingerprint)
         workers.stop()
         if decision.verb is Verb.EXCLUDE_GPU and decision.gpu is not None:
             self.gpu_map = self.gpu_map.without(decision.gpu)

@@ -1,0 +1,136 @@
+"""A failed rank's fingerprint, from what any Python process leaves: the crash-loop key for
+scripts that never import trainguard.
+
+The Guard writes an error file whose masked `policy.error_signature` drives the crash-loop stop;
+a plain script leaves only torchelastic's error file (when its ``main`` carries torch's
+``@record``) and its own stderr. `fingerprint` reads, in that order:
+
+1. torchelastic's error file: its ``"ExcType: message"`` and the innermost frame of its callstack;
+2. the rank's stderr: the last Python traceback's exception line and innermost frame (a
+   ``SyntaxError`` names its file and line without a function);
+3. else the last line of stderr that reads as an error (``python: can't open file ...``, our exec
+   shim's ``command not found``), with the exit code.
+
+The key is the evidence itself: exception type, message and ``file:line``, with only what differs
+between two runs of the same bug masked (hex addresses, pids, ports). Numbers in the message are
+kept, so "bad batch at step 120" and "... 240" are two failures, not one. A rank killed by a
+signal has no fingerprint, nor has a transport or rendezvous error (gloo's "Connection closed by
+peer", ``ncclRemoteError``, a timeout): those follow a peer's or the network's loss, whatever
+the script does.
+
+    >>> fingerprint(1, None, 'Traceback (most recent call last):\\n  File "/x/train.py", line 3, '
+    ...             'in <module>\\n    import nosuch\\nModuleNotFoundError: No module named \\'nosuch\\'\\n')
+    "ModuleNotFoundError: No module named 'nosuch' @ train.py:3"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+__all__ = ["fingerprint", "read_fingerprint"]
+
+TAIL_BYTES = 64 * 1024  # the end of a rank's stderr: where its last traceback is
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+_EXC = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::|$)")  # ExcType[: message]
+_RANK_TAG = re.compile(r"^\[rank\d+\]: ?")  # torch's prefix on an uncaught exception's lines
+# A transport or rendezvous error is what a rank sees when a peer or the network went away: a
+# consequence, the same text on every try whoever failed, and not the script's own bug.
+_PEER_LOSS = re.compile(
+    r"Connection (?:closed|reset) by peer|Connection refused|Broken pipe|ncclRemoteError|ncclSystemError"
+    r"|DistNetworkError|DistStoreError|Rendezvous\w*(?:Error|Timeout|Closed)|timed? ?out",
+    re.IGNORECASE,
+)
+_ERRORISH = re.compile(r"error|exception|can't|cannot|not found|no such|fatal|denied", re.IGNORECASE)
+_MASKS = (
+    (re.compile(r"0x[0-9a-fA-F]+"), "<hex>"),
+    (re.compile(r"\b(pid|PID|process)([ =:]+)\d+"), r"\1\2<n>"),
+    (re.compile(r"(\d{1,3}(?:\.\d{1,3}){3}|localhost|\]):\d+"), r"\1:<port>"),
+)
+
+
+def read_fingerprint(code: int | None, elastic_error: Path, stderr: Path) -> str | None:
+    """`fingerprint` of one rank from its files (a file that cannot be read counts as empty)."""
+    try:
+        elastic: str | None = elastic_error.read_text(errors="replace")
+    except OSError:
+        elastic = None
+    return fingerprint(code, elastic, _tail(stderr))
+
+
+def fingerprint(code: int | None, elastic_error: str | None, stderr_tail: str) -> str | None:
+    """The crash-loop key of a rank that exited ``code`` (see the module docstring); None when
+    the evidence names no failure of the script's own."""
+    if code is None or code <= 0:
+        return None
+    found = _from_elastic(elastic_error) if elastic_error else None
+    if found is None:
+        found = _from_traceback(stderr_tail)
+    if found is None:
+        line = next((ln.strip() for ln in reversed(stderr_tail.splitlines()) if ln.strip()), "")
+        if not _ERRORISH.search(line):
+            return None
+        found = f"exit {code}: {line}"
+    if _PEER_LOSS.search(found):
+        return None
+    return _mask(found)[:400]
+
+
+def _from_elastic(text: str) -> str | None:
+    try:
+        message = json.loads(text)["message"]
+        head, stack = str(message["message"]), str(message.get("extraInfo", {}).get("py_callstack", ""))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    head = head.strip().splitlines()[0] if head.strip() else ""
+    if not head:
+        return None
+    frame = _innermost(stack.splitlines())
+    return head + (f" @ {frame}" if frame else "")
+
+
+def _from_traceback(text: str) -> str | None:
+    """The exception line of the last traceback in ``text`` and the innermost frame above it."""
+    lines = [_RANK_TAG.sub("", ln.rstrip(), count=1) for ln in text.splitlines()]
+    start = max(
+        (i for i, ln in enumerate(lines) if ln.lstrip().startswith("Traceback (most recent")), default=-1
+    )
+    if start < 0:  # a SyntaxError in the script itself prints no "Traceback" header
+        start = max((i for i, ln in enumerate(lines) if _FRAME.match(ln)), default=-1)
+        if start < 0:
+            return None
+    block = lines[start:]
+    last = max((i for i, ln in enumerate(block) if _FRAME.match(ln)), default=-1)
+    # The exception line is the first one after the innermost frame that is not indented (the
+    # frame's source line and carets are): any exception class, whatever its name.
+    exc = next((ln for ln in block[last + 1 :] if ln and not ln[0].isspace()), None)
+    if exc is None or not _EXC.match(exc):
+        return None
+    frame = _innermost(block[: last + 1])
+    return exc.strip() + (f" @ {frame}" if frame else "")
+
+
+def _innermost(lines: list[str]) -> str | None:
+    frames = [m for ln in lines if (m := _FRAME.match(ln))]
+    if not frames:
+        return None
+    path, line = frames[-1].groups()
+    return f"{path.rsplit('/', 1)[-1]}:{line}"
+
+
+def _mask(text: str) -> str:
+    for pattern, repl in _MASKS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
