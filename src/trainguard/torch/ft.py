@@ -5,7 +5,7 @@ The only module that imports torchft (``pip install 'trainguard[ft]'``). Under
 ``NUM_REPLICA_GROUPS`` and ``TORCHFT_LIGHTHOUSE`` set; `manager` builds torchft's `Manager` over
 a `TrainState` (a restarted group heals by loading a live peer's state through it), and
 `DistributedDataParallel` is torchft's with a communication hook that averages the gradients
-within the group, then across the groups, and survives a failed cross-group all-reduce::
+across the groups, then within the group, and survives a failed cross-group all-reduce::
 
     state = TrainState(model=model, optimizer=opt)
     mgr = manager(state)                                  # joins the quorum through the Lighthouse
@@ -16,12 +16,15 @@ within the group, then across the groups, and survives a failed cross-group all-
         if mgr.should_commit():                           # False: the step is discarded
             opt.step()
 
-Within a group of K ranks (``--nproc-per-node K``) the hook first averages each gradient bucket
-over the group's own process group (the default one, as torch's DDP does), then across the
-groups through the Manager, as HSDP does with its replicate and shard dimensions: the job is a
-data-parallel job of G x K ranks. torchft's own DDP reduces across groups only, per group rank,
-so the K ranks of a group would train K different models; `patch_torchft` (applied to every
-worker under ``--replica-groups``: `trainguard.torch.site`) refuses it there with K > 1.
+Within a group of K ranks (``--nproc-per-node K``) the hook averages each gradient bucket across
+the groups through the Manager (group rank r with group rank r of every other group), then over
+the group's own process group (the default one, as torch's DDP does): the job is a
+data-parallel job of G x K ranks. In that order because the Manager decides per group rank which
+groups take part in a step (a healing group's rank contributes zeros, and torchft spreads the
+heal sources over the group ranks), so only an average within the group after it leaves every
+rank of every group with the same gradient. torchft's own DDP reduces across groups only, so the
+K ranks of a group would train K different models; `patch_torchft` (applied to every worker
+under ``--replica-groups``: `trainguard.torch.site`) refuses it there with K > 1.
 
 The hook: torchft 0.2.0's ``DistributedDataParallel._comm_hook`` asserts on ``fut._fut`` after
 ``work.wait()``; when the all-reduce fails (a peer group died or stopped mid-step) the wait
@@ -186,28 +189,31 @@ def _group_size() -> int:
 
 
 def _reduce(state: Manager, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Average a gradient bucket within the group, then across the groups (the Manager); a
-    cross-group all-reduce that failed leaves the bucket as it is and the step discarded."""
+    """Average a gradient bucket across the groups (the Manager, per group rank), then within the
+    group; a cross-group all-reduce that failed discards the step."""
     buffer = bucket.buffer()
-    k = dist.get_world_size() if dist.is_initialized() else 1
-    if k > 1:  # every rank of the group runs this for every bucket, errored Manager or not
-        dist.all_reduce(buffer)
-        buffer.div_(k)
     work = state.allreduce(buffer)
     work.wait()
     inner = getattr(work.get_future(), "_fut", None)
-    if inner is not None:
-        return inner
-    if state.errored() is None:  # nothing reported the failure: make sure the step is discarded
-        state.report_error(RuntimeError("cross-group all-reduce returned no result"))
-    log.warning("cross-group all-reduce failed; step %d is discarded", state.current_step())
+    if inner is None:
+        if state.errored() is None:  # nothing reported the failure: make sure the step is discarded
+            state.report_error(RuntimeError("cross-group all-reduce returned no result"))
+        log.warning("cross-group all-reduce failed; step %d is discarded", state.current_step())
+    k = dist.get_world_size() if dist.is_initialized() else 1
+    if k == 1:
+        if inner is not None:
+            return inner
+    else:  # every rank of the group runs this for every bucket, failed all-reduce or not
+        value = buffer if inner is None else inner.wait()
+        dist.all_reduce(value)
+        buffer = value.div_(k)
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     done.set_result(buffer)
     return done
 
 
 class DistributedDataParallel(_ft_ddp.DistributedDataParallel):
-    """torchft's DDP averaging within the replica group and then across the groups, and
+    """torchft's DDP averaging across the groups and then within the replica group, and
     discarding a step whose cross-group all-reduce failed instead of raising (see the module
     docstring). The group's ranks start from group rank 0's parameters and buffers, as torch's
     DDP broadcasts them."""
@@ -271,7 +277,7 @@ def ddp_refusal(name: str, k: int, where: str) -> str:
     return (
         f"{where}: torchft's {name} averages gradients across replica groups only, "
         f"never within one: with {k} ranks per group (--nproc-per-node {k}) each rank would train a "
-        "model of its own. Use trainguard's, which averages within the group first and takes the "
+        "model of its own. Use trainguard's, which also averages within the group and takes the "
         "same arguments: `from trainguard.torch.ft import DistributedDataParallel` in place of "
         "torchft's (or run one rank per group: --nproc-per-node 1)"
     )
