@@ -19,6 +19,7 @@ import torch
 
 from trainguard import rundir
 from trainguard.rundir import WorkerExit, read_findings, read_heartbeats, read_last_heartbeat
+from trainguard.supervisor.ports import private_port
 from trainguard.torch.guard import Guard, StepAction
 
 WORKER = Path(__file__).with_name("test_guard_worker.py")
@@ -226,7 +227,9 @@ def test_sigterm_saves_at_the_next_step_boundary_and_exits_preempted(tmp_path):
 def test_a_second_sigterm_while_the_first_is_pending_ends_the_process(tmp_path):
     # Stuck before any boundary. The hang watchdog must not end it first (exit 84) however slowly a
     # loaded machine gets through the two signals: this test is about the signals, not the watchdog.
-    proc = _worker(tmp_path, "--steps", "100000", "--hang-at", "5", "--hang-floor", "3600")
+    # Nor the preemption watch (it would end the process by the first signal: the next test).
+    args = ("--hang-at", "5", "--hang-floor", "3600", "--preempt-wait", "3600")
+    proc = _worker(tmp_path, "--steps", "100000", *args)
     beats = rundir.heartbeat_path(tmp_path / "run", 0)
     deadline = time.time() + 60
     while (hb := read_last_heartbeat(beats)) is None or hb.phase != "train":
@@ -252,6 +255,37 @@ def test_a_second_sigterm_while_the_first_is_pending_ends_the_process(tmp_path):
     proc.wait(timeout=120)
     reader.join(timeout=30)
     assert proc.returncode == -signal.SIGTERM
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_rank_blocked_in_a_collective_ends_it(tmp_path):
+    # Two ranks of DDP over gloo; rank 1 is stopped, so rank 0 blocks in the gradient all-reduce
+    # (in C++, where Python runs no signal handler) for gloo's 30-minute timeout. A launcher's
+    # SIGTERM must end it all the same: the step boundary will never come.
+    port = str(private_port())
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2"}
+    procs = [
+        _worker(
+            tmp_path, "--steps", "100000", "--step-sleep", "0.02", env={**env, "RANK": r, "LOCAL_RANK": r}
+        )
+        for r in ("0", "1")
+    ]
+    try:
+        beats = rundir.heartbeat_path(tmp_path / "run", 0)
+        deadline = time.time() + 120
+        while (hb := read_last_heartbeat(beats)) is None or hb.step < 5:
+            assert time.time() < deadline and all(p.poll() is None for p in procs), "never trained"
+            time.sleep(0.05)
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        time.sleep(1.0)  # rank 0 reaches the all-reduce its stopped peer never joins
+        procs[0].send_signal(signal.SIGTERM)
+        _, err = procs[0].communicate(timeout=120)  # before: held until gloo's 30-minute timeout
+        assert procs[0].returncode == -signal.SIGTERM, err[-3000:]
+        assert "no step boundary will come" in err
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate(timeout=60)
 
 
 # -- lazy checks (check_every / check_lag): the GPU and multi-rank default, exercised on CPU ------

@@ -63,6 +63,7 @@ def main() -> int:
     p.add_argument("--raise-at", type=int, default=-1)
     p.add_argument("--hang-floor", type=float, default=120.0)
     p.add_argument("--hang-factor", type=float, default=10.0)
+    p.add_argument("--preempt-wait", type=float, default=None)
     p.add_argument("--on-nan", default="rollback")
     p.add_argument("--record-outside", action="store_true", help="raise after the with block")
     args = p.parse_args()
@@ -94,6 +95,7 @@ def main() -> int:
             checkpoint_every=args.checkpoint_every,
             hang_floor_s=args.hang_floor,
             hang_factor=args.hang_factor,
+            **({"preempt_wait_s": args.preempt_wait} if args.preempt_wait is not None else {}),
             first_step_s=max(args.hang_floor, 30.0),  # startup on a loaded machine is slow
         ) as guard:
             for step in guard.range(start, args.steps):

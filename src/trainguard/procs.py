@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -152,6 +153,18 @@ def signals_deferred() -> Iterator[None]:
 
 
 def die_of(signum: int) -> None:
-    """End this process by ``signum`` with its default action, as if it had never been caught."""
-    signal.signal(signum, signal.SIG_DFL)
+    """End this process by ``signum`` with its default action, as if it had never been caught.
+    From any thread: off the main thread (where Python cannot change a handler) the C library
+    resets it; a process that survives its own signal (a signal whose default is to ignore it)
+    leaves with the shell's status for it."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signum, signal.SIG_DFL)
+    elif sys.platform == "linux":
+        with contextlib.suppress(Exception):
+            reset = ctypes.CDLL(None, use_errno=True).signal
+            reset.argtypes, reset.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
+            reset(int(signum), None)  # NULL is SIG_DFL
     os.kill(os.getpid(), signum)
+    if threading.current_thread() is not threading.main_thread():
+        time.sleep(1.0)  # the default action lands on some thread of the process
+        os._exit(128 + int(signum))

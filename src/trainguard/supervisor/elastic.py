@@ -33,6 +33,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
+from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server import local_elastic_agent
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -65,6 +66,8 @@ class GuardedAgent(LocalElasticAgent):
         self._pool = pool  # WarmPool or None
         self.stop_grace_s: float = 0.0
         self._store_port: int | None = None  # this start's MASTER_PORT when not torch's
+        self._store: Any = None  # the TCPStore this agent hosts for this start's workers
+        self._agent_store = False  # this start's workers use a store an agent hosts
 
     # -- torch's hooks -------------------------------------------------------------------------
 
@@ -80,19 +83,26 @@ class GuardedAgent(LocalElasticAgent):
         super()._set_local_rank_env(worker_env, local_rank, spec)
         if self._store_port is not None:
             worker_env["MASTER_PORT"] = str(self._store_port)
+        if self._agent_store:
+            worker_env["TORCHELASTIC_USE_AGENT_STORE"] = str(True)
         self._env_hook(local_rank, worker_env)  # type: ignore[arg-type]
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        self._store_port = None
-        # One node: only its own workers use their store. Not with a rendezvous whose workers
-        # always use the agent's store (static: its TCPStore on --master-port).
+        self._store_port, self._store, self._agent_store = None, None, False  # the last start's is done
+        # Not with a rendezvous whose workers always use the agent's store (static: its TCPStore
+        # on --master-port). Otherwise each start's workers get a fresh store, hosted here (node
+        # 0's agent): no key of a dead attempt in it, and it is up before any worker, so a
+        # process that only connects to it (torchft's Manager, before or without
+        # init_process_group) finds it, as under torchrun's shared store. One node: on a
+        # private port only its own workers use.
         own_store = not worker_group.spec.rdzv_handler.use_agent_store
-        if (
-            worker_group.group_world_size == 1
-            and own_store
-            and os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1"
-        ):
-            self._store_port = private_port()
+        if own_store and os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
+            if worker_group.group_world_size == 1:
+                self._store_port = private_port()
+            self._agent_store = True
+            port = self._store_port or worker_group.master_port
+            if worker_group.group_rank == 0 and worker_group.master_addr and port:
+                self._store = TCPStore(worker_group.master_addr, port, is_master=True, wait_for_workers=False)
         with _swapped(local_elastic_agent, "start_processes", self._start_processes):
             return super()._start_workers(worker_group)
 

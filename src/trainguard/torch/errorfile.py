@@ -145,3 +145,9 @@ def detach(guard: _GuardLike) -> None:
     """The Guard's block ended: keep what the hook needs, not the Guard (and its model)."""
     if _context.get("guard") is guard:
         _context["guard"] = _Snapshot(guard.rank, guard.attempt, guard.run_dir, guard.current_step)
+
+
+def guard_active() -> bool:
+    """True while a Guard's block runs in this process (it writes the rank's heartbeats)."""
+    guard = _context.get("guard")
+    return guard is not None and not isinstance(guard, _Snapshot)

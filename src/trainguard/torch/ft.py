@@ -4,8 +4,8 @@ The only module that imports torchft (``pip install 'trainguard[ft]'``). Under
 ``trainguard run --replica-groups N`` each group is started with ``REPLICA_GROUP_ID``,
 ``NUM_REPLICA_GROUPS`` and ``TORCHFT_LIGHTHOUSE`` set; `manager` builds torchft's `Manager` over
 a `TrainState` (a restarted group heals by loading a live peer's state through it), and
-`DistributedDataParallel` is torchft's, with a communication hook that survives a failed
-cross-group all-reduce::
+`DistributedDataParallel` is torchft's with a communication hook that averages the gradients
+across the groups, then within the group, and survives a failed cross-group all-reduce::
 
     state = TrainState(model=model, optimizer=opt)
     mgr = manager(state)                                  # joins the quorum through the Lighthouse
@@ -16,12 +16,23 @@ cross-group all-reduce::
         if mgr.should_commit():                           # False: the step is discarded
             opt.step()
 
+Within a group of K ranks (``--nproc-per-node K``) the hook averages each gradient bucket across
+the groups through the Manager (group rank r with group rank r of every other group), then over
+the group's own process group (the default one, as torch's DDP does): the job is a
+data-parallel job of G x K ranks. In that order because the Manager decides per group rank which
+groups take part in a step (a healing group's rank contributes zeros, and torchft spreads the
+heal sources over the group ranks), so only an average within the group after it leaves every
+rank of every group with the same gradient. torchft's own DDP reduces across groups only, so the
+K ranks of a group would train K different models; `patch_torchft` (applied to every worker
+under ``--replica-groups``: `trainguard.torch.site`) refuses it there with K > 1.
+
 The hook: torchft 0.2.0's ``DistributedDataParallel._comm_hook`` asserts on ``fut._fut`` after
 ``work.wait()``; when the all-reduce fails (a peer group died or stopped mid-step) the wait
 reports the error to the Manager and returns without building the future chain, so the
 assertion raises inside the reducer and takes the *healthy* group down. Ours returns the bucket
 as it is instead: the Manager has the error, ``should_commit`` says False, and the step is
-discarded as torchft intends (docs/no-restart.md has the upstream reproduction).
+discarded as torchft intends (docs/no-restart.md has the upstream reproduction). `patch_torchft`
+gives torchft's own DDP the same hook, so a script written against torchft alone survives too.
 
 And the store: each quorum's reconfiguration connects to the quorum's TCPStore, and PyTorch's
 client waits for a stopped store's answer with no deadline; ours gives up after torchft's timeout
@@ -29,11 +40,12 @@ client waits for a stopped store's answer with no deadline; ours gives up after 
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as objects.
+import functools
 import logging
 import os
 import queue
 import threading
-import time
+import traceback
 from datetime import timedelta
 from typing import Any
 
@@ -42,6 +54,7 @@ import torch.distributed as dist
 
 try:
     from torchft import ddp as _ft_ddp
+    from torchft import manager as _ft_manager
     from torchft import process_group as _ft_pg
     from torchft.manager import TIMEOUT_SEC_ENV, Manager, get_timeout
     from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
@@ -49,12 +62,20 @@ except ImportError:  # pragma: no cover - exercised without the extra
     raise ImportError("trainguard.torch.ft needs torchft: pip install 'trainguard[ft]'") from None
 
 from trainguard import rundir
-from trainguard.rundir import append_discarded, run_dir_from_env
+from trainguard.errors import ConfigError
+from trainguard.torch.ft_progress import Progress
 
 log = logging.getLogger(__name__)
 
 
-__all__ = ["DistributedDataParallel", "Manager", "manager", "replica_group", "should_save"]
+__all__ = [
+    "DistributedDataParallel",
+    "Manager",
+    "manager",
+    "patch_torchft",
+    "replica_group",
+    "should_save",
+]
 
 
 def replica_group() -> tuple[int, int]:
@@ -75,11 +96,10 @@ def manager(
     anything with ``state_dict``/``load_state_dict``). Timeouts default to torchft's environment
     (``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC``, ``TORCHFT_QUORUM_RETRIES``, which
     ``trainguard run --replica-groups`` sets), else 60 s. Initialises the group's default
-    process group first when needed: the Manager joins the group's TCPStore, and the Guard agrees
-    on losses within the group over it."""
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
+    process group first when needed: the Manager joins the group's TCPStore, the gradients are
+    averaged within the group over it, and the Guard agrees on losses over it."""
+    record_progress()
+    _init_group()
     group, _ = replica_group()
     pg = process_group(timeout_s)
     job = os.environ.get("TRAINGUARD_JOB_ID", "train")
@@ -90,7 +110,7 @@ def manager(
         opts["quorum_timeout"] = timedelta(seconds=quorum_timeout_s)
     if quorum_retries is not None:
         opts["quorum_retries"] = quorum_retries
-    return _Manager(
+    return Manager(
         pg=pg,
         load_state_dict=state.load_state_dict,
         state_dict=state.state_dict,
@@ -99,6 +119,12 @@ def manager(
         **opts,
         **kwargs,
     )
+
+
+def _init_group() -> None:
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
 
 
 def process_group(timeout_s: float | None = None) -> ProcessGroupGloo | ProcessGroupNCCL:
@@ -148,54 +174,151 @@ _store_client_within.__wrapped__ = _create_store_client  # type: ignore[attr-def
 _ft_pg.create_store_client = _store_client_within
 
 
-class _Manager(Manager):
-    """torchft's Manager that writes each step its group discards into the run directory
-    (``rundir.append_discarded``, group rank 0), for the job's ledger: ``trainguard run
-    --replica-groups`` charges the step's time to lost work and counts it in the report."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._tg_run_dir = run_dir_from_env()
-        self._tg_rank = int(os.environ.get("RANK", "0"))
-        self._tg_since = time.time()  # the current step's try began here (its quorum)
-
-    def start_quorum(self, *args: Any, **kwargs: Any) -> None:
-        self._tg_since = time.time()
-        super().start_quorum(*args, **kwargs)
-
-    def should_commit(self, *args: Any, **kwargs: Any) -> bool:
-        step = self.current_step()
-        ok = bool(super().should_commit(*args, **kwargs))
-        now = time.time()
-        if not ok and self._tg_run_dir is not None and self._tg_rank == 0:
-            try:
-                append_discarded(self._tg_run_dir, self._tg_rank, step, self._tg_since, now)
-            except OSError:
-                log.debug("could not record discarded step %d", step, exc_info=True)
-        return ok
-
-
 def should_save(mgr: Manager) -> bool:
     """True in the one group that takes durable checkpoints: the lowest-numbered participant,
     so a checkpoint is written by one group at a time and by a live one."""
     return mgr.participating_rank() == 0
 
 
-class DistributedDataParallel(_ft_ddp.DistributedDataParallel):
-    """torchft's DDP whose communication hook discards a step whose all-reduce failed, instead of
-    raising (see the module docstring)."""
+def _group_size() -> int:
+    """Ranks in this replica group: the default process group's, else the launcher's
+    ``WORLD_SIZE`` (a torchft script need not initialise the default group)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
-    @staticmethod
-    def _comm_hook(state: Manager, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        buffer = bucket.buffer()
-        work = state.allreduce(buffer)
-        work.wait()
-        inner = getattr(work.get_future(), "_fut", None)
-        if inner is not None:
-            return inner
+
+def _reduce(state: Manager, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average a gradient bucket across the groups (the Manager, per group rank), then within the
+    group; a cross-group all-reduce that failed discards the step."""
+    buffer = bucket.buffer()
+    work = state.allreduce(buffer)
+    work.wait()
+    inner = getattr(work.get_future(), "_fut", None)
+    if inner is None:
         if state.errored() is None:  # nothing reported the failure: make sure the step is discarded
             state.report_error(RuntimeError("cross-group all-reduce returned no result"))
         log.warning("cross-group all-reduce failed; step %d is discarded", state.current_step())
-        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        done.set_result(buffer)
-        return done
+    k = dist.get_world_size() if dist.is_initialized() else 1
+    if k == 1:
+        if inner is not None:
+            return inner
+    else:  # every rank of the group runs this for every bucket, failed all-reduce or not
+        value = buffer if inner is None else inner.wait()
+        dist.all_reduce(value)
+        buffer = value.div_(k)
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(buffer)
+    return done
+
+
+class DistributedDataParallel(_ft_ddp.DistributedDataParallel):
+    """torchft's DDP averaging across the groups and then within the replica group, and
+    discarding a step whose cross-group all-reduce failed instead of raising (see the module
+    docstring). The group's ranks start from group rank 0's parameters and buffers, as torch's
+    DDP broadcasts them."""
+
+    def __init__(self, manager: Manager, module: torch.nn.Module, **kwargs: Any) -> None:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            _init_group()
+        if _group_size() > 1:
+            with torch.no_grad():
+                for tensor in module.state_dict().values():
+                    dist.broadcast(tensor, 0)
+        super().__init__(manager, module, **kwargs)
+
+    @staticmethod
+    def _comm_hook(state: Manager, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return _reduce(state, bucket)
+
+
+# -- torchft's own classes, for scripts written against torchft alone -----------------------------
+
+_patched: set[str] = set()
+
+
+def patch_torchft() -> None:
+    """Make torchft's own classes safe under ``trainguard run --replica-groups`` (idempotent):
+    its DDP gets the hook that discards a failed step instead of raising; its DDP wrappers are
+    refused in a group of more than one rank (they do not average within the group:
+    `ddp_refusal`); and every Manager records its steps (`record_progress`)."""
+    record_progress()
+    if "ddp" in _patched:
+        return
+    _patched.add("ddp")
+    _ft_ddp.DistributedDataParallel._comm_hook = staticmethod(_reduce)
+    for upstream in (_ft_ddp.DistributedDataParallel, _ft_ddp.PureDistributedDataParallel):
+        upstream.__init__ = _refused_in_groups(upstream.__init__)
+
+
+def record_progress() -> None:
+    """Every torchft Manager records the steps its group discards and, where no Guard writes
+    heartbeats, beats once per committed step (`ft_progress.Progress`), so the supervisor sees a
+    torchft script's steps (idempotent)."""
+    if "manager" in _patched:
+        return
+    _patched.add("manager")
+    _ft_manager.Manager.start_quorum = _around_quorum(_ft_manager.Manager.start_quorum)
+    _ft_manager.Manager.should_commit = _around_commit(_ft_manager.Manager.should_commit)
+
+
+def _refused_in_groups(init: Any) -> Any:
+    @functools.wraps(init)
+    def checked_init(self: Any, manager: Manager, module: torch.nn.Module, **kwargs: Any) -> None:
+        if not isinstance(self, DistributedDataParallel) and _group_size() > 1:
+            raise ConfigError(ddp_refusal(type(self).__name__, _group_size(), _caller()))
+        init(self, manager, module, **kwargs)
+
+    return checked_init
+
+
+def ddp_refusal(name: str, k: int, where: str) -> str:
+    """The error for torchft's own DDP wrapper ``name`` in a replica group of ``k`` > 1 ranks."""
+    return (
+        f"{where}: torchft's {name} averages gradients across replica groups only, "
+        f"never within one: with {k} ranks per group (--nproc-per-node {k}) each rank would train a "
+        "model of its own. Use trainguard's, which also averages within the group and takes the "
+        "same arguments: `from trainguard.torch.ft import DistributedDataParallel` in place of "
+        "torchft's (or run one rank per group: --nproc-per-node 1)"
+    )
+
+
+def _caller() -> str:
+    """The script's line that built the DDP (the first frame outside torch and torchft)."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        name = frame.filename.replace(os.sep, "/")
+        if "/torch/" not in name and "/torchft/" not in name and "/trainguard/" not in name:
+            return f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
+    return "DistributedDataParallel(manager, model)"
+
+
+_progress: dict[int, Progress] = {}  # id(Manager) -> what trainguard records of its steps
+
+
+def _of(mgr: Any) -> Progress:
+    found = _progress.get(id(mgr))
+    if found is None or found.owner() is not mgr:
+        found = _progress[id(mgr)] = Progress(mgr)
+    return found
+
+
+def _around_quorum(start_quorum: Any) -> Any:
+    @functools.wraps(start_quorum)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> None:
+        _of(self).quorum()
+        start_quorum(self, *args, **kwargs)
+
+    wrapped.__wrapped__ = start_quorum
+    return wrapped
+
+
+def _around_commit(should_commit: Any) -> Any:
+    @functools.wraps(should_commit)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> bool:
+        step = self.current_step()
+        ok = bool(should_commit(self, *args, **kwargs))
+        _of(self).verdict(step, ok)
+        return ok
+
+    wrapped.__wrapped__ = should_commit
+    return wrapped

@@ -124,6 +124,7 @@ class Guard:
         self._chaos_next: int | None = None
         self._grad_flag: torch.Tensor | None = None
         self._preempt_agreed = False
+        self._n_at_signal: int | None = None  # guard.step calls when a preemption signal was seen
         self._requests: SaveRequests | None = None  # the supervisor's checkpoint requests
         self._save_agreed = False  # every rank saves at the next boundary (a request)
         self._rolled_back = False
@@ -148,7 +149,9 @@ class Guard:
             self._hb = rundir.HeartbeatWriter(self.run_dir, self.rank, self.attempt)
             self._beat_due = 0.0
         c = self.config
-        self._preempt = PreemptionHandler(c.preempt_signals, on_request=self._on_signal)
+        self._preempt = PreemptionHandler(
+            c.preempt_signals, on_request=self._on_signal, give_up=self._give_up
+        )
         if c.control_every > 0 and self.run_dir is not None and self.checkpointer is not None:
             self._requests = SaveRequests(self.run_dir, c.control_every, self.attempt)
         if c.chaos and self.run_dir is not None:
@@ -444,6 +447,23 @@ class Guard:
         if self.world_size == 1:
             self._preempt_agreed, self._boundary_at = True, 0  # the next boundary saves and exits
 
+    def _give_up(self, waited: float) -> str | None:
+        """For the preemption watch thread, ``waited`` seconds after a preemption signal: why the
+        step boundary will not come, or None while it can. No step for ``preempt_wait_s`` (or 3x
+        the slowest step): the rank is blocked, in a collective whose peer is gone as a rule, and
+        holding it only makes the launcher wait out its grace period. Steps but no boundary
+        within two windows and their lag: the loop has none (no ``guard.range``/``end_step``)."""
+        t_last, n, slowest = self._progress()
+        if self._n_at_signal is None:
+            self._n_at_signal = n
+        quiet = time.perf_counter() - t_last
+        wait = max(self.config.preempt_wait_s, 3 * slowest)
+        if waited >= wait and quiet >= wait:
+            return f"no step for {quiet:.1f}s: blocked (in a collective whose peer is gone?), no step boundary will come"
+        if n - self._n_at_signal > 2 * self.check_every + self.check_lag + 2:
+            return f"{n - self._n_at_signal} steps and no step boundary (the loop calls neither guard.range nor guard.end_step)"
+        return None
+
     def _progress(self) -> tuple[float, int, float]:
         """For the watchdog thread: (perf_counter of the last step, steps, slowest step).
         The first step is not learned from: it pays warm-up that later steps never do."""
@@ -619,6 +639,8 @@ class Guard:
 
     def _preempted(self, done: int) -> None:
         requested = self._preempt.requested if self._preempt else None
+        if self._preempt is not None:
+            self._preempt.reached()  # the boundary came: the save is the hang watchdog's to time
         log.warning("preempted (signal %s): saving step %d and exiting", requested, done)
         if self.checkpointer is not None and self._last_saved != done:
             self.save(done, wait=True)

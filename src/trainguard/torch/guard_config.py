@@ -44,6 +44,7 @@ class GuardConfig:
     chaos: bool = True  # apply $TRAINGUARD_RUN_DIR/chaos.json
     # preemption
     preempt_signals: tuple[int, ...] = (signal.SIGTERM,)
+    preempt_wait_s: float = 3.0  # no step this long (or 3x the slowest) after one: exit by the signal
     # hang watchdog
     watchdog: bool = True
     hang_floor_s: float = 120.0  # never sooner than this...

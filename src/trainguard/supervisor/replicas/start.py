@@ -32,6 +32,8 @@ __all__ = [
 ]
 
 PEER_WAIT_MARGIN_S = 5.0  # after a collective timeout: the vote, the next quorum, one step
+# `trainguard.torch.site`: a folder, not imported (its sitecustomize runs in the workers)
+SITE_DIR = str(Path(__file__).resolve().parents[2] / "torch" / "site")
 STOP_WAIT_S = 60.0  # a group's supervisor stops its workers on SIGTERM within this
 
 
@@ -97,10 +99,14 @@ def group_env(
     config: SupervisorConfig, replicas: ReplicaConfig, index: int, lighthouse: str
 ) -> dict[str, str]:
     """The environment of group ``index``'s ``trainguard run``: the job's, the workers' extra
-    variables, the replica group's (`rundir.replica_group_env`) and torchft's."""
+    variables, the replica group's (`rundir.replica_group_env`) and torchft's, and
+    `trainguard.torch.site` first on ``PYTHONPATH``: a worker that imports torchft gets
+    `trainguard.torch.ft.patch_torchft` without a line of trainguard in its script."""
+    env = {**os.environ, **config.launch.env}
+    path = [SITE_DIR, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     return {
-        **os.environ,
-        **config.launch.env,
+        **env,
+        "PYTHONPATH": os.pathsep.join(path),
         **replica_group_env(index, replicas.groups),
         "TORCHFT_LIGHTHOUSE": lighthouse,
         "TORCHFT_TIMEOUT_SEC": f"{replicas.timeout_s:g}",
