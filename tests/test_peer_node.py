@@ -84,3 +84,14 @@ def test_with_two_peer_nodes_both_are_suspects_until_the_rendezvous_shows_which_
     changes = peer_left([PEER, other], judged.ranks, {other: (1,)})
     assert changes is not None and changes["node"] == PEER and changes["rank"] is None  # ranks re-numbered
     assert peer_left([PEER, other], judged.ranks, {}) is None  # both gone: the rendezvous does not say which
+
+
+def test_a_plain_scripts_survivor_is_judged_from_what_torch_left_not_only_the_guards_file():
+    # no Guard error file: the rank's exception comes from torchelastic's error file or its stderr
+    trouble, _ = survivor_trouble()
+    assert peer_node_trouble(trouble, ME, [0], {PEER: (1,)}, [], []) is None  # nothing to read
+    judged = peer_node_trouble(trouble, ME, [0], {PEER: (1,)}, [], [], {0: f"RuntimeError: {RESET}"})
+    assert judged is not None and judged.root_cause is RootCause.UNKNOWN
+    assert judged.extra["suspect_nodes"] == [PEER] and judged.rank is None
+    own = {0: "ValueError: shape mismatch: [4, 8] vs [8, 4]"}  # the script's own failure stays here
+    assert peer_node_trouble(trouble, ME, [0], {PEER: (1,)}, [], [], own) is None
