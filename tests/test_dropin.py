@@ -111,6 +111,19 @@ def test_step_faults_are_refused_and_said_for_a_script_without_heartbeats(tmp_pa
     assert "chaos fault(s) never fired: #1 (kill rank 1)" in err
 
 
+def test_a_plain_scripts_ranks_print_no_warning_of_ours(tmp_path):
+    # what a rank prints on stderr is the script's own: no deprecation our environment (a renamed
+    # torch variable) or our warm standby (a walk over every object at exit) causes
+    code, result, err = run_plain(tmp_path, "--backend", "sim", "--warm-standby", epochs=2, save_every=1)
+    assert code == 0 and result["attempts"] == 1, err[-3000:]
+    assert "starting the workers cold" not in err  # the ranks ran in warm standbys
+    stderr = list((tmp_path / "runs" / "plain" / "logs").glob("*/attempt0/rank*.stderr"))
+    assert len(stderr) == 2
+    for path in stderr:
+        text = path.read_text()
+        assert "Warning" not in text and "deprecated" not in text, f"{path.name}: {text}"
+
+
 @pytest.mark.timeout(1800)
 def test_30_runs_of_the_plain_script_under_warm_standby_all_exit_cleanly(tmp_path):
     outcomes = []

@@ -84,3 +84,26 @@ def test_with_two_peer_nodes_both_are_suspects_until_the_rendezvous_shows_which_
     changes = peer_left([PEER, other], judged.ranks, {other: (1,)})
     assert changes is not None and changes["node"] == PEER and changes["rank"] is None  # ranks re-numbered
     assert peer_left([PEER, other], judged.ranks, {}) is None  # both gone: the rendezvous does not say which
+
+
+def test_a_plain_scripts_survivor_is_judged_from_what_torch_left_not_only_the_guards_file():
+    # no Guard error file: the rank's exception comes from torchelastic's error file or its stderr
+    trouble, _ = survivor_trouble()
+    assert peer_node_trouble(trouble, ME, [0], {PEER: (1,)}, [], []) is None  # nothing to read
+    judged = peer_node_trouble(trouble, ME, [0], {PEER: (1,)}, [], [], {0: f"RuntimeError: {RESET}"})
+    assert judged is not None and judged.root_cause is RootCause.UNKNOWN
+    assert judged.extra["suspect_nodes"] == [PEER] and judged.rank is None
+    own = {0: "ValueError: shape mismatch: [4, 8] vs [8, 4]"}  # the script's own failure stays here
+    assert peer_node_trouble(trouble, ME, [0], {PEER: (1,)}, [], [], own) is None
+
+
+def test_a_lost_connection_with_no_peer_to_name_carries_its_suspects_in_the_incident():
+    # one node (no rendezvous peers), a plain script: only the classified stderr line is evidence
+    line = default_classifier()(f"[rank0]: RuntimeError: {RESET}")
+    assert line is not None
+    trouble = exit_trouble(
+        101.0, [Exited(0, 0, 1, 100.5)], [], [line], [], {0: 0}, {0: None}, default_classifier()
+    )
+    assert trouble.root_cause is RootCause.UNKNOWN
+    assert trouble.evidence[0].startswith("unknown; suspects: host (the peer's node")
+    assert "network_switch_cable" in trouble.evidence[0]

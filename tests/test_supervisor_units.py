@@ -3,6 +3,7 @@ an exit, worker-command parsing."""
 
 from __future__ import annotations
 
+import doctest
 import json
 import signal
 from dataclasses import replace
@@ -457,3 +458,16 @@ def test_the_same_failure_again_later_is_a_new_event(tmp_path):
     tail = LogTail(tee=False)
     tail.follow({(3, "stderr"): path})
     assert len([ln for ln in tail.poll() if ln.event is not None]) == 2
+
+
+def test_the_flight_recorders_old_variable_name_goes_only_to_a_torch_that_reads_it(tmp_path):
+    # torch >= 2.8 warns in every rank where TORCH_NCCL_TRACE_BUFFER_SIZE is set; older torch reads only it
+    from trainguard.supervisor import hang
+
+    new = hang.flight_recorder_env(tmp_path, "2.13.0")
+    assert new["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in new
+    for old in ("2.4.1+cu121", "2.7.1", ""):  # "": unknown, both names
+        assert hang.flight_recorder_env(tmp_path, old)["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in hang.flight_recorder_env(tmp_path)  # the installed 2.13
+    result = doctest.testmod(hang)
+    assert result.attempted > 0 and result.failed == 0

@@ -6,6 +6,8 @@ CPU/gloo only. It never imports trainguard (a test asserts that).
 
     torchrun --standalone --nproc-per-node 2 tests/workers/plain_ddp.py --epochs 4 \
         --snapshot snap.pt
+    torchrun --nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST:PORT \
+        tests/workers/plain_ddp.py --record   # two nodes (pytorch/examples' multinode.py), @record
     trainguard run --standalone --nproc-per-node 2 -- python tests/workers/plain_ddp.py ...
 """
 
@@ -13,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
@@ -81,6 +85,7 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--batch-sleep", type=float, default=0.02, help="seconds per batch (a slower model)")
+    p.add_argument("--record", action="store_true", help="main under torch's @record (read at import)")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -94,4 +99,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # torch's @record, as many scripts carry it: an uncaught exception lands in torchelastic's error file
+    (record(main) if "--record" in sys.argv else main)()

@@ -61,7 +61,9 @@ def assess(obs: Observation, attempt: Attempt, history: History) -> Trouble | No
             default_classifier(),
             oom_killed=obs.oom_kills > 0,
         )
-        lost = peer_node_trouble(trouble, attempt.node, attempt.ranks, attempt.peers, errors, attempt.events)
+        lost = peer_node_trouble(
+            trouble, attempt.node, attempt.ranks, attempt.peers, errors, attempt.events, obs.last_errors
+        )
         if lost is not None:
             return lost
         return with_fingerprint(trouble, obs, attempt)

@@ -96,6 +96,8 @@ def exit_trouble(
                 (RootCause.DEPENDENCY, "the scheduler, an operator or a drill killed it"),
             )
         )
+    elif first is not None and first.cause is RootCause.UNKNOWN and first.suspects:
+        notes.append(suspects(*first.suspects))  # what the line cannot decide between, for the reader
     kind = TroubleKind.PROCESS_EXIT
     codes = {e.code for e in exited if e.rank == root_rank}
     if WorkerExit.HANG.value in codes:

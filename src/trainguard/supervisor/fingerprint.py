@@ -18,6 +18,9 @@ signal has no fingerprint, nor has a transport or rendezvous error (gloo's "Conn
 peer", ``ncclRemoteError``, a timeout): those follow a peer's or the network's loss, whatever
 the script does.
 
+`last_error` reads the same two files for the exception itself, unmasked: what a survivor of a
+peer node's loss died of, for `supervisor.peers` to judge.
+
     >>> fingerprint(1, None, 'Traceback (most recent call last):\\n  File "/x/train.py", line 3, '
     ...             'in <module>\\n    import nosuch\\nModuleNotFoundError: No module named \\'nosuch\\'\\n')
     "ModuleNotFoundError: No module named 'nosuch' @ train.py:3"
@@ -30,7 +33,7 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["fingerprint", "read_fingerprint"]
+__all__ = ["fingerprint", "last_error", "read_fingerprint", "read_last_error"]
 
 TAIL_BYTES = 64 * 1024  # the end of a rank's stderr: where its last traceback is
 
@@ -54,11 +57,26 @@ _MASKS = (
 
 def read_fingerprint(code: int | None, elastic_error: Path, stderr: Path) -> str | None:
     """`fingerprint` of one rank from its files (a file that cannot be read counts as empty)."""
-    try:
-        elastic: str | None = elastic_error.read_text(errors="replace")
-    except OSError:
-        elastic = None
-    return fingerprint(code, elastic, _tail(stderr))
+    return fingerprint(code, _read(elastic_error), _tail(stderr))
+
+
+def read_last_error(elastic_error: Path, stderr: Path) -> str | None:
+    """`last_error` of one rank from its files (a file that cannot be read counts as empty)."""
+    return last_error(_read(elastic_error), _tail(stderr))
+
+
+def last_error(elastic_error: str | None, stderr_tail: str) -> str | None:
+    """The ``"ExcType: message"`` a rank died of, as it left it (unmasked): torchelastic's error
+    file's, else its stderr's last traceback's; None when neither holds one.
+
+    >>> last_error(None, '[rank0]: Traceback (most recent call last):\\n[rank0]:   File "t.py", '
+    ...            'line 9, in <module>\\n[rank0]: RuntimeError: Connection closed by peer [10.0.0.2]:4')
+    'RuntimeError: Connection closed by peer [10.0.0.2]:4'
+    """
+    found = _from_elastic(elastic_error) if elastic_error else None
+    if found is None:
+        found = _from_traceback(stderr_tail)
+    return found[0] if found is not None else None
 
 
 def fingerprint(code: int | None, elastic_error: str | None, stderr_tail: str) -> str | None:
@@ -66,9 +84,10 @@ def fingerprint(code: int | None, elastic_error: str | None, stderr_tail: str) -
     the evidence names no failure of the script's own."""
     if code is None or code <= 0:
         return None
-    found = _from_elastic(elastic_error) if elastic_error else None
-    if found is None:
-        found = _from_traceback(stderr_tail)
+    parts = _from_elastic(elastic_error) if elastic_error else None
+    if parts is None:
+        parts = _from_traceback(stderr_tail)
+    found = parts[0] + (f" @ {parts[1]}" if parts[1] else "") if parts is not None else None
     if found is None:
         line = next((ln.strip() for ln in reversed(stderr_tail.splitlines()) if ln.strip()), "")
         if not _ERRORISH.search(line):
@@ -79,7 +98,8 @@ def fingerprint(code: int | None, elastic_error: str | None, stderr_tail: str) -
     return _mask(found)[:400]
 
 
-def _from_elastic(text: str) -> str | None:
+def _from_elastic(text: str) -> tuple[str, str | None] | None:
+    """(exception line, innermost ``file:line``) of torchelastic's error file."""
     try:
         message = json.loads(text)["message"]
         head, stack = str(message["message"]), str(message.get("extraInfo", {}).get("py_callstack", ""))
@@ -88,11 +108,10 @@ def _from_elastic(text: str) -> str | None:
     head = head.strip().splitlines()[0] if head.strip() else ""
     if not head:
         return None
-    frame = _innermost(stack.splitlines())
-    return head + (f" @ {frame}" if frame else "")
+    return head, _innermost(stack.splitlines())
 
 
-def _from_traceback(text: str) -> str | None:
+def _from_traceback(text: str) -> tuple[str, str | None] | None:
     """The exception line of the last traceback in ``text`` and the innermost frame above it."""
     lines = [_RANK_TAG.sub("", ln.rstrip(), count=1) for ln in text.splitlines()]
     start = max(
@@ -109,8 +128,7 @@ def _from_traceback(text: str) -> str | None:
     exc = next((ln for ln in block[last + 1 :] if ln and not ln[0].isspace()), None)
     if exc is None or not _EXC.match(exc):
         return None
-    frame = _innermost(block[: last + 1])
-    return exc.strip() + (f" @ {frame}" if frame else "")
+    return exc.strip(), _innermost(block[: last + 1])
 
 
 def _innermost(lines: list[str]) -> str | None:
@@ -119,6 +137,13 @@ def _innermost(lines: list[str]) -> str | None:
         return None
     path, line = frames[-1].groups()
     return f"{path.rsplit('/', 1)[-1]}:{line}"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
 
 
 def _mask(text: str) -> str:

@@ -32,6 +32,7 @@ Evidence, strongest first:
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import signal
@@ -201,18 +202,45 @@ def analyze(
     return HangReport((), {}, files, "none")
 
 
-def flight_recorder_env(run_dir: Path) -> dict[str, str]:
+def flight_recorder_env(run_dir: Path, torch_version: str | None = None) -> dict[str, str]:
     """The environment that makes torch record and dump its flight recorder into the run's dumps
-    folder (a user's own settings win: the supervisor applies these with ``setdefault``)."""
+    folder (a user's own settings win: the supervisor applies these with ``setdefault``).
+
+    ``torch_version``: the ranks' torch (default: the one installed beside trainguard). torch 2.8
+    renamed the ring's size ``TORCH_NCCL_TRACE_BUFFER_SIZE`` to ``TORCH_FR_BUFFER_SIZE`` and warns
+    in every rank where the old name is set, so the old name is set only for an older torch (or
+    one whose version is unknown).
+
+    >>> sorted(k for k in flight_recorder_env(Path("r"), "2.13.0") if "BUFFER" in k)
+    ['TORCH_FR_BUFFER_SIZE']
+    >>> sorted(k for k in flight_recorder_env(Path("r"), "2.4.1+cu121") if "BUFFER" in k)
+    ['TORCH_FR_BUFFER_SIZE', 'TORCH_NCCL_TRACE_BUFFER_SIZE']
+    """
     prefix = str(dumps_dir(run_dir) / FR_PREFIX)
+    release = _release(installed_torch_version() if torch_version is None else torch_version)
+    old_name = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"} if release is None or release < (2, 8) else {}
     return {
         "TORCH_FR_BUFFER_SIZE": "2000",
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",  # torch < 2.7 spells it so
+        **old_name,
         "TORCH_FR_DUMP_TEMP_FILE": prefix,
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": prefix,
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
     }
+
+
+def installed_torch_version() -> str:
+    """The version of the torch installed beside trainguard, read without importing it; "" when
+    there is none."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m[1]), int(m[2])) if m else None
 
 
 def request_flight_dumps(prefix: str, ranks: list[int], wait_s: float = 5.0) -> dict[int, Path]:

@@ -22,7 +22,7 @@ from trainguard.records import Event, Finding, Health, NodeVerdict
 from trainguard.rundir import ErrorRecord, read_errors, read_findings
 from trainguard.supervisor.attempt import Attempt
 from trainguard.supervisor.exits import TEARDOWN_SIGNALS, aborted_after_finishing
-from trainguard.supervisor.fingerprint import read_fingerprint
+from trainguard.supervisor.fingerprint import read_fingerprint, read_last_error
 from trainguard.supervisor.hang import HangReport, collect
 from trainguard.supervisor.health import NodeHealth
 from trainguard.supervisor.idle import IdleWatch
@@ -57,6 +57,8 @@ class Observation:
     degraded_gpu: int | None = None  # a DEGRADED GPU in use
     errors: tuple[ErrorRecord, ...] = ()  # error files (read only when a worker failed)
     fingerprints: Mapping[int, str] = field(default_factory=dict)  # failed rank -> `fingerprint`
+    # failed rank -> the exception it died of, from torchelastic's error file or its stderr
+    last_errors: Mapping[int, str] = field(default_factory=dict)
     findings: tuple[FindingRow, ...] = ()  # the Guard's numerics and balancing findings of this attempt
     hang: HangReport | None = None  # the ranks' stacks, when no rank progressed in time
     nodes_waiting: int = 0
@@ -107,6 +109,7 @@ class Observer:
         verdict = self.health.tick(now)
         errors: list[ErrorRecord] = []
         fingerprints: dict[int, str] = {}
+        last_errors: dict[int, str] = {}
         failed = any(c not in (None, 0) for c in codes.values())
         ooms = 0
         if failed:
@@ -114,7 +117,7 @@ class Observer:
             events += [ln.event for ln in self.logtail.poll() if ln.event is not None]
             self.health.tick(now, force=True)
             errors = read_errors(self.run_dir)
-            fingerprints = self._fingerprints(codes, attempt)
+            fingerprints, last_errors = self._last_words(codes, attempt)
             count = oom_kills()
             if count is not None and attempt.oom_kills_at_start is not None:
                 ooms = count - attempt.oom_kills_at_start
@@ -149,6 +152,7 @@ class Observer:
             degraded_gpu=next((gv.gpu.index for gv in in_use if gv.health is Health.DEGRADED), None),
             errors=tuple(errors),
             fingerprints=fingerprints,
+            last_errors=last_errors,
             findings=self._findings(attempt),
             hang=hang,
             nodes_waiting=waiting,
@@ -179,16 +183,23 @@ class Observer:
                 found.add(lr)
         return found
 
-    def _fingerprints(self, codes: Mapping[int, int | None], attempt: Attempt) -> dict[int, str]:
-        """The failed ranks' fingerprints, from torchelastic's error file or their stderr."""
+    def _last_words(
+        self, codes: Mapping[int, int | None], attempt: Attempt
+    ) -> tuple[dict[int, str], dict[int, str]]:
+        """The failed ranks' fingerprints and the exceptions they died of, from torchelastic's
+        error file (what any script under torch's ``@record`` leaves) or their stderr."""
         folder = self.attempt_dir(attempt.number)
-        found = {}
+        found, last = {}, {}
         for lr, code in codes.items():
+            if code in (None, 0):
+                continue
             rank = attempt.rank_of[lr]
-            fp = read_fingerprint(code, folder / f"rank{rank}.error.json", folder / f"rank{rank}.stderr")
-            if fp is not None:
+            elastic, stderr = folder / f"rank{rank}.error.json", folder / f"rank{rank}.stderr"
+            if (fp := read_fingerprint(code, elastic, stderr)) is not None:
                 found[rank] = fp
-        return found
+            if (exc := read_last_error(elastic, stderr)) is not None:
+                last[rank] = exc
+        return found, last
 
     def _collect_stacks(self, workers: Workers, attempt: Attempt) -> HangReport:
         folder = self.attempt_dir(attempt.number)

@@ -2,8 +2,9 @@
 
 On a multi-node job only this node's ranks report to this supervisor. A peer node that dies whole
 (killed, lost power, kernel panic) leaves no error file here: the survivors fail with
-"Connection reset by peer" or "Connection closed by peer [addr]:port", which the log classifier
-files under the network. `peer_node_trouble` turns such a failure into what the evidence
+"Connection reset by peer" or "Connection closed by peer [addr]:port" (in the Guard's error file,
+torchelastic's under ``@record``, or only their stderr), which the log classifier files under the
+network. `peer_node_trouble` turns such a failure into what the evidence
 supports, with ``incidents.nodes.node_failure`` judging the survivors' lines: a node named by the
 evidence (torch elastic's dead-node line, a peer address that maps to a node) is a node failure
 naming that node and its ranks; lines that only say a connection was lost leave it "unknown"
@@ -62,15 +63,22 @@ def peer_node_trouble(
     peers: Mapping[str, Sequence[int]],
     errors: Sequence[ErrorRecord],
     events: Sequence[Event],
+    last_errors: Mapping[int, str] | None = None,
 ) -> Trouble | None:
     """The failure of a multi-node job's peer node, when that is what this node's failed ranks
     show; None when it is this node's own (a local cause, or a rank that failed otherwise).
 
-    ``node``: this node's rendezvous name; ``peers``: the other nodes -> their global ranks."""
+    ``node``: this node's rendezvous name; ``peers``: the other nodes -> their global ranks;
+    ``errors``: the Guard's error files; ``last_errors``: failed rank -> the exception it died
+    of, for a rank without one (torchelastic's error file or its stderr: any script leaves that)."""
     if not peers or trouble.root_cause not in _PEER_CAUSES or trouble.category in HARDWARE_CATEGORIES:
         return None
     mine = set(local_ranks)
-    texts = [(e.rank, e.time, f"{e.exc_type}: {e.message}") for e in errors if e.rank in mine]
+    texts: list[tuple[int, float | None, str]] = [
+        (e.rank, e.time, f"{e.exc_type}: {e.message}") for e in errors if e.rank in mine
+    ]
+    guarded = {r for r, _, _ in texts}
+    texts += [(r, None, t) for r, t in sorted((last_errors or {}).items()) if r in mine and r not in guarded]
     if not texts or not all(_PEER_LOSS.search(t) for _, _, t in texts):
         return None  # no error file, or one that says something else went wrong here
     here = node or "this node"

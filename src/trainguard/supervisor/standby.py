@@ -146,7 +146,9 @@ def _flush_files() -> None:
     import io
 
     for obj in gc.get_objects():
-        if isinstance(obj, io.IOBase):
+        # type(), not isinstance(): isinstance reads the object's __class__, and that runs code of
+        # the object's own (torch.distributed.reduce_op warns on every attribute it is asked for)
+        if issubclass(type(obj), io.IOBase):
             with contextlib.suppress(Exception):
                 if not obj.closed and obj.writable():
                     obj.flush()
