@@ -6,7 +6,8 @@
 One script, two ways to survive a restart: TensorFlow's ``BackupAndRestore`` (``--backup-dir``,
 saved every ``--save-every`` batches) or trainguard's Guard (``--trainguard``: checkpoints every
 ``--save-every`` steps, heartbeats the supervisor reads). Everything else is shared: the model
-and data (scikit-learn's digits, shuffled per epoch with `shuffled_batches`), the steps, TF's
+and data (scikit-learn's digits; tf.data's shuffle-repeat-batch, or the Guard's resumable
+`shuffled_batches`: the TensorFlow arm imports no trainguard code), the steps, TF's
 collective timeout, the pace (``--step-s`` of work per step), and the fault that happens inside
 the job: ``--hang-at-step N`` hangs worker ``--hang-rank`` once (a marker file makes a restarted
 worker not hang again), as a deadlock in a worker's own code would, with its process alive.
@@ -27,21 +28,26 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 import tensorflow as tf
 from sklearn.datasets import load_digits
 
-from trainguard.keras import shuffled_batches
-
 
 class Pace(tf.keras.callbacks.Callback):
-    """``step_s`` of work per step, and the one hang of the fault schedule."""
+    """``step_s`` of work per step, the one hang of the fault schedule, and (rank 0, ``progress``)
+    a line ``time step pid`` per step for the harness to read."""
 
-    def __init__(self, step_s: float, hang_at: int, marker: str, rank: int, hang_rank: int) -> None:
+    def __init__(
+        self, step_s: float, hang_at: int, marker: str, rank: int, hang_rank: int, progress: str
+    ) -> None:
         super().__init__()
         self.step_s, self.hang_at, self.marker = step_s, hang_at, Path(marker) if marker else None
         self.hang_here = rank == hang_rank
+        self.progress = open(progress, "a") if progress and rank == 0 else None  # noqa: SIM115
 
     def on_train_batch_end(self, batch, logs=None):
         if self.step_s:
             time.sleep(self.step_s)
         step = int(self.model.optimizer.iterations.numpy())
+        if self.progress is not None:
+            self.progress.write(f"{time.time():.3f} {step} {os.getpid()}\n")
+            self.progress.flush()
         if self.hang_here and self.marker is not None and step == self.hang_at and not self.marker.exists():
             self.marker.write_text(str(time.time()))
             print(f"hanging at step {step}", flush=True)
@@ -82,6 +88,7 @@ def main() -> None:
     ap.add_argument("--hang-at-step", type=int, default=-1)
     ap.add_argument("--hang-rank", type=int, default=1)
     ap.add_argument("--hang-marker", default="")
+    ap.add_argument("--progress", default="", help="rank 0 appends 'time step pid' per step here")
     args = ap.parse_args()
 
     cluster = json.loads(os.environ.get("TF_CONFIG", "{}"))
@@ -96,20 +103,24 @@ def main() -> None:
     arrays = ((x / 16.0).astype("float32"), y.astype("int64"))
     batch = args.per_worker_batch_size * workers
     callbacks: list[tf.keras.callbacks.Callback] = []
-    start = 0
     if args.trainguard:
+        from trainguard.keras import shuffled_batches
         from trainguard.keras.legacy import Guard
 
         guard = Guard(args.checkpoint_dir, checkpoint_every=args.save_every)
         guard.resume(m)
-        start = guard.position
+        data = shuffled_batches(arrays, batch, seed=0, start=guard.position)
         callbacks.append(guard)
-    elif args.backup_dir:
-        callbacks.append(
-            tf.keras.callbacks.BackupAndRestore(backup_dir=args.backup_dir, save_freq=args.save_every)
+    else:  # what TF's tutorial writes; no trainguard code in this arm
+        data = (
+            tf.data.Dataset.from_tensor_slices(arrays).shuffle(len(arrays[1]), seed=0).repeat().batch(batch)
         )
-    callbacks.append(Pace(args.step_s, args.hang_at_step, args.hang_marker, rank, args.hang_rank))
-    data = shuffled_batches(arrays, batch, seed=0, start=start)
+        if args.backup_dir:
+            callbacks.append(
+                tf.keras.callbacks.BackupAndRestore(backup_dir=args.backup_dir, save_freq=args.save_every)
+            )
+    pace = Pace(args.step_s, args.hang_at_step, args.hang_marker, rank, args.hang_rank, args.progress)
+    callbacks.append(pace)
     m.fit(data, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, callbacks=callbacks, verbose=2)
 
 

@@ -58,7 +58,10 @@ def variables(model: Any) -> dict[str, Any]:
         out[f"model/{i:04d}"] = v
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:
-        if not getattr(optimizer, "built", getattr(optimizer, "_built", True)):  # slots exist once built
+        # Slots exist once built, which Keras 3 (``built``) and tf_keras (``_built``, set only by
+        # ``build``: absent on a fresh optimizer) do at the first step: a resume before it builds.
+        built = getattr(optimizer, "built", getattr(optimizer, "_built", False))
+        if not built and callable(getattr(optimizer, "build", None)):
             with model.distribute_strategy.scope():
                 optimizer.build(model.trainable_variables)
         for i, v in enumerate(optimizer.variables):
