@@ -54,6 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from arm_procs import descendants, progress, stop, trained_since
 from paired import interleave, mean_ci, missed, ratio_ci, targets_json
 
 JOB = Path(__file__).resolve().parents[1] / "examples" / "mpi" / "train_mpi.py"
@@ -100,37 +101,6 @@ def launch(kind: str, work: Path, steps: int, step_time: float) -> subprocess.Po
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def progress(work: Path) -> list[tuple[float, int, int]]:
-    """(time, step, pid) of every step rank 0 completed."""
-    try:
-        lines = (work / "progress").read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        parts = line.split()
-        if len(parts) == 3:
-            out.append((float(parts[0]), int(parts[1]), int(parts[2])))
-    return out
-
-
-def descendants(root: int) -> list[int]:
-    """Every live process below ``root``."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def rank_pid(root: int, rank: int) -> int | None:
     """The job's process of ``rank`` (the python running train_mpi.py, whoever started it)."""
     for pid in descendants(root):
@@ -144,13 +114,6 @@ def rank_pid(root: int, rank: int) -> int | None:
             ):
                 return pid
     return None
-
-
-def training_since(work: Path, t: float) -> bool:
-    """Has an attempt started after ``t`` completed a step (a step by a pid not seen before t)?"""
-    steps = progress(work)
-    before = {pid for when, _, pid in steps if when <= t}
-    return any(when > t and pid not in before for when, _, pid in steps)
 
 
 def run_arm(kind: str, work: Path, args: argparse.Namespace, schedule: list[tuple[str, int, float]],
@@ -173,7 +136,7 @@ def run_arm(kind: str, work: Path, args: argparse.Namespace, schedule: list[tupl
                 first_step = steps[0][0] if steps else None
             if first_step is not None and pending:
                 what, rank, offset = pending[0]
-                due = now - first_step >= offset and (last_fault == 0.0 or training_since(work, last_fault))
+                due = now - first_step >= offset and (last_fault == 0.0 or trained_since(work, last_fault))
                 pid = rank_pid(proc.pid, rank) if due else None
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL if what == "kill" else signal.SIGSTOP)
@@ -192,20 +155,6 @@ def run_arm(kind: str, work: Path, args: argparse.Namespace, schedule: list[tupl
         if later:
             run.recoveries.append((what, min(later) - when))
     return run
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(30)
-    with contextlib.suppress(ProcessLookupError):  # whatever of the job is left (a stopped rank too)
-        os.killpg(proc.pid, signal.SIGKILL)
-    for pid in descendants(proc.pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait()
 
 
 def schedule_for(seed: int, kills: int, work_s: float) -> list[tuple[str, int, float]]:

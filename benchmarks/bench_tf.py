@@ -61,6 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from arm_procs import descendants, progress, stop, trained_since
 from paired import interleave, mean_ci, ratio_ci
 from targets import Target, finish
 
@@ -123,37 +124,6 @@ def launch(kind: str, work: Path, args: argparse.Namespace, hang_at: int) -> sub
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def progress(work: Path) -> list[tuple[float, int, int]]:
-    """(time, step, pid) of every step worker 0 completed."""
-    try:
-        lines = (work / "progress").read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        parts = line.split()
-        if len(parts) == 3:
-            out.append((float(parts[0]), int(parts[1]), int(parts[2])))
-    return out
-
-
-def descendants(root: int) -> list[int]:
-    """Every live process below ``root``."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def worker_pid(root: int, rank: int) -> int | None:
     """The python running tf_job.py as worker ``rank`` (its TF_CONFIG's task), whoever started it."""
     for pid in descendants(root):
@@ -172,13 +142,6 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
-
-
-def trained_since(work: Path, t: float) -> bool:
-    """Has a process started after ``t`` completed a step?"""
-    steps = progress(work)
-    before = {pid for when, _, pid in steps if when <= t}
-    return any(when > t and pid not in before for when, _, pid in steps)
 
 
 def run_arm(kind: str, work: Path, args: argparse.Namespace, schedule: list[tuple[int, float]], hang_at: int,
@@ -231,22 +194,6 @@ def run_arm(kind: str, work: Path, args: argparse.Namespace, schedule: list[tupl
         if what == "kill" and later:
             run.recoveries.append(min(later) - when)
     return run
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """End the arm and everything it started (a hung worker too)."""
-    left = descendants(proc.pid)
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(30)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    for pid in [*left, *descendants(proc.pid)]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait()
 
 
 def schedule_for(seed: int, kills: int, work_s: float) -> list[tuple[int, float]]:
