@@ -5,7 +5,9 @@ groups, each a ``trainguard run`` of its own (`replicas.start`), under torchft's
 (`replicas.lighthouse`). Every ``monitor_interval``::
 
     look    look() -> GroupsView       exits, the GPUs each exited group's own loop took out of
-                                       service (its typed `RunResult`), steps, the Lighthouse
+                                       service (its typed `RunResult`), steps and restarts (its
+                                       ranks' heartbeats), the Lighthouse; the groups' output to
+                                       the console
     judge   judge(view, ...) -> [Act]  (pure: `replicas.judge`)
     act     restart the Lighthouse | give a group a spare GPU and start it again | mark it
             stopped | every group down: restart them all from the newest durable checkpoint
