@@ -93,6 +93,20 @@ def test_capacity_counts_the_time_k_of_n_groups_stepped():
     assert cap["capacity"] == pytest.approx(0.75)
 
 
+def test_capacity_of_steps_slower_than_the_gap_rule_is_not_zero():
+    # 3 s steps, all seen: the groups stepped the whole time (a gap rule of 2 s made it 0.00).
+    a, b = Group(0, (0,)), Group(1, (1,))
+    a.steps = b.steps = [(float(t), t // 3) for t in range(0, 31, 3)]
+    assert capacity([a, b], 0.0, 30.0)["capacity"] == pytest.approx(1.0)
+
+
+def test_capacity_of_a_run_with_no_step_seen_is_not_measured():
+    # No heartbeat (a script that reports no step) or no wall time: n/a, never 0.
+    assert capacity(groups(R, R), 0.0, 30.0) == {}
+    ran = Group(0, (0,), steps=[(1.0, 1), (2.0, 2)])
+    assert capacity([ran], 5.0, 5.0) == {}
+
+
 @pytest.mark.parametrize("floor", [1.0, 4.0, 10.0, 30.0, 600.0])
 def test_a_groups_hang_timeout_outlasts_its_wait_on_a_peer_and_ends_before_the_quorum_times_out(floor):
     # A healthy group waits on a hung, healing or slow peer for up to torchft's collective timeout

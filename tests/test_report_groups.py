@@ -11,12 +11,14 @@ import pytest
 
 from trainguard.cli import main
 from trainguard.incidents import Incident, IncidentStore, IntervalKind, RootCause
-from trainguard.incidents.groups_report import groups_result, k_of_n
+from trainguard.incidents.goodput import Interval
+from trainguard.incidents.groups_report import groups_result, groups_summary, k_of_n, render_groups
 from trainguard.incidents.report import job_report, render_report
-from trainguard.rundir import append_discarded
+from trainguard.rundir import HeartbeatWriter, append_discarded
 from trainguard.supervisor.config import ExitCode, LaunchConfig, RecordConfig, SupervisorConfig
 from trainguard.supervisor.record import JobRecorder
-from trainguard.supervisor.replicas import ReplicaConfig, ReplicaResult, ReplicaSupervisor
+from trainguard.supervisor.replicas import GroupRun, ReplicaConfig, ReplicaResult, ReplicaSupervisor
+from trainguard.supervisor.state import RunState
 
 K = IntervalKind
 T0 = 1_700_000_000.0
@@ -140,6 +142,71 @@ def test_the_report_text_has_a_line_per_group_with_heals_and_discarded_steps(tmp
     [line1] = [x for x in text.splitlines() if x.strip().startswith("group 1")]
     assert "discarded 2" in line0 and "heals -" in line0
     assert "interruptions 1" in line1 and "heals 10.0s" in line1
+
+
+def test_the_final_line_counts_the_groups_incidents_heals_and_capacity(tmp_path):
+    _, data = record_replica_job(tmp_path)
+    result = ReplicaResult.from_dict(data)
+    # Group 1's own loop recorded its rank's failure (its `trainguard run`'s result, read back).
+    xid = Incident(
+        job="llm.g1", time=T0 + 41, root_cause=RootCause.FAULTY_GPU, summary="Xid 79", rank=0, gpu=1
+    )
+    run = {"exit_code": 0, "job_id": "llm.g1", "run_dir": str(tmp_path), "incidents": [xid.to_dict()]}
+    g1 = result.groups[1]
+    groups = (
+        result.groups[0],
+        type(g1)(**{**_fields(g1), "runs": (GroupRun.from_dict({**run, "group": 1, "start": 1}),)}),
+    )
+    line = type(result)(**{**_fields(result), "groups": groups}).summary()
+    assert "incidents 0 in the job, 1 in the groups; 1 heal(s), longest 10.0s" in line
+    assert "capacity 0.87" in line  # the report's figure (the groups' ledgers), not 0.00
+
+
+def test_a_groups_restart_is_a_heal_even_when_its_step_never_falls(tmp_path):
+    # torchft heals a restarted rank before its first commit: a script that beats only on commits
+    # (torchft alone, `trainguard.torch.ft_progress`) goes from step 5 to 8. Its new attempt's
+    # start beat is what says it restarted.
+    clock = Clock()
+    config = SupervisorConfig(
+        LaunchConfig(cmd=("python", "train.py")), RecordConfig(job_id="ft", runs_root=tmp_path, db=None)
+    )
+    sup = ReplicaSupervisor(config, ReplicaConfig(groups=2), clock=clock)
+    beats = {g.index: HeartbeatWriter(sup.group_dir(g), 0, 0) for g in sup.groups}
+    for g in sup.groups:
+        g.started_at = T0
+    for t in range(1, 6):
+        clock.now = T0 + t
+        for w in beats.values():
+            w.beat(t, now=clock.now)
+        sup.look()
+    restarted = HeartbeatWriter(sup.group_dir(sup.groups[1]), 0, attempt=1)
+    clock.now = T0 + 6
+    restarted.beat(0, phase="init", now=clock.now)  # its worker started again and joins a quorum
+    beats[0].beat(6, now=clock.now)
+    sup.look()
+    assert sup.groups[1].state is RunState.RECOVERING
+    clock.now = T0 + 9
+    beats[0].beat(8, now=clock.now)
+    restarted.beat(8, now=clock.now)  # healed from group 0: its first commit is at group 0's step
+    sup.look()
+    assert sup.groups[1].state is RunState.RUNNING and sup.groups[1].heals == [3.0]
+    assert sup.groups[0].heals == []
+
+
+def test_a_group_that_reported_no_step_has_no_capacity_figure():
+    ran = [Interval("j.g0", K.PRODUCTIVE, 0, 100)]
+    silent = [Interval("j.g1", K.UNMEASURED, 0, 100)]  # a script that reports no step
+    section = groups_summary({0: ran, 1: silent}, 0, 100)
+    assert section["capacity"] is None
+    [line] = [x for x in render_groups(section) if "capacity" in x]
+    assert "n/a" in line and "0.0%" not in line
+    assert groups_summary({0: ran}, 0, 100)["capacity"] == 1.0
+
+
+def _fields(value: object) -> dict:
+    from dataclasses import fields
+
+    return {f.name: getattr(value, f.name) for f in fields(value)}
 
 
 def test_a_job_without_groups_reports_as_before(tmp_path):

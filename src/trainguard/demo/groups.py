@@ -127,7 +127,7 @@ def check_groups(
         Check(
             "report: partial capacity and the heal",
             bool(section)
-            and section.get("capacity", 1.0) < 1.0
+            and (section.get("capacity") or 1.0) < 1.0  # None: not measured, no partial figure
             and partial > 0
             and bool(section.get("heals_s")),
             f"capacity {section.get('capacity')}, k of N {section.get('k_of_n_s')}, heals {section.get('heals_s')}"

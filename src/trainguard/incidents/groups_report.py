@@ -8,7 +8,8 @@ workers' restart to reaching the live groups' step) and the steps it discarded (
 all-reduce failed, so its work was thrown away). From those, over the job's wall time:
 
 - ``capacity`` (capacity-weighted ETTR): group-seconds charged to productive steps / (N x wall),
-  so a job that ran on 1 of 2 groups for half its time has at most 0.75;
+  so a job that ran on 1 of 2 groups for half its time has at most 0.75; None (``n/a``) where a
+  group's steps went unmeasured (a script that reports none) or the job had no wall time;
 - ``k_of_n_s``: seconds in which exactly k of the N groups made productive steps;
 - per group: its ETTR over the job's wall, attempts, interruptions, heals, discarded steps;
 - the job's breakdown: each kind's group-seconds / N (so the rows add up to the wall time)::
@@ -79,9 +80,10 @@ def groups_summary(ledgers: dict[int, list[Interval]], start: float, end: float)
                 "discarded_s": round(sum(iv.end - iv.start for iv in dropped), 6),
             }
         )
+    measured = bool(n and wall) and all(s.ettr is not None for s in summaries)
     return {
         "replica_groups": n,
-        "capacity": round(sum(s.productive_s for s in summaries) / (n * wall), 4) if n and wall else 0.0,
+        "capacity": round(sum(s.productive_s for s in summaries) / (n * wall), 4) if measured else None,
         "k_of_n_s": k_of_n(spans, start, end),
         "heals_s": sorted(h for g in per for h in g["heals_s"]),
         "discarded_steps": sum(g["discarded_steps"] for g in per),
@@ -159,7 +161,7 @@ def render_groups(section: dict[str, Any]) -> list[str]:
     lines = [
         "",
         f"replica groups ({n})",
-        f"  {'capacity':<14} {section['capacity']:.1%}  (group-seconds stepping / {n} x wall time)",
+        f"  {'capacity':<14} {_percent(section['capacity'])}  (group-seconds stepping / {n} x wall time)",
         "  {:<14} {}".format(
             "k of N",
             ", ".join(f"{k.replace('_of_', ' of ')}: {v:.1f}s" for k, v in section["k_of_n_s"].items())
@@ -174,7 +176,7 @@ def render_groups(section: dict[str, Any]) -> list[str]:
         f"  {'discarded':<14} {section['discarded_steps']} steps",
     ]
     for g in section["groups"]:
-        ettr = "n/a" if g["ettr"] is None else f"{g['ettr']:.1%}"
+        ettr = _percent(g["ettr"])
         heal = ", ".join(f"{h:.1f}s" for h in g["heals_s"]) or "-"
         lines.append(
             f"  group {g['group']:<3} {g.get('status') or '-':<10} ETTR {ettr:>6}  "
@@ -182,3 +184,8 @@ def render_groups(section: dict[str, Any]) -> list[str]:
             f"discarded {g['discarded_steps']}"
         )
     return lines
+
+
+def _percent(value: float | None) -> str:
+    """A share as the report prints it; ``n/a`` where it was not measured."""
+    return "n/a" if value is None else f"{value:.1%}"

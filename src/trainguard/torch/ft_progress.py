@@ -1,8 +1,9 @@
 """What trainguard records of a torchft Manager's steps (`trainguard.torch.ft` installs it on every
 Manager): the steps its group discards, for the job's ledger, and, where no Guard writes the
-rank's heartbeats, one heartbeat per committed step, so the supervisor sees a torchft script's
-progress (its hang watch by steps, its ETTR, the replica loop's heals and capacity) without a
-line of trainguard in the script. Written only under ``trainguard run`` (a run directory).
+rank's heartbeats, an ``init`` heartbeat at its first quorum (the worker has started: a
+restarted group's heal begins) and one per committed step, so the supervisor sees a torchft
+script's progress (its hang watch by steps, its ETTR, the replica loop's heals and capacity)
+without a line of trainguard in the script. Written only under ``trainguard run`` (a run directory).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ class Progress:
         self.last_commit = time.time()
         self._writer: rundir.HeartbeatWriter | None = None
         self._beat_at = 0.0
+        if self.run_dir is not None and not guard_active():
+            try:
+                self._write(int(mgr.current_step()), None, "init", time.time())
+            except OSError:
+                log.debug("could not record the start", exc_info=True)
 
     def quorum(self) -> None:
         self.since = time.time()
@@ -53,8 +59,11 @@ class Progress:
         took, self.last_commit = now - self.last_commit, now
         if guard_active() or now < self._beat_at:
             return
+        self._write(step, took, "train", now)
+        self._beat_at = now + BEAT_EVERY_S
+
+    def _write(self, step: int, took: float | None, phase: str, now: float) -> None:
         if self._writer is None:
             assert self.run_dir is not None
             self._writer = rundir.HeartbeatWriter(self.run_dir, self.rank, self.attempt)
-        self._writer.beat(step, None, took, "train", now=now)
-        self._beat_at = now + BEAT_EVERY_S
+        self._writer.beat(step, None, took, phase, now=now)

@@ -8,6 +8,7 @@ under torchft's Lighthouse; a failed group is replaced while the others keep tra
     start.py       a group's config (the job's, `to_argv`), environment and process
     lighthouse.py  torchft's Lighthouse as a child process
     result.py      its typed result (`ReplicaResult`), each group's runs read back typed
+    console.py     each group's output on the job's console (``[g<i>] ...``)
 
 Importing this package imports neither torch nor torchft (the groups' workers do).
 """

@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass, field
 from enum import Enum
+from itertools import pairwise
 
 from trainguard.chaos.plan import Fault
 from trainguard.supervisor.config import ExitCode
@@ -32,6 +33,7 @@ class Group:
     last_step_at: float | None = None
     steps: list[tuple[float, int]] = field(default_factory=list)  # (time, step) as first seen
     healing_since: float | None = None  # when its workers were seen restarting
+    attempt: int = 0  # its own loop's attempt (its workers' start) in its ranks' newest heartbeat
     heals: list[float] = field(default_factory=list)  # seconds from restart to the live groups' step
     faults: list[Fault] = field(default_factory=list)  # chaos faults aimed at it, not fired yet
     runs: list[GroupRun] = field(default_factory=list)  # per start of its `trainguard run`: how it ended
@@ -123,11 +125,18 @@ def _why(code: int) -> str:
 
 
 def capacity(groups: list[Group], start: float, end: float) -> dict[str, float]:
-    """Partial capacity from each group's stepping spans: the share of group-seconds in which a
-    group committed steps (``capacity``), and the time k of N groups stepped (``k_of_n_s``)."""
+    """Partial capacity from each group's stepping spans as the loop saw them: the share of
+    group-seconds in which a group committed steps (``capacity``), and the time k of N groups
+    stepped (``k_of_n_s``). Empty (``n/a``) when no group was seen to step or the run had no
+    wall time: nothing was measured, which is not a capacity of 0.
+
+    >>> g = Group(0, (0,), steps=[(10.0, 0), (13.0, 1), (16.0, 2), (19.0, 3)])  # 3 s steps
+    >>> capacity([g], 0.0, 20.0)["capacity"], capacity([Group(1, (1,))], 0.0, 20.0)
+    (0.45, {})
+    """
     n = len(groups)
-    if n == 0 or end <= start:
-        return {"capacity": 0.0}
+    if n == 0 or end <= start or not any(g.steps for g in groups):
+        return {}
     marks: list[tuple[float, int]] = []
     for g in groups:
         for a, b in _stepping_spans(g.steps):
@@ -146,10 +155,17 @@ def capacity(groups: list[Group], start: float, end: float) -> dict[str, float]:
 
 
 def _stepping_spans(steps: list[tuple[float, int]], gap_s: float = 2.0) -> list[tuple[float, float]]:
-    """Spans in which steps kept coming (no gap longer than ``gap_s`` or 5 steps' time)."""
+    """Spans in which steps kept coming: no gap longer than ``gap_s`` or 3 of the group's median
+    step times (a job whose steps take longer than ``gap_s`` steps all the same).
+
+    >>> _stepping_spans([(0.0, 0), (3.0, 1), (6.0, 2), (40.0, 0), (43.0, 1)])
+    [(0.0, 6.0), (40.0, 43.0)]
+    """
+    gaps = sorted(b[0] - a[0] for a, b in pairwise(steps) if b[1] > a[1])
+    allowed = max(gap_s, 3 * gaps[len(gaps) // 2]) if gaps else gap_s
     spans: list[tuple[float, float]] = []
     for t, _ in steps:
-        if spans and t - spans[-1][1] <= gap_s:
+        if spans and t - spans[-1][1] <= allowed:
             spans[-1] = (spans[-1][0], t)
         else:
             spans.append((t, t))

@@ -5,7 +5,9 @@ groups, each a ``trainguard run`` of its own (`replicas.start`), under torchft's
 (`replicas.lighthouse`). Every ``monitor_interval``::
 
     look    look() -> GroupsView       exits, the GPUs each exited group's own loop took out of
-                                       service (its typed `RunResult`), steps, the Lighthouse
+                                       service (its typed `RunResult`), steps and restarts (its
+                                       ranks' heartbeats), the Lighthouse; the groups' output to
+                                       the console
     judge   judge(view, ...) -> [Act]  (pure: `replicas.judge`)
     act     restart the Lighthouse | give a group a spare GPU and start it again | mark it
             stopped | every group down: restart them all from the newest durable checkpoint
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from trainguard.chaos import load_plan
 from trainguard.chaos.plan import for_group, plan_toml
@@ -39,6 +41,7 @@ from trainguard.supervisor.bookkeeping import incident_of
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.policy import Trouble, TroubleKind
 from trainguard.supervisor.record import JobRecorder, node_name
+from trainguard.supervisor.replicas.console import GroupConsole
 from trainguard.supervisor.replicas.judge import Act, ActKind, Group, GroupsView, capacity, judge, thinned
 from trainguard.supervisor.replicas.lighthouse import Lighthouse
 from trainguard.supervisor.replicas.result import GroupResult, GroupRun, ReplicaResult
@@ -66,6 +69,7 @@ class ReplicaSupervisor:
         *,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        console: TextIO | None = None,
     ) -> None:
         self.job_id = config.resolved_job_id()
         # Pinned: a job id from the clock would differ at each group's (re)start.
@@ -99,6 +103,7 @@ class ReplicaSupervisor:
         self.started = 0.0
         self.states: list[dict[str, Any]] = []  # state changes, for the timeline and the report
         self.ledger: list[Interval] = []  # heals and discarded steps, for each group's own ledger
+        self.console = GroupConsole(console) if config.watch.tee else None  # the groups' output
 
     # -- the loop: look, judge, act --------------------------------------------------------------
 
@@ -122,6 +127,7 @@ class ReplicaSupervisor:
             for g in self.groups:
                 stop_group(g.proc)
             self.lighthouse.stop()
+            self._tee(final=True)
         return self._finish(code, reason)
 
     def _monitor(self) -> tuple[ExitCode, str]:
@@ -140,6 +146,7 @@ class ReplicaSupervisor:
                     return ExitCode.FAILED, "every replica group stopped"
 
     def look(self) -> GroupsView:
+        self._tee()
         now = self.clock()
         exits: dict[int, int | None] = {}
         steps: dict[int, int | None] = {}
@@ -148,11 +155,20 @@ class ReplicaSupervisor:
             exits[g.index] = code = g.proc.poll() if g.proc is not None else None
             if code is not None and not g.state.final:
                 lost[g.index] = self._group_run(g).lost_gpus
-            step = self._furthest_step(g)
+            step, attempt = self._progress(g)
+            if attempt > g.attempt:
+                self._restarted(g, attempt, now)
             if step is not None and step != g.last_step:
                 self._stepped(g, step, now)
             steps[g.index] = step
         return GroupsView(now, exits, lost, steps, self.lighthouse.exited())
+
+    def _restarted(self, g: Group, attempt: int, now: float) -> None:
+        """The group's own loop restarted its workers (a new attempt's heartbeat: torchft heals
+        a restarted rank before its first commit, so its step need not fall): it heals."""
+        g.attempt = attempt
+        if g.state is RunState.RUNNING:
+            g.state, g.healing_since = RunState.RECOVERING, now
 
     def _stepped(self, g: Group, step: int, now: float) -> None:
         """A new furthest step of a group. A step below its last one: the group's workers were
@@ -229,6 +245,7 @@ class ReplicaSupervisor:
         g.started_at = self.clock()
         g.start_times.append(g.started_at)
         g.healing_since = g.started_at if g.starts > 1 else None
+        g.attempt = 0  # a new `trainguard run`: its attempts count from 0 again
         chaos: Path | None = None
         if g.faults:  # a new group supervisor: only the faults its earlier runs did not fire
             chaos = self.run_dir / "groups" / f"{g.name}.chaos{g.starts}.toml"
@@ -238,9 +255,17 @@ class ReplicaSupervisor:
             self.config, self.replicas, g.name, g.gpus, self.run_dir, self._result_path(g), chaos
         )
         env = group_env(self.config, self.replicas, g.index, self.lighthouse.address)
-        g.proc = start_group(cfg, env, self.run_dir / "groups" / f"{g.name}.log")
+        g.proc = start_group(cfg, env, self._log_path(g))
         self._emit("group_started", group=g.index, gpus=list(g.gpus), start=g.starts)
         log.info("replica group %d started (start %d) on GPUs %s", g.index, g.starts, g.gpus)
+
+    def _log_path(self, g: Group) -> Path:
+        return self.run_dir / "groups" / f"{g.name}.log"
+
+    def _tee(self, final: bool = False) -> None:
+        """The groups' new output to the console (`replicas.console`)."""
+        if self.console is not None:
+            self.console.poll({g.index: self._log_path(g) for g in self.groups}, final)
 
     def _result_path(self, g: Group) -> Path:
         return self.run_dir / "groups" / f"{g.name}.start{g.starts}.json"
@@ -254,13 +279,19 @@ class ReplicaSupervisor:
             result = None
         return GroupRun(g.index, g.starts, result.exit_code if result is not None else code, result)
 
-    def _furthest_step(self, g: Group) -> int | None:
+    def _progress(self, g: Group) -> tuple[int | None, int]:
+        """The group's furthest step (None before its first) and its ranks' newest attempt."""
         best: int | None = None
+        attempt = g.attempt
         for r in range(self.config.launch.nproc_per_node):
             beat = read_last_heartbeat(heartbeat_path(self.group_dir(g), r))
-            if beat is not None and beat.phase != "init":  # an exit beat holds its last step too
+            if beat is None:
+                continue
+            if beat.time >= g.started_at:  # not its last `trainguard run`'s (one dir for both)
+                attempt = max(attempt, beat.attempt)
+            if beat.phase != "init":  # an exit beat holds its last step too
                 best = max(best or 0, beat.step)
-        return best
+        return best, attempt
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
@@ -326,10 +357,15 @@ class ReplicaSupervisor:
             self.recorder.add_progress(self._group_job(g), thinned(g.steps))
         summary = self.recorder.finish(self.started, ended, "succeeded" if code is ExitCode.OK else "failed")
         goodput = summary.to_dict()
-        if self.recorder.store is not None:  # the job's figures are its groups' (capacity-weighted)
+        # The job's figures are its groups' ledgers' (capacity-weighted), as the report prints
+        # them; without a store, the steps this loop saw (`judge.capacity`).
+        cap = capacity(self.groups, self.started, ended)
+        if self.recorder.store is not None:
             try:
                 section = groups_section(self.recorder.store, self.job_id, self.started, ended)
                 goodput = section["goodput"] if section and section["goodput"] else goodput
+                if section:
+                    cap = ledger_capacity(section)
             except Exception as exc:  # bookkeeping never fails the job
                 log.warning("could not read the groups' ledgers: %s", exc)
         self.recorder.close()
@@ -357,7 +393,7 @@ class ReplicaSupervisor:
             self.lighthouse.restarts,
             tuple(self.excluded),
             tuple(self.states),
-            capacity(self.groups, self.started, ended),
+            cap,
             tuple(self.recorder.incidents),
             goodput,
         )
@@ -370,6 +406,14 @@ class ReplicaSupervisor:
                 self._on_event(RunEvent(what, self.clock(), data))
             except Exception:
                 log.debug("event callback failed", exc_info=True)
+
+
+def ledger_capacity(section: dict[str, Any]) -> dict[str, float]:
+    """The report's capacity (`groups_report.groups_summary`) in `judge.capacity`'s shape; empty
+    where it was not measured."""
+    if section.get("capacity") is None:
+        return {}
+    return {"capacity": section["capacity"], **{f"{k}_s": v for k, v in section["k_of_n_s"].items()}}
 
 
 def _raise_interrupt(signum: int, _frame: Any) -> None:

@@ -108,16 +108,27 @@ class ReplicaResult:
     lighthouse_restarts: int = 0
     excluded_gpus: tuple[int, ...] = ()
     states: tuple[dict[str, Any], ...] = ()  # the job's state changes: time, state, groups running
-    capacity: dict[str, float] = field(default_factory=dict)  # `judge.capacity`
+    capacity: dict[str, float] = field(default_factory=dict)  # `loop.ledger_capacity` or `judge.capacity`
     incidents: tuple[Incident, ...] = ()  # the job's own (a group's are in its runs)
     goodput: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def group_incidents(self) -> int:
+        """Incidents the groups' own loops recorded (a rank that died, hung or lost its GPU)."""
+        return sum(len(r.result.incidents) for g in self.groups for r in g.runs if r.result is not None)
+
     def summary(self) -> str:
-        """The one line ``trainguard run --replica-groups N`` ends with."""
+        """The one line ``trainguard run --replica-groups N`` ends with: the job's incidents (a
+        group replaced or stopped, the Lighthouse restarted) and its groups' own, the groups'
+        restarts (a group's loop restarting its workers) and heals, and the capacity (n/a where
+        no step was measured)."""
         cap = self.capacity.get("capacity")
+        heals = sorted(h for g in self.groups for h in g.heals_s)
+        healed = f", longest {heals[-1]:.1f}s" if heals else ""
         return (
             f"{self.exit_code.name.lower()} (exit {int(self.exit_code)}): {self.reason}; "
-            f"{len(self.incidents)} incident(s), {len(self.groups)} replica group(s), "
+            f"incidents {len(self.incidents)} in the job, {self.group_incidents} in the groups; "
+            f"{len(heals)} heal(s){healed}; {len(self.groups)} replica group(s), "
             f"{sum(g.starts for g in self.groups)} group start(s), capacity "
             f"{'n/a' if cap is None else f'{cap:.2f}'}; run dir {self.run_dir}"
         )
