@@ -180,6 +180,12 @@ def test_a_model_trained_on_what_agents_stored_is_served_by_agents_on_new_nodes(
     alarmed = {(w.host, w.gpu) for w in served if w.predicted_s is not None}
     assert {(i.node, i.gpu) for i in forecasts} == alarmed
     assert {i.root_cause.value for i in forecasts} == {"unknown"}
-    for key in alarmed:  # a forecast is never a label: a GPU's label is its failure, after the forecast
-        failure_s = lives[key].failure_s
-        assert failure_s is None or failure_s > min(i.time for i in forecasts if (i.node, i.gpu) == key)
+    for w in served:  # a forecast is never a label: a GPU's label is its failure, the rules' incident
+        if w.predicted_s is None:
+            continue
+        failure_s = lives[(w.host, w.gpu)].failure_s
+        first = min(i.time for i in forecasts if (i.node, i.gpu) == (w.host, w.gpu))
+        if w.forecast_s is not None:  # forecast before the failure: labelled by the failure, after it
+            assert failure_s is None or failure_s > first
+        else:  # alarmed only once it had failed (scored missed): labelled by the failure, before it
+            assert failure_s is not None and failure_s < first
