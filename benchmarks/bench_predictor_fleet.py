@@ -16,12 +16,15 @@ when more, missed, or a false alarm on a healthy GPU. ``offline`` scores every s
 fleet's points with the same model (`fleet_run.offline_alarms`: any horizon at its threshold,
 as the agent alarms; ``offline_longest_horizon``: the 24-hour horizon's threshold alone, as
 docs/predictor.md's held-out table scores it); ``rules`` is the agent's first other degraded or
-failed finding. Also:
-the forecasts the store recorded (incidents, and per alarmed GPU: each is one onset), the wall
-time per node and the machine's load.
+failed finding. Also: ``alarmed_after_failure``, the GPUs the agent first alarmed on only from
+their failure on (it goes on scoring a failed GPU, its readings lost or stale: scored missed,
+as offline; their forecast incidents are no forecasts), the forecasts the store recorded
+(incidents, and per alarmed GPU: each is one onset), the wall time per node and the machine's
+load.
 
-Targets: ``agreement`` 1.0 (the agent's first alarm is the offline scoring's on every GPU: the
-agent serves the model it was given), ``precursor_recall`` >= 0.5 (caught among the GPUs of the
+Targets: ``agreement`` 1.0 (on every GPU, the agent's first alarm on a step that ended before
+the failure is the offline scoring's first: the agent serves the model it was given; the
+offline scoring has no later step), ``precursor_recall`` >= 0.5 (caught among the GPUs of the
 five kinds with a precursor) and ``false_alarms_per_1000_gpu_days`` <= 50 (on healthy GPUs).
 """
 
@@ -84,7 +87,7 @@ def main() -> int:
     p.add_argument("--horizon-h", type=float, default=24.0)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    from trainguard.agent.fleet_run import offline_alarms, report, watch_node
+    from trainguard.agent.fleet_run import agreement, offline_alarms, report, watch_node
     from trainguard.incidents import IncidentStore
     from trainguard.predictor.predictor import Predictor
     from trainguard.predictor.simfleet import simulate_node
@@ -115,7 +118,8 @@ def main() -> int:
     caught = sum(out["predictor"][k]["caught"] for k in PRECURSORS if k in out["predictor"])
     n_pre = sum(out["predictor"][k]["n"] for k in PRECURSORS if k in out["predictor"])
     out.update(
-        agreement=round(sum(w.predicted_s == o for w, o in zip(watched, offline, strict=True)) / len(watched), 4),
+        agreement=round(agreement(watched, offline), 4),
+        alarmed_after_failure=sum(w.predicted_s is not None and w.forecast_s is None for w in watched),
         precursor_recall=round(caught / n_pre, 4) if n_pre else None,
         false_alarms_per_1000_gpu_days=predictor_all["false_alarms_per_1000_gpu_days"],
         model=str(args.model), arch=predictor.header.arch, thresholds=list(predictor.header.thresholds),
@@ -151,8 +155,9 @@ def main() -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
-    print(f"forecast incidents {len(forecasts)} on {len(onsets)} GPUs; the agent's first alarm equals the "
-          f"offline one on {out['agreement']:.1%} of the GPUs; precursor recall {out['precursor_recall']}; "
+    print(f"forecast incidents {len(forecasts)} on {len(onsets)} GPUs ({out['alarmed_after_failure']} first "
+          f"alarmed after their failure); the agent's first alarm before the failure equals the offline one "
+          f"on {out['agreement']:.1%} of the GPUs; precursor recall {out['precursor_recall']}; "
           f"{out['seconds_per_node']} s per node; load {out['load']}")  # fmt: skip
     return 1 if miss else 0
 

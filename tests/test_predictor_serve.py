@@ -7,13 +7,14 @@ their healthy GPUs."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pgserver import PASSWORD, USER, PgServer, pg_url, postgres  # noqa: F401 - fixtures
-from trainguard.agent.fleet_run import offline_alarms, watch_fleet
+from trainguard.agent.fleet_run import agreement, offline_alarms, report, watch_fleet, watch_node
 from trainguard.cli import main
 
 np = pytest.importorskip("numpy")
@@ -95,6 +96,30 @@ def test_the_agent_scores_every_step_as_the_offline_scoring_of_the_same_fleet(si
     assert compared == len(data.life) > 8 * 50 and detector.scored >= compared
 
 
+@pytest.mark.slow
+def test_an_alarm_after_the_failure_is_no_disagreement_with_the_offline_scoring(sim_model, tmp_path) -> None:
+    from trainguard.predictor.predictor import Predictor
+    from trainguard.predictor.simfleet import simulate_node
+
+    # Node 1 of the fleet of seed 1 over 24 h: its GPU 4 fails with no precursor (dbe_sudden), and
+    # the agent, scoring the failed GPU on, alarms from the failure on, where the offline scoring
+    # (a life's points end before its failure) has no step to score.
+    served = watch_node(1, str(tmp_path / "tg.db"), tmp_path, model=sim_model, hours=24.0, seed=1)
+    offline = offline_alarms(Predictor.load(sim_model), simulate_node(1, hours=24.0, seed=1))
+    after = [
+        (w.gpu, w.kind)
+        for w in served
+        if w.predicted_s is not None and w.predicted_s >= (w.failure_s or math.inf)
+    ]
+    assert after == [(4, "dbe_sudden")]
+    assert offline[4] is None and served[4].rule_s is not None  # the rules saw the failure
+    assert [w.forecast_s for w in served] == offline  # every other GPU's first alarm, step for step
+    assert agreement(served, offline) == 1.0
+    scored = report(served, offline=offline)
+    assert scored["predictor"] == scored["offline"]  # an alarm after the failure is a miss in both
+    assert sum(w.predicted_s is not None for w in served) >= 3  # alarms before failures agree too
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
 def backend(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -145,7 +170,7 @@ def test_a_model_trained_on_what_agents_stored_is_served_by_agents_on_new_nodes(
     served = watch_fleet(2, agents_db, tmp_path / "serve", model=out, seed=22, **run)  # nodes it never saw
     model = Predictor.load(out)
     offline = [t for node in range(2) for t in offline_alarms(model, simulate_node(node, seed=22, **run))]
-    assert [w.predicted_s for w in served] == offline  # the agents serve the trained model, step for step
+    assert [w.forecast_s for w in served] == offline  # the agents serve the trained model, step for step
     caught = [w for w in served if w.kind in PRECURSORS and w.predicted_s is not None
               and 0 < (w.failure_s or 0) - w.predicted_s <= DAY]  # fmt: skip
     assert caught, served  # ahead of a failure with a precursor
@@ -155,6 +180,12 @@ def test_a_model_trained_on_what_agents_stored_is_served_by_agents_on_new_nodes(
     alarmed = {(w.host, w.gpu) for w in served if w.predicted_s is not None}
     assert {(i.node, i.gpu) for i in forecasts} == alarmed
     assert {i.root_cause.value for i in forecasts} == {"unknown"}
-    for key in alarmed:  # a forecast is never a label: a GPU's label is its failure, after the forecast
-        failure_s = lives[key].failure_s
-        assert failure_s is None or failure_s > min(i.time for i in forecasts if (i.node, i.gpu) == key)
+    for w in served:  # a forecast is never a label: a GPU's label is its failure, the rules' incident
+        if w.predicted_s is None:
+            continue
+        failure_s = lives[(w.host, w.gpu)].failure_s
+        first = min(i.time for i in forecasts if (i.node, i.gpu) == (w.host, w.gpu))
+        if w.forecast_s is not None:  # forecast before the failure: labelled by the failure, after it
+            assert failure_s is None or failure_s > first
+        else:  # alarmed only once it had failed (scored missed): labelled by the failure, before it
+            assert failure_s is not None and failure_s < first

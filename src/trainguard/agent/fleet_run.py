@@ -6,6 +6,8 @@
            incidents and series to ``db`` (SQLite or PostgreSQL), as `trainguard agent` does
         -> per GPU: its planned kind and failure time, the agent's first ``predicted_failure``
            and its first other degraded or failed finding (the fixed rules)
+        -> `agreement` with `offline_alarms` (the same model over the fleet's own points): on
+           the steps that ended before each failure, the only ones the offline scoring has
 
 The agent reads each GPU ``readings_per_step`` times a series step (every 5 minutes at the
 simulated fleet's 10-minute step: time compressed as in predictor/simfleet.py, the rules' rates read over
@@ -34,7 +36,7 @@ from trainguard.detect.detector import PREDICTED_FAILURE
 from trainguard.predictor.simfleet import plan_node
 from trainguard.records import Health
 
-__all__ = ["Watched", "offline_alarms", "report", "watch_fleet", "watch_node"]
+__all__ = ["Watched", "agreement", "offline_alarms", "report", "watch_fleet", "watch_node"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,16 @@ class Watched:
     observed_s: float  # how long the GPU was watched before its failure (or in all)
     predicted_s: float | None  # the agent's first predicted_failure
     rule_s: float | None  # the agent's first other degraded or failed finding
+
+    @property
+    def forecast_s(self) -> float | None:
+        """The agent's first ``predicted_failure`` on a step that ended before the failure: the
+        steps the offline scoring scores (a life's points end there, simfleet.py). The agent
+        cannot know when the plan's failure came and goes on scoring the failed GPU; its alarms
+        from the failure on are no forecasts (scored missed either way)."""
+        if self.predicted_s is None or self.failure_s is None or self.predicted_s < self.failure_s:
+            return self.predicted_s
+        return None
 
 
 class _Firsts:
@@ -134,6 +146,13 @@ def offline_alarms(
         alarm[rows] = hit.any(axis=1) if horizon is None else hit[:, horizon]
     first = first_alarms(alarm, data.life, data.t_end, 0.5, len(lives))
     return [None if math.isnan(t) else float(t) for t in first]
+
+
+def agreement(watched: Sequence[Watched], offline: Sequence[float | None]) -> float:
+    """The share of GPUs whose first forecast in the agent (`Watched.forecast_s`) came at the
+    step of the offline scoring's first alarm (`offline_alarms`, None for none on both)."""
+    same = [w.forecast_s == o for w, o in zip(watched, offline, strict=True)]  # strict: the same fleet
+    return sum(same) / len(same) if same else 1.0
 
 
 def report(
