@@ -307,3 +307,33 @@ def test_the_examples_in_the_docstrings_run(name: str) -> None:
 
     result = doctest.testmod(importlib.import_module(name))
     assert result.failed == 0
+
+
+def test_a_gpu_a_detector_found_failed_gets_no_forecast_until_it_is_reset(tmp_path: Path) -> None:
+    # The model keeps alarming on a GPU that has failed (its failure's own symptoms push it): that
+    # is no forecast, and the incident store must not get one after the fact.
+    model = Scripted(lambda gpu, n: 0.9)
+    daemon, clock = _agent(tmp_path, FailurePredictor(model))  # type: ignore[arg-type]
+
+    def forecasts(snap: Any) -> list[int]:
+        return sorted(f.gpu for g in snap.verdict.gpus for f in g.findings if f.rule == PREDICTED_FAILURE)
+
+    try:
+        clock.advance(300.0)
+        daemon.step()
+        daemon.sim.now().xid(48, gpu=1)  # a double-bit ECC error: failed until reset
+        clock.advance(300.0)
+        snap = daemon.step()  # a step closes: the model alarms on both, the rules fail GPU 1
+        failed = [g.gpu.index for g in snap.verdict.gpus if g.health is Health.FAILED]
+        assert failed == [1] and forecasts(snap) == [0]
+        for _ in range(6):  # the model stays alarmed on GPU 1: still no forecast of it
+            clock.advance(300.0)
+            assert forecasts(daemon.step()) == [0]
+        daemon.agent.gpu_was_reset(1)
+        daemon.sim.now().reset_gpu(1)
+        for _ in range(2):
+            clock.advance(300.0)
+            snap = daemon.step()
+        assert forecasts(snap) == [0, 1]  # reset: a forecast of GPU 1 is one again
+    finally:
+        daemon.close()

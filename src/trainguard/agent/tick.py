@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainguard.detect.detector import Detector, Window, fixed_rules
+from trainguard.detect.detector import PREDICTED_FAILURE, Detector, Window, fixed_rules
 from trainguard.detect.gpu_index import GpuIndex
 from trainguard.detect.thresholds import Thresholds
 from trainguard.detect.verdict import node_verdict
@@ -78,6 +78,9 @@ class Agent:
         )
         self.series = series
         self.failures: Counter[str] = Counter()  # detector name -> ticks on which it raised
+        # GPUs a detector found FAILED, until they are reset: a forecast of their failure comes
+        # too late to be one (the predictor reads the failure's own symptoms) and is dropped.
+        self._failed: set[int] = set()
         self._index = GpuIndex()  # which GPU a kernel-log event is about
         self.node: Node | None = None  # closed with the agent when it came from Agent.of
         self._lines: Any = lines
@@ -140,10 +143,15 @@ class Agent:
         )
         for detector in self.detectors:
             findings.extend(self._detect(detector, window))
+        findings = self._no_forecast_of_a_failure(findings)
         findings.extend(unreadable)
         self.verdict = node_verdict(self._gpus, findings)
         self.ticks += 1
         return self.verdict
+
+    def _no_forecast_of_a_failure(self, findings: list[Finding]) -> list[Finding]:
+        self._failed.update(f.gpu for f in findings if f.health is Health.FAILED and f.gpu is not None)
+        return [f for f in findings if not (f.rule == PREDICTED_FAILURE and f.gpu in self._failed)]
 
     def _detect(self, detector: Detector, window: Window) -> list[Finding]:
         try:
@@ -175,6 +183,7 @@ class Agent:
 
         The driver's own re-initialisation line does this too, when the kernel log has one.
         """
+        self._failed.discard(index)
         for detector in self.detectors:
             detector.forget(index)
 
