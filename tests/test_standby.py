@@ -189,6 +189,9 @@ def test_a_pool_not_filled_yet_starts_the_ranks_cold_and_starts_no_standby(tmp_p
         assert pool.start("trainer", sys.executable, {0: (str(script),)}, {0: {}}, specs) is None
         assert spawned == [] and pool.take_use() is None
         pool.fill(1)
+        deadline = time.monotonic() + 60
+        while not spawned and time.monotonic() < deadline:  # the fill's standby, not one for the start
+            time.sleep(0.05)
         warm = pool.start("trainer", sys.executable, {0: (str(script),)}, {0: {}}, specs)
         assert warm is not None and len(spawned) == 1
         assert warm.subprocess_handlers[0].proc.wait(60) == 0
