@@ -106,3 +106,6 @@ def test_run_takes_the_warm_pools_refill_delay_and_refuses_a_negative_one():
     assert cfg("--warm-refill-delay", "30").standby.refill_delay_s == 30.0
     with pytest.raises(ConfigError, match="--warm-refill-delay -1"):
         cfg("--warm-refill-delay", "-1")
+    # the pool fills after the first step unless told to fill at launch
+    assert cfg().standby.fill_at_start is False
+    assert cfg("--warm-fill-at-start").standby.fill_at_start is True

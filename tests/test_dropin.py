@@ -114,7 +114,9 @@ def test_step_faults_are_refused_and_said_for_a_script_without_heartbeats(tmp_pa
 def test_a_plain_scripts_ranks_print_no_warning_of_ours(tmp_path):
     # what a rank prints on stderr is the script's own: no deprecation our environment (a renamed
     # torch variable) or our warm standby (a walk over every object at exit) causes
-    code, result, err = run_plain(tmp_path, "--backend", "sim", "--warm-standby", epochs=2, save_every=1)
+    code, result, err = run_plain(
+        tmp_path, "--backend", "sim", "--warm-standby", "--warm-fill-at-start", epochs=2, save_every=1
+    )
     assert code == 0 and result["attempts"] == 1, err[-3000:]
     assert "starting the workers cold" not in err  # the ranks ran in warm standbys
     stderr = list((tmp_path / "runs" / "plain" / "logs").glob("*/attempt0/rank*.stderr"))
@@ -130,7 +132,8 @@ def test_30_runs_of_the_plain_script_under_warm_standby_all_exit_cleanly(tmp_pat
     for i in range(30):
         work = tmp_path / f"run{i}"
         work.mkdir()
-        code, result, _ = run_plain(work, "--warm-standby", "--warm-standby-sets", "1", epochs=3, job=f"r{i}")
+        flags = ("--warm-standby", "--warm-fill-at-start", "--warm-standby-sets", "1")
+        code, result, _ = run_plain(work, *flags, epochs=3, job=f"r{i}")
         outcomes.append((code, result["attempts"], len(result["incidents"])))
     assert outcomes == [(0, 1, 0)] * 30
 

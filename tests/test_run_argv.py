@@ -78,6 +78,7 @@ CASES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "--warm-standby-preload": (["--warm-standby-preload", "torch,numpy"], COMMAND, []),
     "--warm-refill-delay": (["--warm-refill-delay", "30"], COMMAND, []),
     "--warm-refill-nice": (["--warm-refill-nice", "0"], COMMAND, []),
+    "--warm-fill-at-start": (["--warm-fill-at-start"], COMMAND, []),
     "--no-tee": (["--no-tee"], COMMAND, []),
     "--json": (["--json", "/tmp/result.json"], COMMAND, []),
     "cmd": ([], ["--", "python", "other.py"], []),

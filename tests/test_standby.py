@@ -166,6 +166,40 @@ def test_when_no_standby_can_start_the_ranks_start_cold_and_the_pool_lives_on(tm
     assert not pool._spawner.is_alive()
 
 
+def test_a_pool_not_filled_yet_starts_the_ranks_cold_and_starts_no_standby(tmp_path):
+    # The job's first start (the pool fills once an attempt has settled): a standby started
+    # now would import its preloads beside the ranks, and then the script: torch's cold start.
+    from trainguard.supervisor.logs import make_logs_specs
+    from trainguard.supervisor.warm import WarmPool
+
+    script = tmp_path / "train.py"
+    script.write_text("print('ran', flush=True)\n")
+    specs = make_logs_specs(lambda: tmp_path / "logs")
+    pool = WarmPool(preload=(), refill_delay_s=600.0)
+    spawned: list[int] = []
+    spawn = pool._spawn
+
+    def counted(nice: int = 0) -> subprocess.Popen[bytes]:
+        proc = spawn(nice)
+        spawned.append(proc.pid)
+        return proc
+
+    pool._spawn = counted  # type: ignore[method-assign]
+    try:
+        assert pool.start("trainer", sys.executable, {0: (str(script),)}, {0: {}}, specs) is None
+        assert spawned == [] and pool.take_use() is None
+        pool.fill(1)
+        deadline = time.monotonic() + 60
+        while not spawned and time.monotonic() < deadline:  # the fill's standby, not one for the start
+            time.sleep(0.05)
+        warm = pool.start("trainer", sys.executable, {0: (str(script),)}, {0: {}}, specs)
+        assert warm is not None and len(spawned) == 1
+        assert warm.subprocess_handlers[0].proc.wait(60) == 0
+    finally:
+        pool.close()
+    assert (tmp_path / "logs" / "rank0.stdout").read_text() == "ran\n"
+
+
 def test_a_rank_killed_while_its_standby_still_imports_keeps_its_log_files(tmp_path, monkeypatch):
     # A standby opens the rank's log files when it reads its job, after its imports: the files
     # must exist from the rank's start (as torch's start_processes makes them), outlive a kill
@@ -185,6 +219,7 @@ def test_a_rank_killed_while_its_standby_still_imports_keeps_its_log_files(tmp_p
     args = {lr: (str(script),) for lr in (0, 1)}
     files = ["rank0.stderr", "rank0.stdout", "rank1.stderr", "rank1.stdout"]
     pool = WarmPool(preload=("slow_import",), refill_delay_s=600.0)
+    pool.fill(2)
     try:
         first = pool.start("trainer", sys.executable, args, {lr: {"RANK": str(lr)} for lr in args}, specs)
         assert first is not None

@@ -81,8 +81,10 @@ def test_a_sigkilled_rank_is_restarted_from_the_checkpoint_and_recorded(tmp_path
     assert recovery["resume_step"] >= 10  # checkpoints every 5 steps: resumed, not restarted from 0
     assert 0 < recovery["mttr_s"] < 60
     assert store.goodput(result["job_id"]).interruptions == 1
-    # the restarted ranks ran in warm standbys: torch was already imported when their script began
+    # the first start was torchrun's own (the pool fills after the first step), the restarted
+    # ranks ran in warm standbys: torch was already imported when their script began
     logs = Path(result["run_dir"]) / "logs"
+    assert all("warm=False" in p.read_text() for p in logs.glob("*/attempt0/rank*.stdout"))
     assert all("warm=True" in p.read_text() for p in logs.glob("*/attempt1/rank*.stdout"))
     assert len(list(logs.glob("*/attempt1/rank*.stdout"))) == 2
 
@@ -90,10 +92,15 @@ def test_a_sigkilled_rank_is_restarted_from_the_checkpoint_and_recorded(tmp_path
 def test_a_second_fault_before_the_pool_refilled_still_restarts_on_ready_standbys(tmp_path):
     # The second kill comes a few steps into the restarted attempt, before the standbys used by the
     # first restart can have been replaced (the refill waits 2 s, then imports torch): only the
-    # spare set, imported since launch, can make this restart warm.
+    # spare set, imported since launch (--warm-fill-at-start), can make this restart warm.
     plan = '[[fault]]\nkind = "kill"\nrank = 1\nstep = 20\n\n[[fault]]\nkind = "kill"\nrank = 1\nstep = 26\n'
     code, result, _ = trainguard_run(
-        tmp_path, "--warm-standby", worker_args=("--steps", "34"), plan=plan, timeout=300
+        tmp_path,
+        "--warm-standby",
+        "--warm-fill-at-start",
+        worker_args=("--steps", "34"),
+        plan=plan,
+        timeout=300,
     )
     assert code == 0, result
     assert len(result["injected"]) == 2 and result["attempts"] == 3

@@ -62,10 +62,12 @@ class FakeWorkers:
         self.clock, self.script, self.run_dir = clock, script, run_dir
         self.attempt = 0
         self.starts: list[float] = []
+        self.calls: list[tuple[str, int]] = []  # (start | settled, attempt), in order
         self.procs_ = {0: FakeProc(100), 1: FakeProc(101)}
 
     def start(self, local_world_size: int | None = None) -> None:
         self.starts.append(self.clock.now)
+        self.calls.append(("start", self.attempt))
 
     def restart(self, counts_as_retry: bool, local_world_size: int) -> None:
         self.attempt += 1
@@ -100,6 +102,9 @@ class FakeWorkers:
 
     def standbys(self) -> dict[str, int] | None:
         return None
+
+    def settled(self) -> None:
+        self.calls.append(("settled", self.attempt))
 
     def beat(self, rank: int, step: int, t: float, phase: str = "train") -> None:
         HeartbeatWriter(self.run_dir, rank, self.attempt).beat(step, 1.0, 0.1, phase, now=t)
@@ -160,6 +165,57 @@ def test_the_launchers_own_slow_start_is_init_in_the_ledger_not_time_no_interval
     ledger = goodput(sup.recorder.intervals, sup.started, clock.now)
     assert ledger.init_s >= 2.0  # from the job's start, not the workers'
     assert ledger.unaccounted_s == 0.0
+
+
+def test_the_launcher_hears_an_attempt_has_settled_only_after_its_first_step(tmp_path):
+    # Warm standbys fill when the launcher hears this: never beside the ranks' own start, and not
+    # for an attempt that failed before its first step (its restart stays cold).
+    clock = VirtualClock()
+    sup = supervisor(tmp_path, clock)
+    settled_after: list[float] = []
+
+    class Timed(FakeWorkers):
+        def settled(self) -> None:
+            settled_after.append(clock.now - self.starts[-1])
+            super().settled()
+
+    def script(w: FakeWorkers, t: float) -> dict[int, int | None]:
+        if w.attempt == 0:  # rank 1 dies at start-up, before any step
+            return {0: None, 1: 1 if t >= 3.0 else None}
+        if w.attempt == 1 and t >= 5.0:  # its first step at 5 s; dies after training a while
+            w.beat(0, int(t * 10), clock.now)
+            w.beat(1, int(t * 10), clock.now)
+            return {0: None, 1: 1 if t >= 8.0 else None}
+        if w.attempt == 1:
+            return {0: None, 1: None}  # importing: no step yet
+        return {0: 0, 1: 0}
+
+    workers = Timed(clock, script, sup.run_dir)
+    sup.started = clock.now
+    assert sup.monitor(workers) is True
+    assert workers.calls == [("start", 0), ("start", 1), ("settled", 1), ("start", 2)]
+    assert 5.0 <= settled_after[0] < 8.0  # at the first step, not at the start
+    assert [i.action for i in sup.recorder.incidents] == ["restart", "restart"]
+
+
+def test_without_heartbeats_an_attempt_settles_once_its_workers_have_run_a_while(tmp_path):
+    from trainguard.supervisor.bookkeeping import RUNNING_S
+
+    clock = VirtualClock()
+    sup = supervisor(tmp_path, clock)
+    settled_after: list[float] = []
+
+    class Timed(FakeWorkers):
+        def settled(self) -> None:
+            settled_after.append(clock.now - self.starts[-1])
+            super().settled()
+
+    done = RUNNING_S + 5.0
+    workers = Timed(clock, lambda w, t: {0: 0, 1: 0} if t >= done else {0: None, 1: None}, sup.run_dir)
+    sup.started = clock.now
+    assert sup.monitor(workers) is True
+    assert workers.calls == [("start", 0), ("settled", 0)]
+    assert RUNNING_S < settled_after[0] < done  # on the virtual clock: exact, no load in it
 
 
 def test_steady_progress_after_a_restart_ends_the_failure_streak(tmp_path):

@@ -202,6 +202,14 @@ def register(subparsers: Any) -> None:
         help="nice value the pool's standbys import at (default 19: they take the CPU the ranks leave, "
         "and go back to the job's priority when they become ranks; 0: the job's priority)",
     )
+    g.add_argument(
+        "--warm-fill-at-start",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="fill the pool at launch, so a restart before the first step is warm too; its standbys "
+        "then import torch beside the first start's ranks, which start on them (default off: the pool "
+        "fills after the first step, and the first start is torchrun's own, cold)",
+    )
     g.add_argument("--no-tee", action="store_true", help="do not copy worker output to the console")
     g.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the run result as JSON")
     m = p.add_argument_group(
@@ -317,6 +325,7 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
             preload=tuple(m.strip() for m in args.warm_standby_preload.split(",") if m.strip()),
             refill_delay_s=args.warm_refill_delay,
             refill_nice=args.warm_refill_nice,
+            fill_at_start=args.warm_fill_at_start,
         ),
         chaos=args.chaos,
         replica_groups=args.replica_groups,

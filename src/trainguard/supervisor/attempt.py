@@ -42,6 +42,7 @@ class Attempt:
     events: list[Event] = field(default_factory=list)  # classified worker log lines
     straggler_reported: bool = False
     first_step_seen: bool = False
+    settled: bool = False  # past its start-up: the launcher was told (`Workers.settled`)
     last_step_emitted: int | None = None
     outcome: str | None = None  # once it ended: succeeded | failed | interrupted | ...
 

@@ -135,6 +135,7 @@ class StandbyConfig:
     preload: tuple[str, ...] = PRELOAD
     refill_delay_s: float = 2.0  # seconds after a start before the pool replaces what it gave
     refill_nice: int = 19  # standbys of a fill import at this nice value (0: the job's)
+    fill_at_start: bool = False  # fill at launch, not once the first attempt settled (its first step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +220,7 @@ class SupervisorConfig:
         argv += ["--warm-standby" if s.enabled else "--no-warm-standby", "--warm-standby-sets", str(s.sets)]
         argv += ["--warm-standby-preload", ",".join(s.preload)]
         argv += ["--warm-refill-delay", _num(s.refill_delay_s), "--warm-refill-nice", str(s.refill_nice)]
+        argv += ["--warm-fill-at-start" if s.fill_at_start else "--no-warm-fill-at-start"]
         if c.replica_groups:
             argv += ["--replica-groups", str(c.replica_groups)]
         # A first word that is a .py file would be read as torchrun's script: say it is a command.

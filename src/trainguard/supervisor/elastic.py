@@ -59,11 +59,14 @@ class Stopped(Exception):
 
 
 class GuardedAgent(LocalElasticAgent):
-    def __init__(self, *, monitor: Monitor, env_hook: EnvHook, pool: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, monitor: Monitor, env_hook: EnvHook, pool: Any = None, spares: int = 0, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self._monitor = monitor
         self._env_hook = env_hook
         self._pool = pool  # WarmPool or None
+        self._spares = spares  # standbys the pool is filled with once an attempt has settled
         self.stop_grace_s: float = 0.0
         self._store_port: int | None = None  # this start's MASTER_PORT when not torch's
         self._store: Any = None  # the TCPStore this agent hosts for this start's workers
@@ -188,6 +191,14 @@ class GuardedAgent(LocalElasticAgent):
         use = self._pool.take_use() if self._pool is not None else None
         return use.to_dict() if use is not None else None
 
+    def settled(self) -> None:
+        """Fill the pool, once: its standbys importing torch beside the first start's ranks would
+        take the cores those import on (on 2 cores, the job's first step came later than under
+        torchrun). Later refills are the pool's own, after each warm start."""
+        if self._pool is not None and self._spares:
+            self._pool.fill(self._spares)
+            self._spares = 0
+
     def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
         """This node's rendezvous name and the other nodes' (``<host>_<pid>_<n>``, as torch's
         "Detected dead node" names them) -> their global ranks: the round's participants (node
@@ -236,6 +247,7 @@ def launch(
     logs_specs: Any,
     pool: Any = None,
     stop_grace_s: float = 0.0,
+    spares: int = 0,
 ) -> str | None:
     """Run the job as ``torchrun TORCHRUN_ARGV`` would, with a `GuardedAgent`. Returns None when
     the agent's run ended (finished or stopped by the policy), else the signal that ended it."""
@@ -243,7 +255,7 @@ def launch(
     config.logs_specs = logs_specs
 
     def make_agent(**kwargs: Any) -> GuardedAgent:
-        agent = GuardedAgent(monitor=monitor, env_hook=env_hook, pool=pool, **kwargs)
+        agent = GuardedAgent(monitor=monitor, env_hook=env_hook, pool=pool, spares=spares, **kwargs)
         agent._exit_barrier_timeout = EXIT_BARRIER_TIMEOUT_S
         agent.stop_grace_s = stop_grace_s
         return agent

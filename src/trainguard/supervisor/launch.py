@@ -78,6 +78,11 @@ class Workers(Protocol):
     def standbys(self) -> dict[str, int] | None:
         """How the last start's ranks started (ready/importing/fresh standbys); None: cold."""
 
+    def settled(self) -> None:
+        """The attempt is past its start-up (its first step; without heartbeats, its workers
+        running a while): what helps a later restart (warm standbys) may take CPU now, not
+        beside the ranks' own start. Called once per attempt; most launchers do nothing."""
+
 
 Monitor = Callable[[Workers], bool]  # the loop: True when every worker finished, False when stopped
 WorkerEnv = Callable[[int, dict[str, str]], None]  # (local rank, env): adds the supervisor's variables

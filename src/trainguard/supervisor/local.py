@@ -188,3 +188,6 @@ class LocalWorkers:
 
     def standbys(self) -> dict[str, int] | None:
         return None
+
+    def settled(self) -> None:
+        pass  # every start is cold: nothing to prepare

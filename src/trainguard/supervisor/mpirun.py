@@ -285,6 +285,9 @@ class MpiWorkers:
     def standbys(self) -> dict[str, int] | None:
         return None
 
+    def settled(self) -> None:
+        pass  # mpirun starts every rank: nothing to prepare
+
 
 def _wait(p: subprocess.Popen[bytes], seconds: float) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):

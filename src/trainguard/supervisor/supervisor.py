@@ -38,7 +38,7 @@ from trainguard.incidents import IntervalKind
 from trainguard.rundir import ATTEMPT_ENV, RUN_DIR_ENV
 from trainguard.supervisor.assess import assess, workers_done
 from trainguard.supervisor.attempt import Attempt, History, Pending
-from trainguard.supervisor.bookkeeping import HEALTHY_AFTER_S, Bookkeeper
+from trainguard.supervisor.bookkeeping import HEALTHY_AFTER_S, RUNNING_S, Bookkeeper
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.decide import Decider, stop_code
 from trainguard.supervisor.hang import flight_recorder_env
@@ -200,6 +200,7 @@ class Supervisor:
             self._remember(obs, attempt)
             self._announce_heartbeats(obs)
             self.book.progress(obs, attempt)
+            self._settle(workers, obs, attempt)
             self._drill(workers, obs, attempt)
             lingering = workers_done(obs, attempt)
             if lingering is not None:
@@ -230,6 +231,17 @@ class Supervisor:
             )
             self._emit("teardown_abort", rank=rank)
             attempt.teardown_aborts.add(lr)
+
+    def _settle(self, workers: Workers, obs: Observation, attempt: Attempt) -> None:
+        """Tell the launcher once the attempt is past its start-up (its first step; without
+        heartbeats, its workers running ``RUNNING_S``): warm standbys import then, not beside
+        the ranks' own start."""
+        if attempt.settled:
+            return
+        running = not obs.heartbeats_seen and obs.time - attempt.started > RUNNING_S
+        if obs.progress.first_step_time is not None or running:
+            attempt.settled = True
+            workers.settled()
 
     def _preflight(self, ending: Attempt | None) -> bool:
         """The pre-flight on the GPUs of the next start (`Decider.preflight`); False when the

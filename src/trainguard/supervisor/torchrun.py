@@ -3,7 +3,8 @@
 Torch-free until it launches: `TorchElastic.check` says how to install torch when it is missing,
 `torchrun_argv` is the job's torchrun command line, and `launch` hands both to
 `supervisor.elastic.launch` (torch's own ``launch_agent`` with our monitor loop), with warm
-standbys (`supervisor.warm`) filling while the rendezvous runs.
+standbys (`supervisor.warm`) filling once the first attempt has settled (its first step): the
+first start is cold, as torchrun's, and no standby imports torch beside its ranks.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class TorchElastic:
         except ImportError as exc:
             raise MissingDependency(f"trainguard run needs torch ({exc}): {INSTALL_HINT}") from None
         pool = None
+        spares = cfg.launch.nproc_per_node * cfg.standby.sets  # filled once the first attempt settled
         if cfg.standby.enabled:
             from trainguard.supervisor.warm import WarmPool
 
@@ -45,7 +47,9 @@ class TorchElastic:
                 refill_delay_s=cfg.standby.refill_delay_s,
                 refill_nice=cfg.standby.refill_nice,
             )
-            pool.fill(cfg.launch.nproc_per_node * cfg.standby.sets)  # they import while the rendezvous runs
+            if cfg.standby.fill_at_start:  # they import while the rendezvous runs
+                pool.fill(spares)
+                spares = 0
         # Workers host a fresh TCPStore per attempt (torch's own opt-out of sharing the agent's):
         # a shared store keeps the dead attempt's gloo addresses, and a restarted rank that reads
         # a stale peer address before the peer rewrites it times out connecting.
@@ -58,6 +62,7 @@ class TorchElastic:
                 make_logs_specs(job.attempt_dir),
                 pool,
                 cfg.launch.kill_grace_s,
+                spares=spares if pool is not None else 0,
             )
         finally:
             if pool is not None:

@@ -6,8 +6,11 @@ asks (two per local rank by default: a second fault that comes before the pool h
 refill importing torch again, still restarts warm). When the agent starts a group, each rank's job
 (argv, torch's environment, log files) is handed to a standby, which becomes the worker: ready
 ones first (they say so on stdout once their imports are done), then ones still importing, oldest
-first, and only when none is left a fresh one. The pool then refills itself a few seconds later,
-off the restart's critical path, and at low priority (nice 19) where a standby may go back to the
+first, and only when none is left a fresh one. The pool is filled once the job's first attempt
+has settled (its first step: `GuardedAgent.settled`; at launch with ``--warm-fill-at-start``);
+until then every start is cold, as torchrun's, and no standby imports torch beside the first
+start's ranks. After a start the pool refills itself a few seconds later, off the restart's
+critical path, and at low priority (nice 19) where a standby may go back to the
 job's priority when it becomes a rank (``can_restore_priority``): on a node whose cores the
 ranks use, a refill at their priority slowed their steps for seconds after every restart. What a
 start got is its `StandbyUse`. Process management stays torch's: the context below has the shape of torch's ``SubprocessContext`` (``pids``, ``close``,
@@ -169,8 +172,13 @@ class WarmPool:
         envs: dict[int, dict[str, str]],
         logs_specs: Any,
     ) -> WarmContext | None:
-        """The ranks started from standbys; None when no standby could be had (start them cold)."""
+        """The ranks started from standbys; None when no standby could be had, or the pool was
+        never filled (the job's first start, and a restart before the first attempt settled):
+        start them cold, as torchrun would, rather than on standbys started now that import
+        their preloads before the script."""
         self.last_use = None
+        if self._target == 0:
+            return None
         taken: list[subprocess.Popen[bytes]] = []
         kinds: list[str] = []
         try:
