@@ -97,13 +97,16 @@ def test_the_agent_scores_every_step_as_the_offline_scoring_of_the_same_fleet(si
 
 
 @pytest.mark.slow
-def test_an_alarm_after_the_failure_is_no_disagreement_with_the_offline_scoring(sim_model, tmp_path) -> None:
+def test_a_failed_gpu_gets_no_forecast_and_every_first_alarm_is_the_offline_scorings(
+    sim_model, tmp_path
+) -> None:
     from trainguard.predictor.predictor import Predictor
     from trainguard.predictor.simfleet import simulate_node
 
-    # Node 1 of the fleet of seed 1 over 24 h: its GPU 4 fails with no precursor (dbe_sudden), and
-    # the agent, scoring the failed GPU on, alarms from the failure on, where the offline scoring
-    # (a life's points end before its failure) has no step to score.
+    # Node 1 of the fleet of seed 1 over 24 h: its GPU 4 fails with no precursor (dbe_sudden). The
+    # model, scoring the failed GPU on, would alarm from the failure's own symptoms, where the
+    # offline scoring (a life's points end before its failure) has no step to score; the rules
+    # found it failed first, so the agent forecasts nothing of it (agent/tick.py).
     served = watch_node(1, str(tmp_path / "tg.db"), tmp_path, model=sim_model, hours=24.0, seed=1)
     offline = offline_alarms(Predictor.load(sim_model), simulate_node(1, hours=24.0, seed=1))
     after = [
@@ -111,8 +114,9 @@ def test_an_alarm_after_the_failure_is_no_disagreement_with_the_offline_scoring(
         for w in served
         if w.predicted_s is not None and w.predicted_s >= (w.failure_s or math.inf)
     ]
-    assert after == [(4, "dbe_sudden")]
+    assert after == []
     assert offline[4] is None and served[4].rule_s is not None  # the rules saw the failure
+    assert served[4].kind == "dbe_sudden" and served[4].predicted_s is None
     assert [w.forecast_s for w in served] == offline  # every other GPU's first alarm, step for step
     assert agreement(served, offline) == 1.0
     scored = report(served, offline=offline)
