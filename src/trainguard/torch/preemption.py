@@ -50,6 +50,7 @@ class PreemptionHandler:
         self._signals = frozenset(int(s) for s in signals)
         self._reached = threading.Event()  # the boundary came (or the handler closed)
         self._pipe: tuple[int, int] | None = None
+        self._thread: threading.Thread | None = None  # the watch
         self._chained = -1  # the wakeup fd that was set before ours (bytes are passed on to it)
         if threading.current_thread() is not threading.main_thread():
             log.warning("Guard created off the main thread: preemption signals are not handled")
@@ -84,6 +85,9 @@ class PreemptionHandler:
             with contextlib.suppress(OSError):  # the watch thread reads EOF and closes its end
                 os.close(self._pipe[1])
             self._pipe = None
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=1.0)  # it ends at once now: the Guard leaves nothing running
+            self._thread = None
 
     # -- the watch -----------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -97,7 +101,8 @@ class PreemptionHandler:
             os.close(w)
             return
         self._pipe = (r, w)
-        threading.Thread(target=self._wait, args=(r,), name="preemption-watch", daemon=True).start()
+        self._thread = threading.Thread(target=self._wait, args=(r,), name="preemption-watch", daemon=True)
+        self._thread.start()
 
     def _wait(self, r: int) -> None:
         try:  # the read end stays open while the wakeup fd may still be written (no EPIPE)
