@@ -61,6 +61,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from arm_procs import progress
 from paired import mean_ci, missed, ratio_ci, rotate, targets_json
 from targets import Target
 
@@ -96,20 +97,6 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):  # whatever of the job is left
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-
-
-def progress(work: Path) -> list[tuple[float, int, int]]:
-    """(time, step, pid) of every step rank 0 completed."""
-    try:
-        lines = (work / "progress").read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        parts = line.split()
-        if len(parts) == 3:
-            out.append((float(parts[0]), int(parts[1]), int(parts[2])))
-    return out
 
 
 def worker_pid(work: Path, rank: int) -> int | None:

@@ -53,24 +53,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from arm_procs import progress
 from paired import mean_ci, missed, ratio_ci, targets_json
 from trainguard.rundir import heartbeat_path, read_heartbeats
 from trainguard.supervisor.config import WatchConfig
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
-
-
-def progress(work: Path) -> list[tuple[float, int, int]]:
-    try:
-        lines = (work / "progress").read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        parts = line.split()
-        if len(parts) == 3:
-            out.append((float(parts[0]), int(parts[1]), int(parts[2])))
-    return out
 
 
 def launch(
