@@ -149,6 +149,38 @@ def test_a_busy_moment_on_the_host_is_not_device_time(monkeypatch):
     assert straggler == pytest.approx(6.0, rel=0.1)
 
 
+def test_a_busy_moment_on_the_host_does_not_slow_one_gpus_writes(monkeypatch):
+    # `diagnose --scenario healthy --level 2` once warned in CI (exit 1): a simulated GPU's copy
+    # bandwidth was the host's CPU time for its writes, which a host busy elsewhere stretches for
+    # the GPUs measured in that moment. Writes are priced like products: the least a write of that
+    # size and kind took on the host.
+    import torch
+
+    from trainguard.diagnose import sim_device
+    from trainguard.diagnose.torch_device import TorchDevice
+
+    target = open_target("sim", fleet=SimNode(n_gpus=2, load=0.0))
+    cpu, cost = [0.0], {0: 1.0, 1: 20.0}  # GPU 1's writes made while the host was busy
+
+    def write(self: Any, dst: Any, src: Any) -> None:
+        cpu[0] += cost[self.index]
+
+    monkeypatch.setattr(TorchDevice, "write", write)
+    monkeypatch.setattr(sim_device.time, "thread_time", lambda: cpu[0])
+    took = {}
+    try:
+        for dev in target.devices:
+            start = dev.clock()
+            for _ in range(3):
+                dev.write(torch.empty(4), torch.ones(4))
+                dev.write(torch.empty(4), 0.5)
+            took[dev.index] = dev.clock() - start
+    finally:
+        monkeypatch.undo()
+        target.close()
+    assert took == {0: pytest.approx(6.0), 1: pytest.approx(6.0)}
+
+
 def test_a_slow_product_that_starts_midway_is_not_hidden_by_the_fast_ones_before():
     import torch
 

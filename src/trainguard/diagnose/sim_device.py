@@ -7,6 +7,7 @@ It does the real work on the CPU, then does to it what the fleet's faults do to 
   which counts the CPU time of the work, each product at the least CPU time a product of its
   shape took on the host: a GPU is not slowed by other processes on its host, and a host busy
   elsewhere (sharing its caches, taking its time slices) does not skew one GPU against another;
+  its writes are priced the same way (the least CPU time a write of their size took);
 - ``SlowProducts`` (clocks read normal) makes it really do more work per product: the compute
   test sees the time it took, telemetry sees nothing;
 - ``WrongProducts`` flips a bit in that share of the elements of its products' results, picked by
@@ -152,7 +153,13 @@ class SimDevice(TorchDevice):
         return c
 
     def write(self, dst: Any, src: Any) -> None:
+        t0 = time.thread_time()
         super().write(dst, src)
+        # As for products: a write costs the least one of its size and kind took on the host (a
+        # host busy elsewhere slows the copies it makes while measuring one GPU, not that GPU).
+        key = ("write", dst.shape, dst.dtype, isinstance(src, torch.Tensor))
+        least = self._least[key] = min(time.thread_time() - t0, self._least.get(key, float("inf")))
+        self._added_s += least - (time.thread_time() - t0)
         t0 = time.thread_time()
         hbm = self._active(state.HbmCorruption)
         if hbm is not None:
