@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainguard.actions import Advice
 from trainguard.agent import Agent
 from trainguard.clock import VirtualClock
-from trainguard.records import Action, Gpu, Health, Sample
+from trainguard.records import Gpu, Health, Sample
 from trainguard.telemetry.sim import SimNode, write_xid_line
 
 
@@ -31,7 +32,7 @@ def test_xid_79_fails_the_gpu_from_both_telemetry_and_kernel_log(tmp_path):
     clock.advance(6)
     v = agent.tick()
     g3 = v.gpus[3]
-    assert (v.health, g3.health, g3.action) == (Health.FAILED, Health.FAILED, Action.REBOOT_NODE)
+    assert (v.health, g3.health, g3.action) == (Health.FAILED, Health.FAILED, Advice.REBOOT_NODE)
     assert {f.rule for f in g3.findings} == {"gpu_lost", "xid"}
     assert [e.xid for e in agent.events if e.xid is not None] == [79]
     assert all(g.health is Health.OK for g in v.gpus if g.gpu.index != 3)

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from agent_service import sim_config
+from trainguard.actions import Advice
 from trainguard.agent import AgentDaemon
 from trainguard.agent import daemon as daemon_module
 from trainguard.agent.judge import incidents_for, onsets
 from trainguard.agent.snapshot import History
 from trainguard.agent.state import Cursor, SavedState, load_state, save_state
 from trainguard.incidents.store import IncidentStore
-from trainguard.records import Action, Finding, Gpu, Health, Sample
+from trainguard.records import Finding, Gpu, Health, Sample
 from trainguard.telemetry.sim import pci_address, write_xid_line
 
 
@@ -27,7 +28,7 @@ def kernel_incidents(db: Path) -> list[str]:
 
 
 def test_a_finding_is_counted_when_it_appears_not_while_it_lasts() -> None:
-    f = Finding("thermal", Health.DEGRADED, Action.RUN_DIAGNOSTICS, "hot", gpu=1)
+    f = Finding("thermal", Health.DEGRADED, Advice.RUN_DIAGNOSTICS, "hot", gpu=1)
     new, active = onsets(Counter(), [f])
     assert new == [f]
     assert onsets(active, [f])[0] == []
@@ -36,12 +37,12 @@ def test_a_finding_is_counted_when_it_appears_not_while_it_lasts() -> None:
 
 
 def test_two_witnesses_of_one_gpu_fault_in_a_tick_make_one_incident() -> None:
-    lost = Finding("telemetry", Health.FAILED, Action.REBOOT_NODE, "GPU stopped answering", gpu=3, time=100.0)
+    lost = Finding("telemetry", Health.FAILED, Advice.REBOOT_NODE, "GPU stopped answering", gpu=3, time=100.0)
     xid = Finding(
-        "xid", Health.FAILED, Action.RESET_GPU, "Xid 79: GPU has fallen off the bus", gpu=3, time=99.5
+        "xid", Health.FAILED, Advice.RESET_GPU, "Xid 79: GPU has fallen off the bus", gpu=3, time=99.5
     )
-    other = Finding("thermal", Health.DEGRADED, Action.RUN_DIAGNOSTICS, "hot", gpu=5, time=100.0)
-    fine = Finding("ecc", Health.OK, Action.NONE, "no errors", gpu=1)
+    other = Finding("thermal", Health.DEGRADED, Advice.RUN_DIAGNOSTICS, "hot", gpu=5, time=100.0)
+    fine = Finding("ecc", Health.OK, Advice.NONE, "no errors", gpu=1)
     incidents = incidents_for([xid, lost, other, fine], "node-a", now=101.0)
     assert [(i.gpu, i.action) for i in incidents] == [(3, "reboot_node"), (5, "run_diagnostics")]
     gpu3 = incidents[0]

@@ -7,12 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent_service import sim_config
+from trainguard.actions import Advice
 from trainguard.agent import Agent, open_node
 from trainguard.agent.assemble import assemble
 from trainguard.agent.prometheus import MetricsView
 from trainguard.clock import VirtualClock
 from trainguard.detect.detector import Window, fixed_rules
-from trainguard.records import Action, Category, Finding, Health
+from trainguard.records import Category, Finding, Health
 
 
 class Warming:
@@ -30,7 +31,7 @@ class Warming:
             return []
         last = window.series.points(self.gpu)[-1]
         why = f"predicted to fail: {last['temperature_c']:.0f} C over the last step"
-        return [Finding("warming", Health.DEGRADED, Action.RUN_DIAGNOSTICS, why, gpu=self.gpu,
+        return [Finding("warming", Health.DEGRADED, Advice.RUN_DIAGNOSTICS, why, gpu=self.gpu,
                         time=window.time, category=Category.THERMAL_POWER)]  # fmt: skip
 
     def forget(self, gpu: int) -> None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 
-from trainguard.records import Action, Category, Finding, Gpu, GpuVerdict, Health, NodeVerdict
+from trainguard.actions import Advice, JobAction
+from trainguard.records import Category, Finding, Gpu, GpuVerdict, Health, NodeVerdict
 from trainguard.supervisor.assess import assess
 from trainguard.supervisor.attempt import Attempt, History
 from trainguard.supervisor.health import GpuMap
 from trainguard.supervisor.observe import Observation
-from trainguard.supervisor.policy import PolicyState, TroubleKind, Verb, decide
+from trainguard.supervisor.policy import PolicyState, TroubleKind, decide
 from trainguard.supervisor.watch import ProgressView
 
 
@@ -31,7 +32,7 @@ def look(**fields) -> Observation:
     return Observation(time=10.0, codes={0: None, 1: None, 2: None, 3: None}, progress=prog, **fields)
 
 
-ON = Finding("balance.on", Health.OK, Action.NONE, "balancing 4 ranks", time=1.0)
+ON = Finding("balance.on", Health.OK, Advice.NONE, "balancing 4 ranks", time=1.0)
 
 
 def move(verb: str, rank: int = 1, t: float = 5.0, **extra) -> tuple:
@@ -50,7 +51,7 @@ def move(verb: str, rank: int = 1, t: float = 5.0, **extra) -> tuple:
     f = Finding(
         f"balance.{verb}",
         Health.DEGRADED,
-        Action.NONE,
+        Advice.NONE,
         f"{verb}: rank {rank} (GPU 5)",
         gpu=5,
         time=t,
@@ -72,7 +73,7 @@ def test_a_rebalance_is_recorded_with_its_evidence_and_the_workers_keep_running(
     assert t.extra["report"]["balance"]["shares"] == [37, 18, 36, 37]  # stored whole for the plot
     assert t.root_cause.value == "unknown" and any("suspects: faulty_gpu" in e for e in t.evidence)
     d = decide(t, PolicyState(gpus_in_use=4))
-    assert d.verb is Verb.REBALANCE and d.verb.keeps_running
+    assert d.verb is JobAction.REBALANCE and d.verb.keeps_running
 
 
 def test_each_move_is_recorded_once():
@@ -83,19 +84,19 @@ def test_each_move_is_recorded_once():
     later = assess(
         look(findings=rows(move("rebalance"), move("restore", rank=None, t=8.0))), attempt(), history
     )
-    assert later is not None and decide(later, PolicyState()).verb is Verb.RESTORE_SHARES
+    assert later is not None and decide(later, PolicyState()).verb is JobAction.RESTORE_SHARES
 
 
 def test_an_exclusion_restarts_without_the_gpu_unless_none_would_be_left():
     t = assess(look(findings=rows(move("exclude", x_keep=10.0, x_drop=12.0))), attempt(), History())
     assert t is not None and t.gpu == 5
     d = decide(t, PolicyState(gpus_in_use=4, min_gpus=1))
-    assert (d.verb, d.gpu, d.counts_as_retry) == (Verb.EXCLUDE_GPU, 5, False)
-    assert decide(t, PolicyState(gpus_in_use=1, min_gpus=1)).verb is Verb.CONTINUE
+    assert (d.verb, d.gpu, d.counts_as_retry) == (JobAction.EXCLUDE_GPU, 5, False)
+    assert decide(t, PolicyState(gpus_in_use=1, min_gpus=1)).verb is JobAction.CONTINUE
 
 
 def _slow_gpu_verdict(rule: str = "straggler", health: Health = Health.DEGRADED) -> NodeVerdict:
-    action = Action.RUN_DIAGNOSTICS if health is Health.DEGRADED else Action.RESET_GPU
+    action = Advice.RUN_DIAGNOSTICS if health is Health.DEGRADED else Advice.RESET_GPU
     f = Finding(rule, health, action, f"GPU 5: {rule}", gpu=5, time=9.0, category=Category.GPU_HARDWARE)
     gpu = GpuVerdict(Gpu(5), health, action, (f,))
     return NodeVerdict(health, action, (gpu,))
@@ -106,19 +107,21 @@ def test_a_gpu_only_slow_is_left_to_balancing_first():
     t = assess(balancing, attempt(), History())
     assert t is not None and t.kind is TroubleKind.GPU_DEGRADED and t.gpu == 5
     d = decide(t, PolicyState(gpus_in_use=4))
-    assert d.verb is Verb.CONTINUE and "balances" in d.reason
+    assert d.verb is JobAction.CONTINUE and "balances" in d.reason
     # the same GPU in a job that does not balance: diagnosed (and excluded if it fails), as before
     plain = look(verdict=_slow_gpu_verdict(), gpu_health={5: Health.DEGRADED})
-    assert decide(assess(plain, attempt(), History()), PolicyState(gpus_in_use=4)).verb is Verb.DIAGNOSE
+    assert decide(assess(plain, attempt(), History()), PolicyState(gpus_in_use=4)).verb is JobAction.DIAGNOSE
 
 
 def test_a_failing_gpu_is_excluded_even_in_a_job_that_balances():
     remap = look(findings=rows(), verdict=_slow_gpu_verdict("remap_pending"), gpu_health={5: Health.DEGRADED})
-    assert decide(assess(remap, attempt(), History()), PolicyState(gpus_in_use=4)).verb is Verb.DIAGNOSE
+    assert decide(assess(remap, attempt(), History()), PolicyState(gpus_in_use=4)).verb is JobAction.DIAGNOSE
     failed = look(
         findings=rows(), verdict=_slow_gpu_verdict("ecc_dbe", Health.FAILED), gpu_health={5: Health.FAILED}
     )
-    assert decide(assess(failed, attempt(), History()), PolicyState(gpus_in_use=4)).verb is Verb.EXCLUDE_GPU
+    assert (
+        decide(assess(failed, attempt(), History()), PolicyState(gpus_in_use=4)).verb is JobAction.EXCLUDE_GPU
+    )
 
 
 def test_the_timeline_draws_each_ranks_share_and_moves_are_not_failures():

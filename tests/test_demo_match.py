@@ -414,13 +414,14 @@ def test_the_live_panel_fits_an_80_column_terminal():
 
 
 def test_the_steps_a_nan_rollback_threw_away_come_from_the_guards_finding(tmp_path):
+    from trainguard.actions import Advice
     from trainguard.demo.truth import rollback_steps
-    from trainguard.records import Action, Category, Finding, Health
+    from trainguard.records import Category, Finding, Health
     from trainguard.rundir import append_finding
 
     reason = "rolled back from step 35 to the checkpoint of step 20"
     finding = Finding(
-        "numerics.rollback", Health.OK, Action.NONE, reason, time=1010.0, category=Category.NUMERICS
+        "numerics.rollback", Health.OK, Advice.NONE, reason, time=1010.0, category=Category.NUMERICS
     )
     append_finding(tmp_path, 0, finding, step=35)
     assert rollback_steps(tmp_path, after=1009.5) == 15

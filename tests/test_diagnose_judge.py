@@ -233,7 +233,7 @@ def test_json_has_the_documented_shape():
 def test_cli_usage_errors_exit_3_not_fail(capsys):
     from trainguard.cli import main
 
-    assert main(["diagnose", "--backend", "sim", "--gpus", "0,9"]) == 3
+    assert main(["diagnose", "--backend", "sim", "--gpu-ids", "0,9"]) == 3
     try:
         main(["diagnose", "--no-such-flag"])
     except SystemExit as exc:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from trainguard.actions import Advice
 from trainguard.chaos import Fault, FaultKind, Injected
-from trainguard.records import Action, Finding, Health
+from trainguard.records import Finding, Health
 from trainguard.rundir import ErrorRecord
 from trainguard.supervisor.assess import assess
 from trainguard.supervisor.attempt import Attempt, History
@@ -49,10 +50,10 @@ def test_a_failed_gpu_starts_at_its_first_finding_not_at_the_drills_injection():
     from trainguard.records import Gpu, GpuVerdict, NodeVerdict
 
     lost = Finding(
-        "xid", Health.FAILED, Action.RESET_GPU, "Xid 79: GPU has fallen off the bus", gpu=3, time=8.5
+        "xid", Health.FAILED, Advice.RESET_GPU, "Xid 79: GPU has fallen off the bus", gpu=3, time=8.5
     )
     verdict = NodeVerdict(
-        Health.FAILED, Action.RESET_GPU, (GpuVerdict(Gpu(3), Health.FAILED, Action.RESET_GPU, (lost,)),)
+        Health.FAILED, Advice.RESET_GPU, (GpuVerdict(Gpu(3), Health.FAILED, Advice.RESET_GPU, (lost,)),)
     )
     trouble = assess(_look(verdict=verdict), _attempt(), _drilled(FaultKind.XID, 3))
     assert trouble is not None and trouble.gpu == 3

@@ -14,19 +14,20 @@ import pytest
 
 from agent_service import TOKEN, Running, sim_config, write_token
 from pgserver import PgServer, pg_url, postgres  # noqa: F401 - fixtures
+from trainguard.actions import Advice
 from trainguard.agent.assemble import remediation_of
 from trainguard.cli import main
 from trainguard.incidents import IncidentStore
 from trainguard.incidents import fleet_read as fr
 from trainguard.incidents.fleet import FleetWriter
 from trainguard.incidents.identity import NodeIdentity
-from trainguard.records import Action, Finding, Health
+from trainguard.records import Finding, Health
 from trainguard.remediate import BreakerFile, Policy, Remediator
 from trainguard.remediate.policy import BreakerLimits
 from trainguard.remediate.providers.sim import SimScheduler
 
-XID79 = Finding("xid", Health.FAILED, Action.REBOOT_NODE, "Xid 79: GPU has fallen off the bus.", gpu=1)
-LOST = Finding("gpu_lost", Health.FAILED, Action.REBOOT_NODE, "GPU stopped answering", gpu=1)  # NVML's view
+XID79 = Finding("xid", Health.FAILED, Advice.REBOOT_NODE, "Xid 79: GPU has fallen off the bus.", gpu=1)
+LOST = Finding("gpu_lost", Health.FAILED, Advice.REBOOT_NODE, "GPU stopped answering", gpu=1)  # NVML's view
 NAMES = [f"node{i:02d}" for i in range(16)]
 BAD = NAMES[::3][:6]  # six nodes fail; the breaker lets three go
 ADMIN = "admin-token-0123456789abcdef"

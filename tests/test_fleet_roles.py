@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pgserver import PgServer, postgres  # noqa: F401 - fixtures
+from trainguard.actions import Advice
 from trainguard.cli import main
 from trainguard.errors import ConfigError, StoreError
 from trainguard.incidents import Incident, IncidentStore, RootCause
@@ -20,7 +21,7 @@ from trainguard.incidents.fleet import FleetWriter
 from trainguard.incidents.identity import NodeIdentity
 from trainguard.incidents.roles import scram_verifier
 from trainguard.incidents.schema import SCHEMA_VERSION
-from trainguard.records import Action, Gpu, GpuVerdict, Health, NodeVerdict
+from trainguard.records import Gpu, GpuVerdict, Health, NodeVerdict
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +87,7 @@ def fleet(postgres: PgServer, tmp_path_factory: pytest.TempPathFactory) -> dict[
 
 
 def verdict(health: Health) -> NodeVerdict:
-    action = Action.NONE if health is Health.OK else Action.DRAIN
+    action = Advice.NONE if health is Health.OK else Advice.DRAIN
     gpu = GpuVerdict(Gpu(index=3, uuid="GPU-3", name="H100"), health, action)
     return NodeVerdict(health, action, (gpu,))
 

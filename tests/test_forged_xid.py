@@ -6,16 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainguard.actions import Advice
 from trainguard.incidents.store import IncidentStore
-from trainguard.records import Action, Finding, Health
+from trainguard.records import Finding, Health
 from trainguard.remediate import Policy, Remediator, parse_policy
 from trainguard.remediate.policy import BreakerLimits
 from trainguard.remediate.providers.sim import SimScheduler
 from trainguard.telemetry.follow import KmsgReader
 
 LINE = "NVRM: Xid (PCI:0000:61:00): 79, pid=1234, GPU has fallen off the bus."
-XID79 = Finding("xid", Health.FAILED, Action.REBOOT_NODE, "Xid 79: GPU has fallen off the bus.", gpu=1)
-LOST = Finding("gpu_lost", Health.FAILED, Action.REBOOT_NODE, "GPU stopped answering", gpu=1)  # NVML
+XID79 = Finding("xid", Health.FAILED, Advice.REBOOT_NODE, "Xid 79: GPU has fallen off the bus.", gpu=1)
+LOST = Finding("gpu_lost", Health.FAILED, Advice.REBOOT_NODE, "GPU stopped answering", gpu=1)  # NVML
 
 
 def kmsg(records: list[bytes]) -> KmsgReader:

@@ -626,7 +626,7 @@ json.dump({"uuid": "GPU-" + str(torch.cuda.get_device_properties(0).uuid), "coun
 
 @needs_cuda
 def test_a_supervised_rank_runs_on_the_gpu_nvml_names(tmp_path):
-    """`trainguard run --gpus G`: the rank's torch sees exactly NVML's GPU G (the last one, which
+    """`trainguard run --gpu-ids G`: the rank's torch sees exactly NVML's GPU G (the last one, which
     CUDA's default fastest-first order may number otherwise)."""
     with _nvml() as backend:
         uuids = [g.uuid for g in backend.gpus()]
@@ -634,7 +634,7 @@ def test_a_supervised_rank_runs_on_the_gpu_nvml_names(tmp_path):
     worker, out = tmp_path / "which_gpu.py", tmp_path / "which.json"
     worker.write_text(_WHICH_GPU)
     argv = [sys.executable, "-m", "trainguard.cli", "run", "--standalone", "--nproc-per-node", "1"]
-    argv += ["--gpus", str(last), "--job-id", "which-gpu", "--runs-dir", str(tmp_path / "runs")]
+    argv += ["--gpu-ids", str(last), "--job-id", "which-gpu", "--runs-dir", str(tmp_path / "runs")]
     argv += ["--db", str(tmp_path / "incidents.db"), "--backend", "nvml", "--no-tee", "--no-warm-standby"]
     done = subprocess.run(
         [*argv, "--", sys.executable, str(worker), str(out)], capture_output=True, text=True, timeout=240

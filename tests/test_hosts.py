@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from agent_service import Running, sim_config
+from trainguard.actions import Advice
 from trainguard.cli import main
 from trainguard.errors import ConfigError
 from trainguard.incidents import IncidentStore
 from trainguard.incidents.fleet import FleetWriter
 from trainguard.incidents.hosts import NodeState, choose, parse_hostfile, render
 from trainguard.incidents.identity import NodeIdentity
-from trainguard.records import Action, Gpu, GpuVerdict, Health, NodeVerdict
+from trainguard.records import Gpu, GpuVerdict, Health, NodeVerdict
 
 NOW = 0.0  # this test's "now", set as it starts: a heartbeat written at import would go stale
 
@@ -31,10 +32,10 @@ def _now() -> None:
 
 
 def verdict(
-    host: str, failed: tuple[int, ...] = (), gpus: int = 4, action: Action = Action.NONE
+    host: str, failed: tuple[int, ...] = (), gpus: int = 4, action: Advice = Advice.NONE
 ) -> NodeVerdict:
     per_gpu = tuple(
-        GpuVerdict(Gpu(i, f"GPU-{host}-{i}"), Health.FAILED if i in failed else Health.OK, Action.NONE)
+        GpuVerdict(Gpu(i, f"GPU-{host}-{i}"), Health.FAILED if i in failed else Health.OK, Advice.NONE)
         for i in range(gpus)
     )
     return NodeVerdict(Health.FAILED if failed else Health.OK, action, per_gpu)
@@ -88,7 +89,7 @@ def test_a_failed_gpu_costs_its_slot_and_a_node_failure_the_node(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = tmp_path / "tg.db"
-    w = fleet(db, a=verdict("a", failed=(2,)), b=verdict("b", action=Action.DRAIN))
+    w = fleet(db, a=verdict("a", failed=(2,)), b=verdict("b", action=Advice.DRAIN))
     w["a"].store.close()
     out, err = hosts(capsys, "--db", str(db), "--format", "host", "--host", "a:4,b:4,newnode:2")
     assert out == ["a:3,newnode:2"]  # a node the store never heard of is kept, as asked

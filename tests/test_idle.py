@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 
 from trainguard.supervisor.config import LaunchConfig, SupervisorConfig, WatchConfig
-from trainguard.supervisor.idle import IdleWatch, Sample, active, idle_since
+from trainguard.supervisor.idle import Activity, IdleWatch, active, idle_since
 from trainguard.supervisor.watch import ProgressWatch, watchers
 
 
 def test_a_rank_that_uses_cpu_writes_output_or_does_io_is_active():
-    base = Sample(0.0, 10.0, 100, "S")
-    assert active(base, Sample(1.0, 10.5, 100, "S"))  # computing
-    assert active(base, Sample(1.0, 10.0, 180, "S"))  # logging
-    assert active(base, Sample(1.0, 10.0, 100, "D"))  # a checkpoint on a slow disk
-    assert not active(base, Sample(1.0, 10.001, 100, "S"))  # parked in a wait
-    assert not active(base, Sample(1.0, 10.0, 100, "T"))  # stopped
+    base = Activity(0.0, 10.0, 100, "S")
+    assert active(base, Activity(1.0, 10.5, 100, "S"))  # computing
+    assert active(base, Activity(1.0, 10.0, 180, "S"))  # logging
+    assert active(base, Activity(1.0, 10.0, 100, "D"))  # a checkpoint on a slow disk
+    assert not active(base, Activity(1.0, 10.001, 100, "S"))  # parked in a wait
+    assert not active(base, Activity(1.0, 10.0, 100, "T"))  # stopped
 
 
 def test_the_job_is_hung_only_when_every_rank_has_been_idle_past_the_timeout():

@@ -13,16 +13,17 @@ import time
 
 import pytest
 
+from trainguard.actions import Advice
 from trainguard.errors import StoreError
 from trainguard.incidents import Incident, IncidentStore, Interval, IntervalKind, RootCause, default_db_path
 from trainguard.incidents.schema import SCHEMA_VERSION
-from trainguard.records import Action, Category
+from trainguard.records import Category
 
 
 def make(job: str = "job-a", t: float = 100.0, **kw) -> Incident:
     base = {
         "root_cause": RootCause.FAULTY_GPU,
-        "action": Action.RESTART_APP,
+        "action": Advice.RESTART_APP,
         "summary": "GPU 3 fell off the bus",
         "started": t - 5,
         "category": Category.GPU_HARDWARE,

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainguard.actions import Advice
 from trainguard.incidents import Evidence, RootCause, first_failure, numerics_root_cause, root_cause_for
-from trainguard.records import Action, Category, Event, EventKind, Finding, Health, Severity
+from trainguard.records import Category, Event, EventKind, Finding, Health, Severity
 from trainguard.rundir import ErrorRecord
 
 
@@ -99,7 +100,7 @@ def test_thermal_finding_is_gpu_thermal_and_nic_text_names_the_nic():
     hot = Finding(
         "thermal.slowdown",
         Health.DEGRADED,
-        Action.RUN_DIAGNOSTICS,
+        Advice.RUN_DIAGNOSTICS,
         "92 C",
         gpu=1,
         time=3.0,
@@ -128,7 +129,7 @@ def test_loss_spike_that_vanishes_after_rollback_is_silent_data_corruption():
     transient = Finding(
         "numerics.transient",
         Health.DEGRADED,
-        Action.RUN_DIAGNOSTICS,
+        Advice.RUN_DIAGNOSTICS,
         "nan did not repeat",
         time=9.0,
         category=Category.GPU_HARDWARE,

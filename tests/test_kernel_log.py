@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.actions import Advice
 from trainguard.detect.kernel_log import line_time, parse_kernel_line
-from trainguard.records import Action, Category, EventKind, Severity
+from trainguard.records import Category, EventKind, Severity
 
 DATA = Path(__file__).parent / "data" / "kernel"
 NOW = datetime.fromisoformat("2026-11-22T12:00:00").timestamp()  # gives zone-less syslog stamps their year
@@ -70,7 +71,7 @@ def test_xid_79_from_the_simulated_fleet_fails_the_gpu():
     assert (event.severity, event.category, event.action) == (
         Severity.FATAL,
         Category.GPU_HARDWARE,
-        Action.REBOOT_NODE,
+        Advice.REBOOT_NODE,
     )
 
 
@@ -101,10 +102,10 @@ def test_sxid_is_never_a_gpu_xid():
 @pytest.mark.parametrize(
     ("tail", "action"),
     [
-        ("from 0x0 (None) to 0x1 (GPU Reset Required)", Action.RESET_GPU),
-        ("from 0x0 (None) to 0x2 (Node Reboot Required)", Action.REBOOT_NODE),
-        ("from 0x1 (GPU Reset Required) to 0x0 (None)", Action.NONE),
-        ("from None to Drain and Reset", Action.DRAIN),  # as the NVML recovery-action rule says
+        ("from 0x0 (None) to 0x1 (GPU Reset Required)", Advice.RESET_GPU),
+        ("from 0x0 (None) to 0x2 (Node Reboot Required)", Advice.REBOOT_NODE),
+        ("from 0x1 (GPU Reset Required) to 0x0 (None)", Advice.NONE),
+        ("from None to Drain and Reset", Advice.DRAIN),  # as the NVML recovery-action rule says
     ],
 )
 def test_xid_154_takes_the_action_the_driver_names(tail, action):

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.actions import Advice
 from trainguard.detect import scan as scan_mod
 from trainguard.detect import searchers
 from trainguard.detect.scan import BurstTracker, ScanStats, classify_line, scan_engine, scan_file
 from trainguard.errors import InputError
-from trainguard.records import Action, Severity
+from trainguard.records import Severity
 
 DATA = Path(__file__).parent / "data"
 ENGINES = ["stdlib", *(["hyperscan"] if scan_engine() == "hyperscan" else [])]
@@ -188,8 +189,8 @@ def test_xid_45_after_another_xid_on_the_same_gpu_is_sympathetic(tmp_path):
     )  # fmt: skip
     events = list(scan_file(path))
     assert [e.sympathetic for e in events] == [False, True, False, False]
-    assert (events[1].severity, events[1].action) == (Severity.INFO, Action.IGNORE)
-    assert events[2].action is Action.RESTART_APP
+    assert (events[1].severity, events[1].action) == (Severity.INFO, Advice.IGNORE)
+    assert events[2].action is Advice.RESTART_APP
 
 
 def test_without_timestamps_the_burst_is_counted_in_lines(tmp_path):
@@ -211,12 +212,13 @@ def test_burst_tracker_window_is_configurable(tmp_path):
 def test_the_scanners_fast_replace_keeps_every_event_field():
     import dataclasses
 
+    from trainguard.actions import Advice
     from trainguard.detect.scan import _at
-    from trainguard.records import Action, Category, Event, EventKind, Severity
+    from trainguard.records import Category, Event, EventKind, Severity
 
     values = {"kind": EventKind.XID, "text": "t", "time": 1.0, "xid": 79, "pci": "0000:3b:00", "uuid": "GPU-1",
               "pid": 7, "process": "python", "category": Category.GPU_HARDWARE, "severity": Severity.FATAL,
-              "action": Action.REBOOT_NODE, "sympathetic": True, "path": "a", "line_no": 1}  # fmt: skip
+              "action": Advice.REBOOT_NODE, "sympathetic": True, "path": "a", "line_no": 1}  # fmt: skip
     assert set(values) == {f.name for f in dataclasses.fields(Event)}  # a new field needs a value here
     event = Event(**values)  # type: ignore[arg-type]
     assert _at(event, "b", 2) == dataclasses.replace(event, path="b", line_no=2)

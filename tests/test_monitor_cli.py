@@ -260,19 +260,20 @@ def test_monitor_json_writes_one_object_per_gpu(capsys):
 
 
 def test_a_node_whose_gpus_are_all_ok_has_no_action():
+    from trainguard.actions import Advice
     from trainguard.cli.monitor import effective_action, node_action
-    from trainguard.records import Action, Finding, Gpu, GpuVerdict, Health, NodeVerdict
+    from trainguard.records import Finding, Gpu, GpuVerdict, Health, NodeVerdict
 
-    hint = Finding(rule="xid.13", health=Health.OK, action=Action.RESTART_APP, reason="Xid 13: app error")
+    hint = Finding(rule="xid.13", health=Health.OK, action=Advice.RESTART_APP, reason="Xid 13: app error")
     gpus = tuple(
-        GpuVerdict(Gpu(i), Health.OK, Action.RESTART_APP if i == 0 else Action.NONE) for i in range(2)
+        GpuVerdict(Gpu(i), Health.OK, Advice.RESTART_APP if i == 0 else Advice.NONE) for i in range(2)
     )
-    verdict = NodeVerdict(Health.OK, Action.RESTART_APP, gpus, (hint,))
-    assert node_action(verdict) is Action.NONE
-    assert effective_action(Health.OK, Action.RESTART_APP) is Action.NONE
+    verdict = NodeVerdict(Health.OK, Advice.RESTART_APP, gpus, (hint,))
+    assert node_action(verdict) is Advice.NONE
+    assert effective_action(Health.OK, Advice.RESTART_APP) is Advice.NONE
     sick = NodeVerdict(
         Health.DEGRADED,
-        Action.RUN_DIAGNOSTICS,
-        (GpuVerdict(Gpu(0), Health.DEGRADED, Action.RUN_DIAGNOSTICS),),
+        Advice.RUN_DIAGNOSTICS,
+        (GpuVerdict(Gpu(0), Health.DEGRADED, Advice.RUN_DIAGNOSTICS),),
     )
-    assert node_action(sick) is Action.RUN_DIAGNOSTICS
+    assert node_action(sick) is Advice.RUN_DIAGNOSTICS

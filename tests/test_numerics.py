@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from trainguard.actions import Advice
 from trainguard.detect.numerics import (
     Anomaly,
     NumericsMonitor,
@@ -16,7 +17,7 @@ from trainguard.detect.numerics import (
     check_loss,
     robust_stats,
 )
-from trainguard.records import Action, Category, Health
+from trainguard.records import Category, Health
 from trainguard.rundir import append_finding, read_findings
 
 
@@ -126,7 +127,7 @@ def test_a_spike_that_does_not_repeat_after_rollback_is_a_transient_sdc_suspect(
     assert clean.action is Policy.PROCEED
     (finding,) = clean.findings
     assert finding.rule == "numerics.transient"
-    assert finding.action is Action.RUN_DIAGNOSTICS and finding.category is Category.GPU_HARDWARE
+    assert finding.action is Advice.RUN_DIAGNOSTICS and finding.category is Category.GPU_HARDWARE
     assert finding.gpu == 3 and "silent data corruption" in finding.reason
 
 

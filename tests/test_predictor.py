@@ -17,6 +17,7 @@ pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 pytest.importorskip("sklearn")
 
+from trainguard.actions import Advice
 from trainguard.errors import InputError
 from trainguard.predictor import modelfile
 from trainguard.predictor.evaluate import alarm_table, first_alarms
@@ -24,7 +25,7 @@ from trainguard.predictor.predictor import RULE, Predictor, lead_time_s
 from trainguard.predictor.series import Fold, GpuSeries, Point
 from trainguard.predictor.store import StoreLife, lives_from_points
 from trainguard.predictor.train import train
-from trainguard.records import Action, Gpu, Health, Sample
+from trainguard.records import Gpu, Health, Sample
 
 STEP = 600.0
 H = 3600.0
@@ -98,7 +99,7 @@ def test_an_alarmed_gpu_gets_a_predicted_failure_finding_naming_the_readings(tra
     findings = p.findings([GpuSeries("h", s.gpu, s.points)], now=123.0)
     assert len(findings) == 1
     f = findings[0]
-    assert (f.rule, f.health, f.action, f.gpu, f.time) == (RULE, Health.DEGRADED, Action.DRAIN, s.gpu, 123.0)
+    assert (f.rule, f.health, f.action, f.gpu, f.time) == (RULE, Health.DEGRADED, Advice.DRAIN, s.gpu, 123.0)
     assert "correctable ECC errors" in f.reason and f.evidence[0].startswith("ecc_sbe")
     assert f.category.value == "gpu_memory_ecc"
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agent_service import sim_config
+from trainguard.actions import Advice
 from trainguard.agent import AgentDaemon
 from trainguard.agent.judge import incidents_for
 from trainguard.cli import main
@@ -24,7 +25,7 @@ from trainguard.errors import ConfigError
 from trainguard.predictor.detector import FailurePredictor
 from trainguard.predictor.series import Fold, point_of_values
 from trainguard.predictor.store import lives_from_points
-from trainguard.records import Action, Category, Finding, Health
+from trainguard.records import Category, Finding, Health
 from trainguard.telemetry.series import Series
 from trainguard.telemetry.sim import SimNode, wearout
 from trainguard.telemetry.sim.faults import ThermalRunaway
@@ -234,7 +235,7 @@ def test_trainguard_agent_with_a_model_of_another_step_exits_saying_what_to_set(
 
 
 def test_a_predicted_failure_has_no_root_cause_and_labels_nothing() -> None:
-    forecast = Finding(PREDICTED_FAILURE, Health.DEGRADED, Action.DRAIN, "P(failure) within 24 h 0.9",
+    forecast = Finding(PREDICTED_FAILURE, Health.DEGRADED, Advice.DRAIN, "P(failure) within 24 h 0.9",
                        gpu=1, time=5 * STEP, category=Category.GPU_MEMORY_ECC)  # fmt: skip
     (incident,) = incidents_for([forecast], "n1", 5 * STEP)
     assert incident.root_cause.value == "unknown" and incident.category == "gpu_memory_ecc"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from trainguard.records import Action, Health, normalize_pci, strongest_action, worst_health
+from trainguard.actions import Advice
+from trainguard.records import Health, normalize_pci, strongest_action, worst_health
 
 
 def test_worst_health_prefers_failed_over_degraded_over_unknown():
@@ -16,10 +17,10 @@ def test_check_exit_codes_follow_the_documented_contract():
 
 def test_strongest_action_orders_support_above_restart():
     assert (
-        strongest_action([Action.RESTART_APP, Action.CONTACT_SUPPORT, Action.RESET_GPU])
-        is Action.CONTACT_SUPPORT
+        strongest_action([Advice.RESTART_APP, Advice.CONTACT_SUPPORT, Advice.RESET_GPU])
+        is Advice.CONTACT_SUPPORT
     )
-    assert strongest_action([]) is Action.NONE
+    assert strongest_action([]) is Advice.NONE
 
 
 def test_normalize_pci_accepts_every_spelling():

@@ -7,13 +7,23 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.actions import Advice
 from trainguard.agent import Agent
 from trainguard.agent.judge import all_findings, onsets
 from trainguard.clock import VirtualClock
 from trainguard.errors import ConfigError, StoreError
 from trainguard.incidents.store import IncidentStore
-from trainguard.records import Action, Finding, Health
-from trainguard.remediate import BreakerFile, JobInfo, Policy, Remediator, Remedy, admit, choose, parse_policy
+from trainguard.records import Finding, Health
+from trainguard.remediate import (
+    BreakerFile,
+    JobInfo,
+    NodeAction,
+    Policy,
+    Remediator,
+    admit,
+    choose,
+    parse_policy,
+)
 from trainguard.remediate import escalation as esc
 from trainguard.remediate.breaker import BreakerState, fleet_limit, reset
 from trainguard.remediate.policy import BreakerLimits, EscalationLimits, load_policy
@@ -21,10 +31,10 @@ from trainguard.remediate.providers import Status, Target
 from trainguard.remediate.providers.sim import SimScheduler
 from trainguard.telemetry.sim import SimNode
 
-DBE = Finding("ecc_dbe", Health.FAILED, Action.RESET_GPU, "1 uncorrectable ECC error", gpu=2, time=1.0)
-XID79 = Finding("xid", Health.FAILED, Action.REBOOT_NODE, "Xid 79: GPU has fallen off the bus.", gpu=1)
+DBE = Finding("ecc_dbe", Health.FAILED, Advice.RESET_GPU, "1 uncorrectable ECC error", gpu=2, time=1.0)
+XID79 = Finding("xid", Health.FAILED, Advice.REBOOT_NODE, "Xid 79: GPU has fallen off the bus.", gpu=1)
 # What NVML sees of the same fault: a kernel-log finding takes a node out only beside it.
-LOST = Finding("gpu_lost", Health.FAILED, Action.REBOOT_NODE, "GPU stopped answering", gpu=1)
+LOST = Finding("gpu_lost", Health.FAILED, Advice.REBOOT_NODE, "GPU stopped answering", gpu=1)
 
 POLICY = """
 [remediation]
@@ -75,16 +85,16 @@ def test_policy_file_groups_override_defaults(tmp_path: Path) -> None:
     assert p.enforce and p.breaker.max_nodes == 5 and p.breaker.fleet_size == 64
     h100 = choose(p, DBE, "n1", "NVIDIA H100 80GB HBM3")
     a100 = choose(p, DBE, "n1", "NVIDIA A100-SXM4-80GB")
-    assert (h100.remedy, h100.enforce) == (Remedy.RESET_GPU, True)
-    assert (a100.remedy, a100.enforce, a100.group) == (Remedy.REBOOT_NODE, False, "a100")
-    assert choose(p, XID79, "n1").remedy is Remedy.DRAIN
+    assert (h100.remedy, h100.enforce) == (NodeAction.RESET_GPU, True)
+    assert (a100.remedy, a100.enforce, a100.group) == (NodeAction.REBOOT_NODE, False, "a100")
+    assert choose(p, XID79, "n1").remedy is NodeAction.DRAIN
     k8s = parse_policy({"remediation": {"provider": "kubernetes", "actions": {"xid": "drain"}}})
-    assert choose(k8s, XID79, "n1").remedy is Remedy.CORDON  # drain means cordon on Kubernetes
+    assert choose(k8s, XID79, "n1").remedy is NodeAction.CORDON  # drain means cordon on Kubernetes
 
 
 def test_healthy_findings_get_no_remedy() -> None:
-    ok = Finding("xid", Health.OK, Action.RESET_GPU, "Xid 63: row remap", gpu=0)
-    assert choose(Policy(enforce=True), ok, "n1").remedy is Remedy.NONE
+    ok = Finding("xid", Health.OK, Advice.RESET_GPU, "Xid 63: row remap", gpu=0)
+    assert choose(Policy(enforce=True), ok, "n1").remedy is NodeAction.NONE
 
 
 @pytest.mark.parametrize(
@@ -250,7 +260,7 @@ def test_repeated_remediation_escalates_to_hardware_inspection_never_auto_resume
 
 
 def test_one_remedy_per_gpu_per_tick(tmp_path: Path) -> None:
-    lost = Finding("gpu_lost", Health.FAILED, Action.REBOOT_NODE, "GPU stopped answering", gpu=1)
+    lost = Finding("gpu_lost", Health.FAILED, Advice.REBOOT_NODE, "GPU stopped answering", gpu=1)
     with IncidentStore(tmp_path / "tg.db") as store:
         recs = Remediator(Policy(), "n1", store, state_dir=tmp_path).act([XID79, lost, DBE])
     assert sorted((r.gpu, r.action) for r in recs) == [(1, "reboot_node"), (2, "reset_gpu")]

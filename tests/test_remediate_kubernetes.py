@@ -14,15 +14,16 @@ kubernetes = require_module("kubernetes", install="pip install 'trainguard[kuber
 yaml = pytest.importorskip("yaml")
 
 from k8s_fake import FakeApiServer  # noqa: E402
+from trainguard.actions import Advice  # noqa: E402
 from trainguard.incidents.store import IncidentStore  # noqa: E402
-from trainguard.records import Action, Finding, Health  # noqa: E402
+from trainguard.records import Finding, Health  # noqa: E402
 from trainguard.remediate import Remediator, parse_policy  # noqa: E402
 from trainguard.remediate.providers import Status, Target  # noqa: E402
 from trainguard.remediate.providers.kubernetes import CONDITION, TAINT_KEY, KubernetesProvider  # noqa: E402
 
 RBAC = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes" / "trainguard-remediation-rbac.yaml"
-XID = Finding("xid", Health.FAILED, Action.RESET_GPU, "Xid 48: double bit ECC error", gpu=2)
-DBE = Finding("ecc_dbe", Health.FAILED, Action.RESET_GPU, "1 uncorrectable ECC error", gpu=2)  # NVML's view
+XID = Finding("xid", Health.FAILED, Advice.RESET_GPU, "Xid 48: double bit ECC error", gpu=2)
+DBE = Finding("ecc_dbe", Health.FAILED, Advice.RESET_GPU, "1 uncorrectable ECC error", gpu=2)  # NVML's view
 
 
 @pytest.fixture

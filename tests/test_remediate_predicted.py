@@ -8,37 +8,38 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.actions import Advice
 from trainguard.detect.detector import PREDICTED_FAILURE
 from trainguard.errors import ConfigError
 from trainguard.incidents.store import IncidentStore
-from trainguard.records import Action, Category, Finding, Health
-from trainguard.remediate import Policy, Remediator, Remedy, choose, parse_policy
+from trainguard.records import Category, Finding, Health
+from trainguard.remediate import NodeAction, Policy, Remediator, choose, parse_policy
 from trainguard.remediate.policy import BreakerLimits
 from trainguard.remediate.providers.sim import SimScheduler
 
-FORECAST = Finding(PREDICTED_FAILURE, Health.DEGRADED, Action.DRAIN, "P(failure) within 24 h 0.91; expected "
+FORECAST = Finding(PREDICTED_FAILURE, Health.DEGRADED, Advice.DRAIN, "P(failure) within 24 h 0.91; expected "
                    "in about 6.2 h; driven by correctable ECC errors +40 in 12 h", gpu=3, time=10.0,
                    category=Category.GPU_MEMORY_ECC)  # fmt: skip
 OPT_IN = {"enforce": True, "actions": {PREDICTED_FAILURE: "drain"}}
 
 
 def test_a_forecast_gets_no_remedy_unless_the_policy_names_it() -> None:
-    assert choose(Policy(enforce=True), FORECAST, "n1").remedy is Remedy.NONE
+    assert choose(Policy(enforce=True), FORECAST, "n1").remedy is NodeAction.NONE
     # an entry for its suggested action (drain) is not an entry for forecasts
     by_action = parse_policy({"remediation": {"actions": {"drain": "reboot_node"}}})
-    assert choose(by_action, FORECAST, "n1").remedy is Remedy.NONE
+    assert choose(by_action, FORECAST, "n1").remedy is NodeAction.NONE
     opted = choose(parse_policy({"remediation": OPT_IN}), FORECAST, "n1")
     assert (opted.remedy, opted.enforce, opted.why) == (
-        Remedy.DRAIN,
+        NodeAction.DRAIN,
         True,
         f"policy actions.{PREDICTED_FAILURE}",
     )
     k8s = parse_policy({"remediation": {"provider": "kubernetes", "actions": {PREDICTED_FAILURE: "drain"}}})
-    assert choose(k8s, FORECAST, "n1").remedy is Remedy.CORDON
+    assert choose(k8s, FORECAST, "n1").remedy is NodeAction.CORDON
     group = parse_policy({"remediation": {"group": [{"name": "pod-a", "nodes": ["gpu-a*"],
                                                      "actions": {PREDICTED_FAILURE: "webhook"}}]}})  # fmt: skip
-    assert choose(group, FORECAST, "gpu-a7").remedy is Remedy.WEBHOOK
-    assert choose(group, FORECAST, "gpu-b1").remedy is Remedy.NONE
+    assert choose(group, FORECAST, "gpu-a7").remedy is NodeAction.WEBHOOK
+    assert choose(group, FORECAST, "gpu-b1").remedy is NodeAction.NONE
 
 
 @pytest.mark.parametrize("remedy", ["reset_gpu", "reboot_node", "hardware_inspection"])

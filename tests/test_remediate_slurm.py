@@ -75,7 +75,7 @@ def test_failing_gpu_drains_its_node_and_resume_follows_a_passing_diagnose(
     assert not failed
     assert resume_node(slurm, NODE, passed=failed, evidence=said).status is Status.FAILED
     assert cluster.state() == "drained"
-    passed, said = diagnose_passes([*TRAINGUARD, "diagnose", "--backend", "sim", "--gpus", "0,1"])
+    passed, said = diagnose_passes([*TRAINGUARD, "diagnose", "--backend", "sim", "--gpu-ids", "0,1"])
     assert passed, said
     assert resume_node(slurm, NODE, passed=passed, evidence=said).ok
     cluster.wait(lambda: cluster.state() == "idle", 60, "resume did not put the node back")

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.actions import Advice
 from trainguard.errors import ConfigError
 from trainguard.incidents.store import IncidentStore
-from trainguard.records import Action, Finding, Health
+from trainguard.records import Finding, Health
 from trainguard.remediate import Remediator, parse_policy
 from trainguard.remediate.providers import Status, Target
 from trainguard.remediate.providers.webhook import WebhookProvider, sign, verify_signature
@@ -53,7 +54,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 INTRUDER = Finding(
-    "unexpected_gpu_process", Health.DEGRADED, Action.CONTACT_SUPPORT,
+    "unexpected_gpu_process", Health.DEGRADED, Advice.CONTACT_SUPPORT,
     "pid 4242 (user mallory, xmrig --donate 0) on GPU 5 belongs to no job", gpu=5,
 )  # fmt: skip
 
@@ -128,8 +129,8 @@ def test_a_tripping_breaker_is_announced_once(receiver: Receiver, tmp_path: Path
     from trainguard.remediate.policy import BreakerLimits, Policy
     from trainguard.remediate.providers.sim import SimScheduler
 
-    xid = Finding("xid", Health.FAILED, Action.REBOOT_NODE, "Xid 79: GPU has fallen off the bus.", gpu=1)
-    lost = Finding("gpu_lost", Health.FAILED, Action.REBOOT_NODE, "GPU stopped answering", gpu=1)  # NVML
+    xid = Finding("xid", Health.FAILED, Advice.REBOOT_NODE, "Xid 79: GPU has fallen off the bus.", gpu=1)
+    lost = Finding("gpu_lost", Health.FAILED, Advice.REBOOT_NODE, "GPU stopped answering", gpu=1)  # NVML
     policy = Policy(enforce=True, breaker=BreakerLimits(max_nodes=1, max_fraction=1.0))
     hook = WebhookProvider(receiver.url, SECRET)
     with IncidentStore(tmp_path / "tg.db") as store:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from trainguard.actions import GroupAction
 from trainguard.chaos.plan import for_group, for_this_group, parse_plan, plan_toml
 from trainguard.errors import ConfigError
 from trainguard.rundir import replica_group_env
 from trainguard.supervisor.config import ExitCode
 from trainguard.supervisor.replicas import ReplicaConfig, group_hang_floor
-from trainguard.supervisor.replicas.judge import ActKind, Group, GroupsView, capacity, judge
+from trainguard.supervisor.replicas.judge import Group, GroupsView, capacity, judge
 from trainguard.supervisor.state import RunState, job_state
 
 
@@ -31,44 +32,44 @@ R = RunState.RUNNING
 
 def test_a_group_that_lost_its_gpu_is_replaced_on_a_spare():
     [act] = judge(view({0: None, 1: int(ExitCode.NO_CAPACITY)}, {1: (1,)}), groups(R, R), [2], 1)
-    assert (act.kind, act.group, act.gpus) == (ActKind.REPLACE, 1, (2,))
+    assert (act.kind, act.group, act.gpus) == (GroupAction.REPLACE, 1, (2,))
 
 
 def test_a_group_that_lost_its_gpu_without_a_spare_stays_down_while_the_other_runs():
     [act] = judge(view({0: None, 1: int(ExitCode.NO_CAPACITY)}, {1: (1,)}), groups(R, R), [], 1)
-    assert (act.kind, act.group) == (ActKind.STOP_GROUP, 1)
+    assert (act.kind, act.group) == (GroupAction.STOP_GROUP, 1)
 
 
 def test_a_crashed_group_with_budget_left_is_restarted_on_its_own_gpus():
     [act] = judge(view({0: None, 1: int(ExitCode.INTERRUPTED)}, {1: ()}), groups(R, R), [], 1)
-    assert (act.kind, act.gpus) == (ActKind.REPLACE, (1,))
+    assert (act.kind, act.gpus) == (GroupAction.REPLACE, (1,))
 
 
 def test_a_group_out_of_budget_stops_and_the_last_one_down_restarts_them_all():
     g = groups(RunState.STOPPED, R)
     acts = judge(view({0: 1, 1: int(ExitCode.FAILED)}, {1: ()}), g, [], 1)
-    assert [a.kind for a in acts] == [ActKind.STOP_GROUP, ActKind.RESTART_ALL]
+    assert [a.kind for a in acts] == [GroupAction.STOP_GROUP, GroupAction.RESTART_ALL]
 
 
 def test_every_group_down_with_no_job_restart_left_stops_the_job():
     acts = judge(view({0: 1, 1: 1}, {0: (), 1: ()}), groups(R, R), [], 0)
-    assert acts[-1].kind is ActKind.STOP_JOB and "budget" in acts[-1].reason
+    assert acts[-1].kind is GroupAction.STOP_JOB and "budget" in acts[-1].reason
 
 
 def test_a_crash_loop_in_every_group_is_not_restarted():
     code = int(ExitCode.CRASH_LOOP)
     acts = judge(view({0: code, 1: code}, {0: (), 1: ()}), groups(R, R), [], 5)
-    assert acts[-1].kind is ActKind.STOP_JOB and "crash loop" in acts[-1].reason
+    assert acts[-1].kind is GroupAction.STOP_JOB and "crash loop" in acts[-1].reason
 
 
 def test_a_finished_group_is_not_restarted_when_the_other_stops():
     acts = judge(view({0: 0, 1: int(ExitCode.FAILED)}, {1: ()}), groups(R, R), [], 1)
-    assert [a.kind for a in acts] == [ActKind.FINISHED, ActKind.STOP_GROUP]
+    assert [a.kind for a in acts] == [GroupAction.FINISHED, GroupAction.STOP_GROUP]
 
 
 def test_a_dead_lighthouse_is_restarted_and_nothing_else_happens():
     [act] = judge(view({0: None, 1: None}, {}, lighthouse=-9), groups(R, R), [], 1)
-    assert (act.kind, act.code) == (ActKind.RESTART_LIGHTHOUSE, -9)
+    assert (act.kind, act.code) == (GroupAction.RESTART_LIGHTHOUSE, -9)
 
 
 def test_running_groups_need_nothing():
@@ -186,10 +187,10 @@ def test_gpus_and_replica_groups_parse_and_a_bad_gpu_list_is_a_clear_error():
     parser = argparse.ArgumentParser()
     run_cli.register(parser.add_subparsers())
     ok = parser.parse_args(
-        ["run", "--standalone", "--replica-groups", "2", "--gpus", "2,3", "--", "python", "t.py"]
+        ["run", "--standalone", "--replica-groups", "2", "--gpu-ids", "2,3", "--", "python", "t.py"]
     )
     config = run_cli.config_from_args(ok)
     assert (config.replica_groups, config.launch.gpus) == (2, (2, 3))
-    bad = parser.parse_args(["run", "--standalone", "--gpus", "a,b", "--", "python", "t.py"])
-    with pytest.raises(ConfigError, match="--gpus 'a,b': give GPU indices"):
+    bad = parser.parse_args(["run", "--standalone", "--gpu-ids", "a,b", "--", "python", "t.py"])
+    with pytest.raises(ConfigError, match="--gpu-ids 'a,b': give GPU indices"):
         run_cli.config_from_args(bad)

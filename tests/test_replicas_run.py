@@ -83,7 +83,7 @@ def test_one_group_is_killed_hung_and_loses_a_gpu_while_the_other_never_stops(tm
     )
     result = run_groups(
         tmp_path,
-        "--gpus",
+        "--gpu-ids",
         "0,1,2",
         "--backend",
         "sim",

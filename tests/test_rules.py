@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import pytest
 
+from trainguard.actions import Advice
 from trainguard.detect.rules import RuleState, sample_findings
 from trainguard.detect.thresholds import Thresholds
-from trainguard.records import Action, Category, Gpu, Health, RecoveryAction, Sample, Throttle
+from trainguard.records import Category, Gpu, Health, RecoveryAction, Sample, Throttle
 
 TH = Thresholds()
 
@@ -62,37 +63,37 @@ def test_healthy_reading_has_no_findings():
 
 def test_volatile_dbe_fails_the_gpu_and_asks_for_a_reset():
     f = only(healthy(ecc_dbe_volatile=2))
-    assert (f.rule, f.health, f.action, f.gpu) == ("ecc_dbe", Health.FAILED, Action.RESET_GPU, 0)
+    assert (f.rule, f.health, f.action, f.gpu) == ("ecc_dbe", Health.FAILED, Advice.RESET_GPU, 0)
     assert "2 uncorrectable" in f.reason and f.category is Category.GPU_MEMORY_ECC
 
 
 def test_new_uncorrectable_remap_degrades_and_asks_for_a_reset():
     f = only(healthy(t=10, remap_uncorrectable=3), healthy(remap_uncorrectable=1))
-    assert (f.rule, f.health, f.action) == ("remap_uncorrectable", Health.DEGRADED, Action.RESET_GPU)
+    assert (f.rule, f.health, f.action) == ("remap_uncorrectable", Health.DEGRADED, Advice.RESET_GPU)
     assert "2 new" in f.reason and "3 in total" in f.reason
 
 
 def test_row_remap_failure_fails_and_calls_support_without_a_pending_duplicate():
     f = only(healthy(remap_failure=True, remap_pending=True))
-    assert (f.rule, f.health, f.action) == ("remap_failure", Health.FAILED, Action.CONTACT_SUPPORT)
+    assert (f.rule, f.health, f.action) == ("remap_failure", Health.FAILED, Advice.CONTACT_SUPPORT)
 
 
 def test_pending_remap_says_reset_needed():
     f = only(healthy(remap_pending=True))
-    assert (f.health, f.action) == (Health.DEGRADED, Action.RESET_GPU)
+    assert (f.health, f.action) == (Health.DEGRADED, Advice.RESET_GPU)
     assert "reset needed" in f.reason
 
 
 def test_63_retired_pages_wear_the_gpu_out_but_62_do_not():
     assert sample_findings(healthy(retired_sbe=40, retired_dbe=22), None, TH) == ()
     f = only(healthy(retired_sbe=40, retired_dbe=23))
-    assert (f.rule, f.health, f.action) == ("retired_pages_total", Health.FAILED, Action.CONTACT_SUPPORT)
+    assert (f.rule, f.health, f.action) == ("retired_pages_total", Health.FAILED, Advice.CONTACT_SUPPORT)
     assert "63 retired pages" in f.reason
 
 
 def test_pending_page_retirement_degrades_with_reset():
     f = only(healthy(retired_pending=True))
-    assert (f.rule, f.health, f.action) == ("retired_pages_pending", Health.DEGRADED, Action.RESET_GPU)
+    assert (f.rule, f.health, f.action) == ("retired_pages_pending", Health.DEGRADED, Advice.RESET_GPU)
 
 
 def test_two_new_retirements_in_a_week_past_15_fail_the_gpu():
@@ -128,7 +129,7 @@ def test_hw_thermal_slowdown_degrades_even_below_threshold():
 
 def test_temperature_at_shutdown_degrades_and_drains():
     f = only(healthy(temperature_c=96.0))
-    assert (f.health, f.action) == (Health.DEGRADED, Action.DRAIN)
+    assert (f.health, f.action) == (Health.DEGRADED, Advice.DRAIN)
 
 
 def test_power_brake_degrades():
@@ -177,7 +178,7 @@ def test_nvlink_links_down_degrades():
 
 def test_clocks_stuck_low_under_load_without_throttle_is_a_straggler():
     f = only(healthy(sm_clock_mhz=900.0))
-    assert (f.rule, f.health, f.action) == ("straggler", Health.DEGRADED, Action.RUN_DIAGNOSTICS)
+    assert (f.rule, f.health, f.action) == ("straggler", Health.DEGRADED, Advice.RUN_DIAGNOSTICS)
     assert "900/1980" in f.reason
 
 
@@ -191,7 +192,7 @@ def test_low_clocks_explained_by_a_power_cap_are_not_a_straggler():
 def test_lost_gpu_fails_and_asks_for_a_reboot():
     s = Sample(Gpu(4), time=1.0, lost=True, error="GPU is lost")
     f = only(s)
-    assert (f.rule, f.health, f.action, f.gpu) == ("gpu_lost", Health.FAILED, Action.REBOOT_NODE, 4)
+    assert (f.rule, f.health, f.action, f.gpu) == ("gpu_lost", Health.FAILED, Advice.REBOOT_NODE, 4)
 
 
 def test_gpu_without_any_reading_is_unknown_not_healthy():
@@ -202,10 +203,10 @@ def test_gpu_without_any_reading_is_unknown_not_healthy():
 @pytest.mark.parametrize(
     ("ra", "health", "action"),
     [
-        (RecoveryAction.GPU_RESET, Health.FAILED, Action.RESET_GPU),
-        (RecoveryAction.NODE_REBOOT, Health.FAILED, Action.REBOOT_NODE),
-        (RecoveryAction.DRAIN_P2P, Health.DEGRADED, Action.DRAIN),
-        (RecoveryAction.DRAIN_AND_RESET, Health.FAILED, Action.DRAIN),
+        (RecoveryAction.GPU_RESET, Health.FAILED, Advice.RESET_GPU),
+        (RecoveryAction.NODE_REBOOT, Health.FAILED, Advice.REBOOT_NODE),
+        (RecoveryAction.DRAIN_P2P, Health.DEGRADED, Advice.DRAIN),
+        (RecoveryAction.DRAIN_AND_RESET, Health.FAILED, Advice.DRAIN),
     ],
 )
 def test_driver_recovery_action_field_sets_the_verdict(ra, health, action):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from trainguard.actions import Advice
 from trainguard.detect.thresholds import Thresholds
 from trainguard.detect.xid_rules import XidState, recovery_action_of, xid_policy
-from trainguard.records import Action, Event, EventKind, Gpu, Health, RecoveryAction, Severity
+from trainguard.records import Event, EventKind, Gpu, Health, RecoveryAction, Severity
 
 GPUS = [Gpu(i, uuid=f"GPU-{i:08x}", pci=f"0000:{0x18 + i:02x}:00") for i in range(8)]
 
@@ -34,7 +35,7 @@ def test_fatal_hardware_xids_fail_the_gpu(code):
 
 def test_xid_79_asks_for_a_reboot_and_keeps_the_pid_noise_out_of_the_reason():
     (f,) = state(xid(79, 5.0, text="GPU has fallen off the bus.")).findings(now=6.0)
-    assert f.action is Action.REBOOT_NODE
+    assert f.action is Advice.REBOOT_NODE
     assert f.reason == "Xid 79: GPU has fallen off the bus."
 
 
@@ -45,7 +46,7 @@ def test_xid_45_after_another_xid_in_the_burst_adds_nothing():
 
 def test_xid_45_alone_is_the_application_being_torn_down():
     (f,) = state(xid(45, 10.0)).findings(now=12.0)
-    assert (f.health, f.action) == (Health.OK, Action.RESTART_APP)
+    assert (f.health, f.action) == (Health.OK, Advice.RESTART_APP)
 
 
 def test_xid_45_long_after_another_xid_is_not_sympathetic():
@@ -55,13 +56,13 @@ def test_xid_45_long_after_another_xid_is_not_sympathetic():
 
 def test_one_xid_13_is_the_applications_problem():
     (f,) = state(xid(13, 10.0)).findings(now=11.0)
-    assert (f.health, f.action) == (Health.OK, Action.RESTART_APP)
+    assert (f.health, f.action) == (Health.OK, Advice.RESTART_APP)
 
 
 def test_repeated_xid_13_and_31_on_one_gpu_call_for_diagnostics():
     found = state(xid(13, 10.0), xid(31, 40.0), xid(13, 70.0), xid(45, 71.0)).findings(now=80.0)
     assert [(f.rule, f.health, f.action) for f in found] == [
-        ("xid_app_repeat", Health.DEGRADED, Action.RUN_DIAGNOSTICS)
+        ("xid_app_repeat", Health.DEGRADED, Advice.RUN_DIAGNOSTICS)
     ]
     assert "3 application Xids (13, 31)" in found[0].reason
 
@@ -80,7 +81,7 @@ def test_several_fatal_bursts_in_a_day_call_for_support():
     s = state(xid(48, 0.0), xid(48, 3600.0), xid(95, 7200.0), now=7200.0)
     found = s.findings(now=7201.0)
     repeat = [f for f in found if f.rule == "xid_fatal_repeat"]
-    assert len(repeat) == 1 and repeat[0].action is Action.CONTACT_SUPPORT and repeat[0].gpu == 3
+    assert len(repeat) == 1 and repeat[0].action is Advice.CONTACT_SUPPORT and repeat[0].gpu == 3
 
 
 def test_one_fatal_burst_of_several_lines_is_not_a_repeat():
@@ -91,7 +92,7 @@ def test_one_fatal_burst_of_several_lines_is_not_a_repeat():
 def test_xid_154_announces_the_recovery_action():
     text = "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
     (f,) = state(xid(154, 5.0, text=text)).findings(now=6.0)
-    assert (f.rule, f.health, f.action) == ("xid_recovery_action", Health.FAILED, Action.RESET_GPU)
+    assert (f.rule, f.health, f.action) == ("xid_recovery_action", Health.FAILED, Advice.RESET_GPU)
 
 
 def test_xid_154_back_to_none_clears_the_action():
@@ -130,7 +131,7 @@ def test_fallen_off_the_bus_without_an_xid_fails_the_gpu():
         EventKind.GPU_LOST, "NVRM: GPU 0000:1a:00.0: GPU has fallen off the bus.", time=3.0, pci="0000:1a:00"
     )
     (f,) = state(ev).findings(now=4.0)
-    assert (f.rule, f.gpu, f.health, f.action) == ("gpu_lost_log", 2, Health.FAILED, Action.REBOOT_NODE)
+    assert (f.rule, f.gpu, f.health, f.action) == ("gpu_lost_log", 2, Health.FAILED, Advice.REBOOT_NODE)
 
 
 def test_xid_with_pci_known_only_through_the_driver_map_line_reaches_its_gpu():
@@ -192,8 +193,8 @@ def test_observe_never_raises_on_nonsense():
 
 def test_unknown_xid_falls_back_to_the_parsers_severity():
     assert xid_policy(
-        9999, Event(EventKind.XID, "x", xid=9999, severity=Severity.FATAL, action=Action.RESET_GPU)
-    ) == (Health.FAILED, Action.RESET_GPU)
+        9999, Event(EventKind.XID, "x", xid=9999, severity=Severity.FATAL, action=Advice.RESET_GPU)
+    ) == (Health.FAILED, Advice.RESET_GPU)
 
 
 def test_one_xid_13_printed_as_two_lines_counts_once():
@@ -203,7 +204,7 @@ def test_one_xid_13_printed_as_two_lines_counts_once():
         xid(13, 50.0),
         xid(13, 50.0),
     ).findings(now=60.0)
-    assert [(f.health, f.action) for f in found] == [(Health.OK, Action.RESTART_APP)]
+    assert [(f.health, f.action) for f in found] == [(Health.OK, Advice.RESTART_APP)]
     assert "(x2)" in found[0].reason
 
 

@@ -242,12 +242,13 @@ def test_a_gpu_that_fell_off_the_bus_names_its_own_rank_whichever_rank_was_seen_
     # The quick demo's F2 under load (CI of stop 28): the agent's Xid 79 finding on GPU 3 came
     # first and names no rank; rank 3 raised CUDA's error, its peer rank 2 lost the connection, and
     # one slow poll saw both exits at once. The rank must be GPU 3's, never the first in the list.
+    from trainguard.actions import Advice
     from trainguard.chaos.plan import XID_CUDA_MESSAGE
-    from trainguard.records import Action, Category, Finding, Health
+    from trainguard.records import Category, Finding, Health
     from trainguard.supervisor.logs import default_classifier
 
     reason = "Xid 79: GPU has fallen off the bus"
-    xid = Finding("xid", Health.FAILED, Action.RESET_GPU, reason, 3, 99.9, Category.GPU_HARDWARE)
+    xid = Finding("xid", Health.FAILED, Advice.RESET_GPU, reason, 3, 99.9, Category.GPU_HARDWARE)
     cuda = ErrorRecord(3, 100.0, "RuntimeError", XID_CUDA_MESSAGE[79], attempt=0)
     peer = ErrorRecord(2, 100.1, "RuntimeError", "Connection closed by peer [127.0.0.1]:29500", attempt=0)
     exits = [
@@ -340,10 +341,11 @@ def _look(**fields):
 
 
 def _nan_findings(source: int, writers=(0, 1, 2, 3), step=20):
+    from trainguard.actions import Advice
     from trainguard.detect.numerics import with_sources
-    from trainguard.records import Action, Category, Finding, Health
+    from trainguard.records import Category, Finding, Health
 
-    f = Finding("numerics.nonfinite_loss", Health.DEGRADED, Action.NONE, f"non-finite loss at step {step}",
+    f = Finding("numerics.nonfinite_loss", Health.DEGRADED, Advice.NONE, f"non-finite loss at step {step}",
                 time=9.0, category=Category.NUMERICS)  # fmt: skip
     f = with_sources(f, (source,))
     return tuple(((r, step, f.rule, f.time), r, step, f) for r in writers)  # every rank reports it
@@ -372,8 +374,9 @@ def test_the_heartbeat_path_names_the_ranks_whose_own_loss_was_nan():
 
 
 def test_a_rollback_and_its_replay_verdict_update_the_numerics_incident():
+    from trainguard.actions import Advice
     from trainguard.incidents import Incident, RootCause
-    from trainguard.records import Action, Finding, Health
+    from trainguard.records import Finding, Health
     from trainguard.supervisor.assess import numerics_verdicts
     from trainguard.supervisor.attempt import History
 
@@ -381,10 +384,10 @@ def test_a_rollback_and_its_replay_verdict_update_the_numerics_incident():
     history.numerics_incidents[20] = Incident(job="j", time=1.0, root_cause=RootCause.UNKNOWN, action="continue",
                                               summary="x", evidence=("unknown; suspects: ...",))  # fmt: skip
     rollback = Finding(
-        "numerics.rollback", Health.OK, Action.NONE, "rolled back from step 21 to 15", time=9.5
+        "numerics.rollback", Health.OK, Advice.NONE, "rolled back from step 21 to 15", time=9.5
     )
     transient = Finding(
-        "numerics.transient", Health.DEGRADED, Action.NONE, "gone after the rollback", time=9.8
+        "numerics.transient", Health.DEGRADED, Advice.NONE, "gone after the rollback", time=9.8
     )
     rows = (((0, 21, "r", 9.5), 0, 21, rollback), ((0, 20, "t", 9.8), 0, 20, transient))
     updates = numerics_verdicts(_look(findings=rows), history)

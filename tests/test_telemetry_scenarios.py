@@ -8,9 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from trainguard.actions import Advice
 from trainguard.clock import RealClock, VirtualClock
 from trainguard.errors import ConfigError
-from trainguard.records import Action, EventKind, Gpu, GpuVerdict, Health, NodeVerdict
+from trainguard.records import EventKind, Gpu, GpuVerdict, Health, NodeVerdict
 from trainguard.telemetry.sim import SCENARIOS, SimNode, run_scenario
 
 EXPECTED = {
@@ -144,7 +145,7 @@ def test_the_tour_expects_two_failed_and_six_degraded_gpus():
 
 def _verdict(health: Health, gpus: dict[int, Health]) -> NodeVerdict:
     return NodeVerdict(
-        health, Action.NONE, tuple(GpuVerdict(Gpu(g), h, Action.NONE) for g, h in gpus.items())
+        health, Advice.NONE, tuple(GpuVerdict(Gpu(g), h, Advice.NONE) for g, h in gpus.items())
     )
 
 

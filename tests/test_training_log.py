@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.actions import Advice
 from trainguard.detect.training_log import ElasticRootCause, classify_training_line, parse_elastic_root_cause
-from trainguard.records import Action, Category, EventKind, Severity
+from trainguard.records import Category, EventKind, Severity
 
 DATA = Path(__file__).parent / "data" / "training"
 
@@ -54,12 +55,12 @@ def test_nccl_watchdog_timeout_is_a_hang():
 def test_cuda_oom_is_the_jobs_problem_not_the_gpus():
     event = classify_training_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB")
     assert event is not None
-    assert (event.category, event.action) == (Category.CUDA_OOM, Action.RESTART_APP)
+    assert (event.category, event.action) == (Category.CUDA_OOM, Advice.RESTART_APP)
 
 
 def test_uncorrectable_ecc_calls_for_a_gpu_reset():
     event = classify_training_line("RuntimeError: CUDA error: uncorrectable ECC error encountered")
-    assert event is not None and (event.severity, event.action) == (Severity.FATAL, Action.RESET_GPU)
+    assert event is not None and (event.severity, event.action) == (Severity.FATAL, Advice.RESET_GPU)
 
 
 def test_generic_traceback_line_is_a_low_severity_application_bug():
@@ -126,7 +127,7 @@ def test_a_cuda_failure_the_driver_or_the_gpu_can_cause_is_unknown_with_both_sus
     from trainguard.incidents.taxonomy import RootCause, as_evidence
 
     event = classify_training_line(line)
-    assert event is not None and event.category is Category.UNKNOWN and event.action is Action.RESTART_APP
+    assert event is not None and event.category is Category.UNKNOWN and event.action is Advice.RESTART_APP
     evidence = as_evidence(event)
     assert evidence is not None and evidence.cause is RootCause.UNKNOWN and not evidence.symptom
     assert {cause for cause, _ in evidence.suspects} == {RootCause.SOFTWARE_BUG, RootCause.FAULTY_GPU}
@@ -171,7 +172,7 @@ def test_mlx5_cable_unplugged_is_a_network_finding_that_drains_the_node():
     line = ("kernel: mlx5_core 0000:5e:00.0: mlx5_port_module_event:1150:(pid 0): Port module event: module 0, "
             "Cable unplugged")  # fmt: skip
     event = classify_training_line(line)
-    assert event is not None and (event.category, event.action) == (Category.NCCL_NETWORK, Action.DRAIN)
+    assert event is not None and (event.category, event.action) == (Category.NCCL_NETWORK, Advice.DRAIN)
 
 
 def test_communicator_aborted_is_judged_by_the_reason_it_quotes_and_is_sympathetic():

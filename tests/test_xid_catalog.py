@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from real_parts import require_real
+from trainguard.actions import Advice
 from trainguard.detect.xid import XidClass, xid_catalog, xid_info
-from trainguard.records import Action, Category, Severity
+from trainguard.records import Category, Severity
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "xid" / "xid_catalog.csv"
 GENERATIONS = ("A100", "H100", "B100", "GB200")
@@ -48,36 +49,36 @@ def test_descriptions_are_our_own_words_not_nvidias():
 
 # Where a training fleet acts differently from NVIDIA's immediate bucket (tools/gen_xid_catalog.py).
 POLICY_ACTIONS = {
-    46: Action.RESET_GPU,
-    63: Action.RESET_GPU,  # the remap is recorded; it takes effect at the next GPU reset
-    64: Action.CONTACT_SUPPORT,
-    74: Action.RUN_DIAGNOSTICS,
-    92: Action.CONTACT_SUPPORT,
-    94: Action.RESET_GPU,
-    109: Action.RESET_GPU,
-    110: Action.RESET_GPU,
-    136: Action.RESET_GPU,
-    154: Action.NONE,
-    155: Action.RESET_GPU,
-    156: Action.RESET_GPU,
+    46: Advice.RESET_GPU,
+    63: Advice.RESET_GPU,  # the remap is recorded; it takes effect at the next GPU reset
+    64: Advice.CONTACT_SUPPORT,
+    74: Advice.RUN_DIAGNOSTICS,
+    92: Advice.CONTACT_SUPPORT,
+    94: Advice.RESET_GPU,
+    109: Advice.RESET_GPU,
+    110: Advice.RESET_GPU,
+    136: Advice.RESET_GPU,
+    154: Advice.NONE,
+    155: Advice.RESET_GPU,
+    156: Advice.RESET_GPU,
 }
 
 
 def test_action_follows_the_immediate_bucket_unless_the_fleet_policy_says_otherwise():
     by_bucket = {
-        "RESTART_APP": Action.RESTART_APP,
-        "RESET_GPU": Action.RESET_GPU,
-        "RESTART_BM": Action.REBOOT_NODE,
-        "CONTACT_SUPPORT": Action.CONTACT_SUPPORT,
-        "IGNORE": Action.IGNORE,
+        "RESTART_APP": Advice.RESTART_APP,
+        "RESET_GPU": Advice.RESET_GPU,
+        "RESTART_BM": Advice.REBOOT_NODE,
+        "CONTACT_SUPPORT": Advice.CONTACT_SUPPORT,
+        "IGNORE": Advice.IGNORE,
     }
     for info in xid_catalog().values():
         if info.code in POLICY_ACTIONS:
             assert info.action is POLICY_ACTIONS[info.code], info.code
         elif info.immediate in by_bucket:
             assert info.action is by_bucket[info.immediate], info.code
-    assert xid_info(48).action is Action.RESET_GPU  # WORKFLOW_XID_48
-    assert xid_info(45).action is Action.RESTART_APP  # solo; a sympathetic 45 is downgraded by the scanner
+    assert xid_info(48).action is Advice.RESET_GPU  # WORKFLOW_XID_48
+    assert xid_info(45).action is Advice.RESTART_APP  # solo; a sympathetic 45 is downgraded by the scanner
 
 
 @pytest.mark.parametrize(
@@ -99,7 +100,7 @@ def test_key_codes_have_the_right_class(codes, cls):
 def test_xid_79_fails_the_gpu_and_reboots_the_node():
     info = xid_info(79)
     assert info.fatal and info.severity is Severity.FATAL
-    assert info.action is Action.REBOOT_NODE
+    assert info.action is Advice.REBOOT_NODE
     assert info.category is Category.GPU_HARDWARE
 
 
@@ -111,7 +112,7 @@ def test_memory_errors_land_in_the_ecc_category():
 def test_application_xids_do_not_take_the_gpu_out_on_first_sight():
     for code in (13, 31, 43):
         assert xid_info(code).severity in (Severity.INFO, Severity.WARNING)
-        assert xid_info(code).action in (Action.RESTART_APP, Action.IGNORE)
+        assert xid_info(code).action in (Advice.RESTART_APP, Advice.IGNORE)
 
 
 @pytest.mark.parametrize("code", [0, 9999, -3, 2**70])
@@ -119,7 +120,7 @@ def test_unknown_codes_get_an_unknown_entry_instead_of_raising(code):
     info = xid_info(code)
     assert not info.known
     assert info.xid_class is XidClass.UNKNOWN
-    assert info.action is Action.CONTACT_SUPPORT
+    assert info.action is Advice.CONTACT_SUPPORT
 
 
 def test_catalog_is_loaded_once():
@@ -162,6 +163,6 @@ def test_xid_94_fails_the_gpu_everywhere_and_xid_63_asks_for_a_reset():
     from trainguard.incidents import RootCause, xid_root_cause
     from trainguard.records import Health
 
-    assert xid_info(94).action is Action.RESET_GPU and xid_policy(94) == (Health.FAILED, Action.RESET_GPU)
+    assert xid_info(94).action is Advice.RESET_GPU and xid_policy(94) == (Health.FAILED, Advice.RESET_GPU)
     assert xid_root_cause(94) is RootCause.GPU_HBM_MEMORY
-    assert xid_policy(63) == (Health.OK, Action.RESET_GPU)  # healthy, but the remap waits for a reset
+    assert xid_policy(63) == (Health.OK, Advice.RESET_GPU)  # healthy, but the remap waits for a reset

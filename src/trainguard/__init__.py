@@ -8,8 +8,8 @@ imported only by the modules named after them (``trainguard.torch``, ``trainguar
 
 from __future__ import annotations
 
+from trainguard.actions import Advice
 from trainguard.records import (
-    Action,
     Category,
     Event,
     EventKind,
@@ -27,7 +27,7 @@ from trainguard.records import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Action",
+    "Advice",
     "Category",
     "Event",
     "EventKind",

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from trainguard.actions import Advice
+
 
 class Health(str, Enum):
     """How healthy something is. Never a bool: "could not read" is UNKNOWN, not broken."""
@@ -37,26 +39,6 @@ class Health(str, Enum):
 
 _HEALTH_RANK = {Health.OK: 0, Health.UNKNOWN: 1, Health.DEGRADED: 2, Health.FAILED: 3}
 _HEALTH_EXIT = {Health.OK: 0, Health.DEGRADED: 1, Health.FAILED: 2, Health.UNKNOWN: 3}
-
-
-class Action(str, Enum):
-    """What should be done about a finding, from weakest to strongest."""
-
-    NONE = "none"
-    IGNORE = "ignore"
-    RESTART_APP = "restart_app"
-    RUN_DIAGNOSTICS = "run_diagnostics"
-    RESET_GPU = "reset_gpu"
-    REBOOT_NODE = "reboot_node"
-    DRAIN = "drain"
-    CONTACT_SUPPORT = "contact_support"
-
-    @property
-    def rank(self) -> int:
-        return _ACTION_ORDER.index(self)
-
-
-_ACTION_ORDER = list(Action)
 
 
 class RecoveryAction(str, Enum):
@@ -226,7 +208,7 @@ class Event:
     process: str | None = None
     category: Category = Category.INFO
     severity: Severity = Severity.INFO
-    action: Action = Action.NONE
+    action: Advice = Advice.NONE
     sympathetic: bool = False  # an echo of an earlier error in the same burst (Xid 45)
     path: str | None = None
     line_no: int | None = None  # 1-based
@@ -241,7 +223,7 @@ class Finding:
 
     rule: str
     health: Health
-    action: Action
+    action: Advice
     reason: str
     gpu: int | None = None
     time: float | None = None
@@ -253,7 +235,7 @@ class Finding:
 class GpuVerdict:
     gpu: Gpu
     health: Health
-    action: Action
+    action: Advice
     findings: tuple[Finding, ...] = ()
 
     @property
@@ -264,7 +246,7 @@ class GpuVerdict:
 @dataclass(frozen=True, slots=True)
 class NodeVerdict:
     health: Health
-    action: Action
+    action: Advice
     gpus: tuple[GpuVerdict, ...] = ()
     findings: tuple[Finding, ...] = field(default=())  # node-scoped findings
 
@@ -278,9 +260,9 @@ def worst_health(healths: list[Health] | tuple[Health, ...]) -> Health:
     return max(healths, key=lambda h: h.rank, default=Health.OK)
 
 
-def strongest_action(actions: list[Action] | tuple[Action, ...]) -> Action:
+def strongest_action(actions: list[Advice] | tuple[Advice, ...]) -> Advice:
     """The strongest of several actions; NONE when there are none."""
-    return max(actions, key=lambda a: a.rank, default=Action.NONE)
+    return max(actions, key=lambda a: a.rank, default=Advice.NONE)
 
 
 def normalize_pci(bus_id: str | None) -> str | None:

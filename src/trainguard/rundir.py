@@ -38,7 +38,8 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from trainguard.records import Action, Category, Finding, Health
+from trainguard.actions import Advice
+from trainguard.records import Category, Finding, Health
 
 
 class WorkerExit(IntEnum):
@@ -191,7 +192,7 @@ def read_findings(run_dir: Path) -> list[tuple[int, int | None, Finding]]:
                 f = Finding(
                     rule=r["rule"],
                     health=Health(r["health"]),
-                    action=Action(r["action"]),
+                    action=Advice(r["action"]),
                     reason=r["reason"],
                     gpu=r.get("gpu"),
                     time=r.get("time"),

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainguard.actions import PersonAction
 from trainguard.agent.assemble import remediation_of
 from trainguard.errors import StoreError
 from trainguard.incidents import Incident
@@ -91,7 +92,7 @@ def reset_breaker(
         return 503, {"error": str(exc), "reason": "breaker_unreadable"}
     was = dict(before.jobs_tripped).get(job) if job else before.tripped
     what = f"job {job}'s breaker" if job else "the fleet breaker"
-    inc = Incident(job=f"node:{daemon.hostname}", time=time.time(), action="breaker_reset",
+    inc = Incident(job=f"node:{daemon.hostname}", time=time.time(), action=PersonAction.BREAKER_RESET,
                    summary=f"{what} reset through the API from {client} (was: {was or 'closed'})",
                    evidence=(f"by admin token from {client}",), node=daemon.hostname, detected_by="person",
                    resolved=True, resolution="done")  # fmt: skip

@@ -3,8 +3,9 @@
 Rules re-state a finding on every tick while its condition holds, so the daemon counts a finding
 once, when it appears (its key was absent, or present fewer times, on the previous tick)::
 
-    >>> from trainguard.records import Action, Finding, Health
-    >>> f = Finding("xid", Health.FAILED, Action.RESET_GPU, "Xid 48 on GPU 2", gpu=2, time=5.0)
+    >>> from trainguard.actions import Advice
+    >>> from trainguard.records import Finding, Health
+    >>> f = Finding("xid", Health.FAILED, Advice.RESET_GPU, "Xid 48 on GPU 2", gpu=2, time=5.0)
     >>> new, active = onsets(Counter(), [f])
     >>> len(new), len(onsets(active, [f])[0])
     (1, 0)

@@ -27,12 +27,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainguard.actions import Advice
 from trainguard.detect.detector import PREDICTED_FAILURE, Detector, Window, fixed_rules
 from trainguard.detect.gpu_index import GpuIndex
 from trainguard.detect.thresholds import Thresholds
 from trainguard.detect.verdict import node_verdict
 from trainguard.errors import TrainguardError
-from trainguard.records import Action, Category, Event, Finding, Gpu, Health, NodeVerdict, Sample
+from trainguard.records import Category, Event, Finding, Gpu, Health, NodeVerdict, Sample
 
 if TYPE_CHECKING:
     from trainguard.agent.node import Node
@@ -216,4 +217,4 @@ class Agent:
 
 
 def _unknown(rule: str, reason: str, now: float, gpu: int | None = None) -> Finding:
-    return Finding(rule, Health.UNKNOWN, Action.NONE, reason, gpu=gpu, time=now, category=Category.NODE_HOST)
+    return Finding(rule, Health.UNKNOWN, Advice.NONE, reason, gpu=gpu, time=now, category=Category.NODE_HOST)

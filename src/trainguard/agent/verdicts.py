@@ -5,8 +5,9 @@ A supervisor on a node where ``trainguard agent`` runs reads the agent's verdict
 ticks its own agent in-process (``LocalVerdicts``). ``verdict_from_json`` reads what the agent's
 ``/api/v1/verdict`` returns (``verdict_to_json``)::
 
-    >>> from trainguard.records import Action, Gpu, GpuVerdict, Health, NodeVerdict
-    >>> v = NodeVerdict(Health.OK, Action.NONE, (GpuVerdict(Gpu(0, "GPU-1"), Health.OK, Action.NONE),))
+    >>> from trainguard.actions import Advice
+    >>> from trainguard.records import Gpu, GpuVerdict, Health, NodeVerdict
+    >>> v = NodeVerdict(Health.OK, Advice.NONE, (GpuVerdict(Gpu(0, "GPU-1"), Health.OK, Advice.NONE),))
     >>> verdict_from_json(verdict_to_json(v)) == v
     True
 """
@@ -21,9 +22,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from trainguard.actions import Advice
 from trainguard.detect.verdict import finding_to_dict
 from trainguard.errors import InputError
-from trainguard.records import Action, Category, Finding, Gpu, GpuVerdict, Health, NodeVerdict
+from trainguard.records import Category, Finding, Gpu, GpuVerdict, Health, NodeVerdict
 
 if TYPE_CHECKING:
     from trainguard.agent.tick import Agent
@@ -132,13 +134,13 @@ def verdict_from_json(d: dict[str, Any]) -> NodeVerdict:
         GpuVerdict(
             Gpu(**g["gpu"]),
             Health(g["health"]),
-            Action(g["action"]),
+            Advice(g["action"]),
             tuple(_finding(f) for f in g["findings"]),
         )
         for g in d["gpus"]
     )
     return NodeVerdict(
-        Health(d["health"]), Action(d["action"]), gpus, tuple(_finding(f) for f in d["findings"])
+        Health(d["health"]), Advice(d["action"]), gpus, tuple(_finding(f) for f in d["findings"])
     )
 
 
@@ -146,7 +148,7 @@ def _finding(f: dict[str, Any]) -> Finding:
     return Finding(
         str(f["rule"]),
         Health(f["health"]),
-        Action(f["action"]),
+        Advice(f["action"]),
         str(f["reason"]),
         gpu=None if f["gpu"] is None else int(f["gpu"]),
         time=None if f["time"] is None else float(f["time"]),

@@ -15,7 +15,7 @@ import argparse
 import sys
 from typing import Any
 
-from trainguard.cli.options import add_config_args, thresholds
+from trainguard.cli.options import add_config_args, add_sim_node_options, thresholds
 
 # flag dest -> [agent] field
 FLAGS = {
@@ -41,8 +41,7 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--backend", choices=["nvml", "sim"], help="telemetry source (default nvml)")
-    p.add_argument("--scenario", metavar="NAME", help="simulated fault scenario (implies --backend sim)")
+    add_sim_node_options(p, defaults=False)
     p.add_argument("--listen", metavar="ADDR:PORT", help="HTTP address (default 127.0.0.1:9410)")
     p.add_argument("--interval", type=float, metavar="S", help="seconds between samples (default 1)")
     p.add_argument("--kernel-log", metavar="PATH", help="kernel log to follow (a file or /dev/kmsg)")
@@ -61,8 +60,6 @@ def register(subparsers: Any) -> None:
         metavar="PATH",
         help="token and kernel-log cursor (default $STATE_DIRECTORY or ~/.local/state/trainguard)",
     )
-    p.add_argument("--gpus", type=int, metavar="N", help="GPUs of the simulated node (default 8)")
-    p.add_argument("--seed", type=int, metavar="S", help="seed of the simulated node")
     p.add_argument("--policy", metavar="PATH", help="remediation policy (TOML); see docs/remediation.md")
     p.add_argument("--enforce", action="store_true", help="act on remediation decisions (default: dry run)")
     p.add_argument(

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainguard.cli.options import add_config_args, thresholds, usage_errors_exit
+from trainguard.cli.options import add_config_args, add_sim_node_options, thresholds, usage_errors_exit
 from trainguard.detect.thresholds import Thresholds
 from trainguard.errors import BackendUnavailable, TrainguardError
 from trainguard.records import Health, NodeVerdict
@@ -33,8 +33,7 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--backend", choices=["nvml", "sim"], default=None, help="telemetry source (default nvml)")
-    p.add_argument("--scenario", metavar="NAME", help="simulated fault scenario (implies --backend sim)")
+    add_sim_node_options(p)
     p.add_argument("--kernel-log", type=Path, metavar="PATH", help="kernel log to scan for Xid lines")
     p.add_argument("--from-nvidia-smi", type=Path, metavar="FILE", help="a saved `nvidia-smi -q -x` file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -42,8 +41,6 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--slurm-drain", action="store_true", help="on failed, drain this Slurm node (HealthCheckProgram)"
     )
-    p.add_argument("--gpus", type=int, default=8, metavar="N", help="GPUs of the simulated node (default 8)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the simulated node")
     p.add_argument(
         "--interval",
         type=float,

@@ -16,8 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from trainguard.actions import Advice
 from trainguard.cli.interrupt import quits_on_ctrl_c
-from trainguard.records import Action, GpuVerdict, Health, NodeVerdict
+from trainguard.records import GpuVerdict, Health, NodeVerdict
 
 SCENARIO = "tour"
 LOG_ROWS = 12
@@ -58,7 +59,7 @@ class LogEntry:
     old: Health
     new: Health
     reason: str
-    action: Action
+    action: Advice
 
 
 def _key(rule: str, reason: str) -> str:

@@ -1,7 +1,7 @@
 """`trainguard diagnose`: active diagnostics, DCGM-style, on CUDA GPUs, the CPU or the simulated fleet.
 
     trainguard diagnose                                   # level 1: software and settings (seconds)
-    trainguard diagnose --level 2 --gpus 0,3              # + compute, SDC, memory, interconnect, thermal
+    trainguard diagnose --level 2 --gpu-ids 0,3             # + compute, SDC, memory, interconnect, thermal
     trainguard diagnose --backend sim --scenario sdc --level 2 --json
     trainguard diagnose --list-tests | --list-scenarios
 
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainguard.cli.options import usage_errors_exit
+from trainguard.cli.options import add_sim_node_options, usage_errors_exit
 from trainguard.errors import BackendError, ConfigError, InputError, TrainguardError
 from trainguard.rundir import atomic_write_bytes
 
@@ -35,13 +35,10 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--level", type=int, choices=(1, 2, 3), default=1, help="1 seconds, 2 ~1 min/GPU, 3 ~10 min"
     )
-    p.add_argument("--backend", choices=("auto", "cuda", "cpu", "sim"), default=None, help="default auto")
-    p.add_argument("--scenario", metavar="NAME", help="a simulated fault (implies --backend sim)")
-    p.add_argument("--gpus", metavar="LIST", help="GPU indices as nvidia-smi numbers them: 0,3")
+    add_sim_node_options(p, ("auto", "cuda", "cpu", "sim"), "auto")
+    p.add_argument("--gpu-ids", metavar="LIST", help="GPU indices as nvidia-smi numbers them: 0,3")
     p.add_argument("--tests", metavar="LIST", help="only these tests (see --list-tests)")
     p.add_argument("--expect-gpus", type=int, metavar="N", help="fail gpu_count with fewer GPUs")
-    p.add_argument("--sim-gpus", type=int, default=8, metavar="N", help="GPUs of the simulated node (8)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the simulated node")
     p.add_argument(
         "--golden",
         type=Path,
@@ -109,10 +106,10 @@ def _diagnose(args: argparse.Namespace) -> Any:
         scenario = DIAGNOSE_SCENARIOS.get(name)
         if scenario is None:
             raise ConfigError(f"unknown scenario {name!r}: choose one of {', '.join(DIAGNOSE_SCENARIOS)}")
-        fleet = SimNode(n_gpus=args.sim_gpus, seed=args.seed, load=0.0)
+        fleet = SimNode(n_gpus=args.gpus, seed=args.seed, load=0.0)
         scenario.script(fleet)
         extra = {"scenario": name, "description": scenario.description}
-    target = open_target(backend, _indices(args.gpus, "--gpus"), fleet=fleet, cpu_fallback=False)
+    target = open_target(backend, _indices(args.gpu_ids, "--gpu-ids"), fleet=fleet, cpu_fallback=False)
     progress = None
     if not args.quiet and (not args.json or sys.stderr.isatty()):
         from trainguard.cli.diagnose_render import progress_printer

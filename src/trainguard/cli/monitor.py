@@ -20,11 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainguard.actions import Advice
 from trainguard.cli.interrupt import CtrlC
-from trainguard.cli.options import add_config_args, thresholds
+from trainguard.cli.options import add_config_args, add_sim_node_options, thresholds
 from trainguard.detect.thresholds import Thresholds
 from trainguard.errors import BackendUnavailable, TrainguardError
-from trainguard.records import Action, Health, NodeVerdict, Sample, strongest_action
+from trainguard.records import Health, NodeVerdict, Sample, strongest_action
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -40,15 +41,12 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--backend", choices=["nvml", "sim"], default=None, help="telemetry source (default nvml)")
-    p.add_argument("--scenario", metavar="NAME", help="simulated fault scenario (implies --backend sim)")
+    add_sim_node_options(p)
     p.add_argument("--interval", type=float, default=None, metavar="S", help="refresh every S seconds")
     p.add_argument("--kernel-log", type=Path, metavar="PATH", help="kernel log to follow for Xid lines")
     p.add_argument("--once", action="store_true", help="print one table and exit")
     p.add_argument("--json", action="store_true", help="one JSON object per GPU per interval (JSON lines)")
     p.add_argument("--speed", type=float, default=1.0, metavar="X", help="simulated time runs X times faster")
-    p.add_argument("--gpus", type=int, default=8, metavar="N", help="GPUs of the simulated node (default 8)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the simulated node")
     add_config_args(p)
     p.set_defaults(func=run)
 
@@ -169,13 +167,13 @@ def plain_line(r: dict[str, Any]) -> str:
     return line + (f" reasons={'; '.join(r['reasons'])}" if r["reasons"] else "")
 
 
-def effective_action(health: Health, action: Action) -> Action:
+def effective_action(health: Health, action: Advice) -> Advice:
     """An action follows the verdict: a healthy GPU or node needs none, whatever a finding
     that did not change its health suggested."""
-    return Action.NONE if health is Health.OK else action
+    return Advice.NONE if health is Health.OK else action
 
 
-def node_action(verdict: NodeVerdict) -> Action:
+def node_action(verdict: NodeVerdict) -> Advice:
     """The node's action, from the GPUs and node findings that are not OK."""
     actions = [effective_action(g.health, g.action) for g in verdict.gpus]
     actions += [effective_action(f.health, f.action) for f in verdict.findings]

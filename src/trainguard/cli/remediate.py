@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.actions import PersonAction
+
 __all__ = ["add_breaker_parser", "add_set_healthy", "register"]
 
 
@@ -118,7 +120,7 @@ def who() -> str:
 
 def _log(
     args: argparse.Namespace,
-    action: str,
+    action: PersonAction,
     summary: str,
     node: str | None = None,
     gpu: int | None = None,
@@ -191,7 +193,9 @@ def breaker_reset(args: argparse.Namespace) -> int:
     def fleet_events(store: Any) -> None:
         events.extend(reset_events(FleetWriter(store, store.identity), before, args.job, by, time=now))
 
-    inc = _log(args, "breaker_reset", f"{what} reset by {by} (was: {was or 'closed'})", also=fleet_events)
+    inc = _log(
+        args, PersonAction.BREAKER_RESET, f"{what} reset by {by} (was: {was or 'closed'})", also=fleet_events
+    )
     _out(
         args,
         {"reset": what, "was": was, "by": by, "time": now, "incident": inc, "fleet_events": events},
@@ -212,7 +216,7 @@ def set_healthy(args: argparse.Namespace) -> int:
     where = f"{node} GPU {args.gpu}" if args.gpu is not None else node
     inc = _log(
         args,
-        "set_healthy",
+        PersonAction.SET_HEALTHY,
         f"{where} set healthy by {who()} (was: {was or 'not in inspection'})",
         node,
         args.gpu,
@@ -237,7 +241,7 @@ def resume(args: argparse.Namespace) -> int:
     state = EscalationFile(_state_dir(args) / "escalation.json").load()
     out = resume_node(SlurmProvider(), args.node, passed=passed, evidence=said, escalation=state)
     if out.ok:
-        _log(args, "resume", f"{args.node} resumed after a passing diagnostic ({said})", args.node)
+        _log(args, PersonAction.RESUME, f"{args.node} resumed after a passing diagnostic ({said})", args.node)
     _out(args, {"node": args.node, "diagnostic": said, "passed": passed, "result": out.status.value,
                 "detail": out.detail}, f"{args.node}: {out.status.value}: {out.detail}")  # fmt: skip
     return 0 if out.ok else 1

@@ -10,8 +10,9 @@ import os
 import sys
 from typing import Any, TextIO
 
+from trainguard.actions import Advice
 from trainguard.palette import ANSI, STYLE
-from trainguard.records import Action, GpuVerdict, Health, NodeVerdict, Sample, Throttle
+from trainguard.records import GpuVerdict, Health, NodeVerdict, Sample, Throttle
 
 _THROTTLE_SHORT = {
     Throttle.HW_SLOWDOWN: "HWS",
@@ -31,8 +32,8 @@ def paint(text: str, health: Health, color: bool) -> str:
     return f"\x1b[{ANSI[health]}m{text}\x1b[0m" if color else text
 
 
-def action_text(action: Action) -> str:
-    return "-" if action is Action.NONE else action.value
+def action_text(action: Advice) -> str:
+    return "-" if action is Advice.NONE else action.value
 
 
 def verdict_text(v: NodeVerdict, color: bool | None = None, stream: TextIO | None = None) -> str:
@@ -56,7 +57,7 @@ def verdict_text(v: NodeVerdict, color: bool | None = None, stream: TextIO | Non
         lines.append("  ".join([*cells, row[3]]).rstrip())
     bad = sum(1 for g in v.gpus if g.health is not Health.OK)
     summary = f"node: {paint(v.health.value.upper(), v.health, color)}"
-    if v.action is not Action.NONE:
+    if v.action is not Advice.NONE:
         summary += f" (action: {v.action.value})"
     summary += f", {bad} of {len(v.gpus)} GPUs need attention" if bad else f", {len(v.gpus)} GPUs checked"
     return "\n".join([*lines, summary])
@@ -196,6 +197,6 @@ def node_line(verdict: NodeVerdict | None) -> Any:
         return Text("node: waiting for the first reading", style="dim")
     text = Text("node: ")
     text.append(verdict.health.value.upper(), style=STYLE[verdict.health])
-    if verdict.action is not Action.NONE:
+    if verdict.action is not Advice.NONE:
         text.append(f"  action: {verdict.action.value}")
     return text

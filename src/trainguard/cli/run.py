@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainguard.cli.mpi_args import add_launcher_options
-from trainguard.cli.options import add_config_args, thresholds
+from trainguard.cli.options import add_config_args, add_gpu_ids, thresholds
 from trainguard.cli.torchrun_args import add_torchrun_options
 from trainguard.supervisor.config import PRELOAD
 from trainguard.supervisor.launch import LAUNCHERS
@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
         help="how workers start: torch (torch's elastic agent, as torchrun; default), local "
         "(N plain processes with torchrun's per-rank variables; no torch needed), tf (TensorFlow: "
         "N workers with TF_CONFIG each, or with --nproc-per-node 1 one MirroredStrategy process over "
-        "the --gpus; docs/tensorflow.md), mpirun (Open MPI's mpirun with its options: -np N, "
+        "the --gpu-ids; docs/tensorflow.md), mpirun (Open MPI's mpirun with its options: -np N, "
         "--host, --hostfile, -x, --mca...) or srun (Slurm's srun, one step per attempt, inside the "
         "allocation: -n N, --mpi, -w, -x...; docs/mpi.md)",
     )
@@ -151,12 +151,7 @@ def register(subparsers: Any) -> None:
         help="SIGTERM grace before SIGKILL when stopping failed workers (default 0: SIGKILL at once)",
     )
     g.add_argument("--min-nproc", type=int, default=1, help="fewest local workers to continue with")
-    g.add_argument(
-        "--gpus",
-        default="",
-        metavar="LIST",
-        help="physical GPUs the local ranks use, e.g. 2,3 (default 0..N-1)",
-    )
+    add_gpu_ids(g, "physical GPUs the local ranks use, e.g. 2,3 (default 0..N-1)")
     g.add_argument(
         "--replica-groups",
         type=int,
@@ -270,7 +265,7 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
     from trainguard.cli.mpi_args import resolve_mpi
 
     launcher_args = tuple(args.launcher_args or ())
-    nproc, gpus = resolve_mpi(args.launcher, launcher_args, launch.nproc_per_node, _gpus(args.gpus))
+    nproc, gpus = resolve_mpi(args.launcher, launcher_args, launch.nproc_per_node, _gpus(args.gpu_ids or ""))
     return SupervisorConfig(
         LaunchConfig(
             cmd=launch.cmd,
@@ -338,7 +333,9 @@ def _gpus(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise ConfigError(f"--gpus {text!r}: give GPU indices separated by commas, e.g. --gpus 0,1") from None
+        raise ConfigError(
+            f"--gpu-ids {text!r}: give GPU indices separated by commas, e.g. --gpu-ids 0,1"
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:

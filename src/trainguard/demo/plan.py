@@ -25,7 +25,7 @@ class DemoFault:
     """One injected fault and the conclusion expected of trainguard.
 
     ``expected_causes`` are `RootCause` values; ``expected_actions`` the supervisor's decisions
-    (`supervisor.policy.Verb` values, or "rollback" for the trainer's own NaN rollback; a torn
+    (`supervisor.policy.JobAction` values, or "rollback" for the trainer's own NaN rollback; a torn
     checkpoint's incident says "skip_torn_checkpoint": the resume went on from an older one).
     """
 

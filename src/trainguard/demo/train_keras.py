@@ -1,6 +1,6 @@
 """Data-parallel Keras training on scikit-learn's bundled digits, kept alive by trainguard.
 
-    trainguard run --framework tf --gpus 0,1,2,3 -- python examples/train_keras.py --checkpoint-dir /tmp/keras-ckpt
+    trainguard run --framework tf --gpu-ids 0,1,2,3 -- python examples/train_keras.py --checkpoint-dir /tmp/keras-ckpt
     python examples/train_keras.py --checkpoint-dir /tmp/keras-ckpt     # without the supervisor
 
 Shaped like Keras's own data-parallel example ("Multi-GPU distributed training with TensorFlow"):

@@ -16,11 +16,12 @@ the policy says so (remediate/policy.py).
 
 An example detector, and a window with one hot GPU::
 
-    >>> from trainguard.records import Action, Gpu, Health, Sample
+    >>> from trainguard.actions import Advice
+    >>> from trainguard.records import Gpu, Health, Sample
     >>> class Hot:
     ...     name, skipped = "hot", 0
     ...     def detect(self, window):
-    ...         return [Finding("hot", Health.DEGRADED, Action.NONE, "hot", gpu=s.gpu.index)
+    ...         return [Finding("hot", Health.DEGRADED, Advice.NONE, "hot", gpu=s.gpu.index)
     ...                 for s in window.samples if (s.temperature_c or 0) > 90]
     ...     def forget(self, gpu):
     ...         pass

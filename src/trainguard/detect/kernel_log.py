@@ -21,9 +21,9 @@ import re
 import time as _time
 from datetime import UTC, datetime
 
+from trainguard.actions import Advice
 from trainguard.records import (
     RECOVERY_ACTION_CODES,
-    Action,
     Category,
     Event,
     EventKind,
@@ -139,13 +139,13 @@ def recovery_action_of(text: str) -> RecoveryAction | None:
     return next((ra for key, ra in _RA_WORDS if key in words), None)
 
 
-def _recovery(rest: str) -> tuple[Action, Severity] | None:
+def _recovery(rest: str) -> tuple[Advice, Severity] | None:
     """The action and severity of an Xid 154 line: the verdict of the action it announces."""
     ra = recovery_action_of(rest)
     if ra is None:
         return None
     if ra is RecoveryAction.NONE:
-        return Action.NONE, Severity.INFO
+        return Advice.NONE, Severity.INFO
     from trainguard.detect.rules import RECOVERY_VERDICTS  # here: `logs scan` starts without the rules
 
     health, action, _ = RECOVERY_VERDICTS[ra]
@@ -170,7 +170,7 @@ def _xid_event(m: re.Match[str], line: str, when: float | None) -> Event | None:
     if code == 154 and (decoded := _recovery(rest)):
         action, severity = decoded
     elif 144 <= code <= 150 and re.search(r"\bnon-?fatal\b", rest, re.I):
-        action, severity = Action.IGNORE, Severity.WARNING  # NVLink5 says it needs nothing
+        action, severity = Advice.IGNORE, Severity.WARNING  # NVLink5 says it needs nothing
     return Event(EventKind.XID, line, when, xid=code, pci=pci, pid=pid, process=process,
                  category=info.category, severity=severity, action=action)  # fmt: skip
 
@@ -178,11 +178,11 @@ def _xid_event(m: re.Match[str], line: str, when: float | None) -> Event | None:
 def _sxid_event(m: re.Match[str], line: str, when: float | None) -> Event:
     rest = m["rest"].lstrip().lower()
     if rest.startswith(("non-fatal", "nonfatal", "non fatal")):
-        severity, action = Severity.WARNING, Action.NONE
+        severity, action = Severity.WARNING, Advice.NONE
     elif rest.startswith("fatal"):
-        severity, action = Severity.FATAL, Action.REBOOT_NODE  # the switch and its GPUs need a reset
+        severity, action = Severity.FATAL, Advice.REBOOT_NODE  # the switch and its GPUs need a reset
     else:
-        severity, action = Severity.INFO, Action.NONE  # detail lines ("Severity 0 Engine instance ...")
+        severity, action = Severity.INFO, Advice.NONE  # detail lines ("Severity 0 Engine instance ...")
     return Event(EventKind.SXID, line, when, xid=int(m["code"]), pci=normalize_pci(m["pci"]),
                  category=Category.INTERCONNECT, severity=severity, action=action)  # fmt: skip
 
@@ -205,7 +205,7 @@ def _parse(line: str, now: float | None, boot_time: float | None) -> Event | Non
     if "fallen off the bus" in body:
         bus = _LOST_PCI.search(body, 5)
         return Event(EventKind.GPU_LOST, text, when, pci=normalize_pci(bus["pci"]) if bus else None,
-                     category=Category.GPU_HARDWARE, severity=Severity.FATAL, action=Action.REBOOT_NODE)  # fmt: skip
+                     category=Category.GPU_HARDWARE, severity=Severity.FATAL, action=Advice.REBOOT_NODE)  # fmt: skip
     if m := _MAP.search(body):
         return Event(EventKind.GPU_MAP, text, when, pci=normalize_pci(m["pci"]), uuid=m["uuid"])
     return None

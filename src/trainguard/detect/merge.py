@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
+from trainguard.actions import Advice
 from trainguard.detect.training_log import line_rank
-from trainguard.records import Action, Category, Event, EventKind, Severity
+from trainguard.records import Category, Event, EventKind, Severity
 
 __all__ = ["BurstTracker", "EventMerger", "merge_events"]
 
@@ -56,7 +57,7 @@ class BurstTracker:
             )
         if not near:
             return event
-        return replace(event, sympathetic=True, severity=Severity.INFO, action=Action.IGNORE)
+        return replace(event, sympathetic=True, severity=Severity.INFO, action=Advice.IGNORE)
 
 
 class EventMerger:

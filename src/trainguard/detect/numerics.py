@@ -33,7 +33,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from statistics import median
 
-from trainguard.records import Action, Category, Finding, Health
+from trainguard.actions import Advice
+from trainguard.records import Category, Finding, Health
 
 _MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
 
@@ -273,7 +274,7 @@ class NumericsMonitor:
             rule = "numerics.loss_spike"
             reason = f"loss spike at step {c.step}: {c.loss:.4g} vs median {c.median:.4g} (robust z {c.zscore:.1f})"
         return Finding(
-            rule, Health.DEGRADED, Action.NONE, reason, self.gpu, time, Category.NUMERICS, _evidence(c)
+            rule, Health.DEGRADED, Advice.NONE, reason, self.gpu, time, Category.NUMERICS, _evidence(c)
         )
 
     def _data_problem(self, first: LossCheck, again: LossCheck, time: float | None) -> Finding:
@@ -284,7 +285,7 @@ class NumericsMonitor:
         return Finding(
             "numerics.data_problem",
             Health.OK,
-            Action.NONE,
+            Advice.NONE,
             reason,
             self.gpu,
             time,
@@ -300,7 +301,7 @@ class NumericsMonitor:
         return Finding(
             "numerics.transient",
             Health.DEGRADED,
-            Action.RUN_DIAGNOSTICS,
+            Advice.RUN_DIAGNOSTICS,
             reason,
             self.gpu,
             time,

@@ -21,8 +21,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from trainguard.actions import Advice
 from trainguard.detect.thresholds import Thresholds
-from trainguard.records import Action, Category, Finding, Health, RecoveryAction, Sample, Throttle
+from trainguard.records import Category, Finding, Health, RecoveryAction, Sample, Throttle
 
 if TYPE_CHECKING:
     from trainguard.detect.detector import Window
@@ -44,7 +45,7 @@ _METRICS = tuple(
 )
 
 
-def _f(rule: str, s: Sample, health: Health, action: Action, reason: str, cat: Category) -> Finding:
+def _f(rule: str, s: Sample, health: Health, action: Advice, reason: str, cat: Category) -> Finding:
     return Finding(rule, health, action, reason, gpu=s.gpu.index, time=s.time, category=cat)
 
 
@@ -67,7 +68,7 @@ def ecc_dbe(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
     if not n or n <= 0:
         return None
     why = f"{n} uncorrectable (double-bit) ECC error(s) since the last reset"
-    return _f("ecc_dbe", s, Health.FAILED, Action.RESET_GPU, why, _MEM)
+    return _f("ecc_dbe", s, Health.FAILED, Advice.RESET_GPU, why, _MEM)
 
 
 def remap_uncorrectable(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
@@ -76,21 +77,21 @@ def remap_uncorrectable(s: Sample, prev: Sample | None, th: Thresholds) -> Findi
     if n is None or old is None or n <= old:
         return None
     why = f"{n - old} new row remap(s) for uncorrectable errors ({n} in total)"
-    return _f("remap_uncorrectable", s, Health.DEGRADED, Action.RESET_GPU, why, _MEM)
+    return _f("remap_uncorrectable", s, Health.DEGRADED, Advice.RESET_GPU, why, _MEM)
 
 
 def remap_failure(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
     if not s.remap_failure:
         return None
     why = "row remapping failed: no spare rows left, the GPU needs replacing"
-    return _f("remap_failure", s, Health.FAILED, Action.CONTACT_SUPPORT, why, _MEM)
+    return _f("remap_failure", s, Health.FAILED, Advice.CONTACT_SUPPORT, why, _MEM)
 
 
 def remap_pending(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
     if not s.remap_pending or s.remap_failure:
         return None  # a failure already says more than "reset needed"
     why = "row remap pending: reset needed to apply it"
-    return _f("remap_pending", s, Health.DEGRADED, Action.RESET_GPU, why, _MEM)
+    return _f("remap_pending", s, Health.DEGRADED, Advice.RESET_GPU, why, _MEM)
 
 
 def retired_pages_total(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
@@ -101,14 +102,14 @@ def retired_pages_total(s: Sample, prev: Sample | None, th: Thresholds) -> Findi
     if total < th.retired_pages_max:
         return None
     why = f"{total} retired pages (limit {th.retired_pages_max}): the GPU is worn out"
-    return _f("retired_pages_total", s, Health.FAILED, Action.CONTACT_SUPPORT, why, _MEM)
+    return _f("retired_pages_total", s, Health.FAILED, Advice.CONTACT_SUPPORT, why, _MEM)
 
 
 def retired_pages_pending(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
     if not s.retired_pending:
         return None
     why = "page retirement pending: reset needed to apply it"
-    return _f("retired_pages_pending", s, Health.DEGRADED, Action.RESET_GPU, why, _MEM)
+    return _f("retired_pages_pending", s, Health.DEGRADED, Advice.RESET_GPU, why, _MEM)
 
 
 # --- thermal and power ------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def thermal(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
     t, slow, shut, thr = s.temperature_c, s.temp_slowdown_c, s.temp_shutdown_c, s.throttle
     if t is not None and shut is not None and t >= shut - th.shutdown_margin_c:
         why = f"temperature {t:g} C at or past the shutdown threshold {shut:g} C"
-        return _f("thermal", s, Health.DEGRADED, Action.DRAIN, why, _HEAT)  # lost next: then failed
+        return _f("thermal", s, Health.DEGRADED, Advice.DRAIN, why, _HEAT)  # lost next: then failed
     hot = t is not None and slow is not None and t >= slow - th.thermal_margin_c
     active = bool(thr and Throttle.HW_THERMAL in thr)
     if not hot and not active:
@@ -126,7 +127,7 @@ def thermal(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
     parts = [f"temperature {t:g} C at or past the slowdown threshold {slow:g} C"] if hot else []
     if active:
         parts.append("HW thermal slowdown active")
-    return _f("thermal", s, Health.DEGRADED, Action.RUN_DIAGNOSTICS, "; ".join(parts), _HEAT)
+    return _f("thermal", s, Health.DEGRADED, Advice.RUN_DIAGNOSTICS, "; ".join(parts), _HEAT)
 
 
 def power_brake(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
@@ -134,7 +135,7 @@ def power_brake(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | Non
     if not thr or Throttle.HW_POWER_BRAKE not in thr:
         return None
     why = "HW power brake active: the board or PSU asserted a power brake"
-    return _f("power_brake", s, Health.DEGRADED, Action.RUN_DIAGNOSTICS, why, _HEAT)
+    return _f("power_brake", s, Health.DEGRADED, Advice.RUN_DIAGNOSTICS, why, _HEAT)
 
 
 def hw_slowdown(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
@@ -148,7 +149,7 @@ def hw_slowdown(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | Non
     if t is not None and slow is not None and t >= slow - th.thermal_margin_c:
         return None  # the thermal rule reports it
     why = "HW slowdown active (clocks halved or worse)"
-    return _f("hw_slowdown", s, Health.DEGRADED, Action.RUN_DIAGNOSTICS, why, _HEAT)
+    return _f("hw_slowdown", s, Health.DEGRADED, Advice.RUN_DIAGNOSTICS, why, _HEAT)
 
 
 # --- interconnect -----------------------------------------------------------------------------
@@ -167,7 +168,7 @@ def pcie_replay(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | Non
     why = (
         f"PCIe replay storm: {n} replays in {dt:.0f} s ({per_min:.0f}/min, limit {th.pcie_replay_per_min:g})"
     )
-    return _f("pcie_replay", s, Health.DEGRADED, Action.RUN_DIAGNOSTICS, why, _LINK)
+    return _f("pcie_replay", s, Health.DEGRADED, Advice.RUN_DIAGNOSTICS, why, _LINK)
 
 
 def pcie_downtrain(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
@@ -180,7 +181,7 @@ def pcie_downtrain(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | 
     if not low_gen and not low_wid:
         return None
     why = f"PCIe link downtrained under load: gen {gen}/{gmax}, x{wid}/x{wmax}"
-    return _f("pcie_downtrain", s, Health.DEGRADED, Action.RUN_DIAGNOSTICS, why, _LINK)
+    return _f("pcie_downtrain", s, Health.DEGRADED, Advice.RUN_DIAGNOSTICS, why, _LINK)
 
 
 def nvlink_down(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
@@ -188,7 +189,7 @@ def nvlink_down(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | Non
     if up is None or not total or up >= total:
         return None
     why = f"{total - up} of {total} NVLink links down"
-    return _f("nvlink_down", s, Health.DEGRADED, Action.RESET_GPU, why, _LINK)
+    return _f("nvlink_down", s, Health.DEGRADED, Advice.RESET_GPU, why, _LINK)
 
 
 def nvlink_errors(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
@@ -208,7 +209,7 @@ def nvlink_errors(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | N
         if n
     ]
     why = f"NVLink error storm in {dt:.0f} s: " + ", ".join(parts)
-    return _f("nvlink_errors", s, Health.DEGRADED, Action.RUN_DIAGNOSTICS, why, _LINK)
+    return _f("nvlink_errors", s, Health.DEGRADED, Advice.RUN_DIAGNOSTICS, why, _LINK)
 
 
 # --- the GPU as a whole -----------------------------------------------------------------------
@@ -223,20 +224,20 @@ def straggler(s: Sample, prev: Sample | None, th: Thresholds) -> Finding | None:
         return None  # fast enough, or a throttle reason explains it (and has its own rule)
     why = "no throttle reason" if s.throttle is not None else "throttle reasons unknown"
     why = f"SM clock {clk:g}/{cmax:g} MHz ({clk / cmax:.0%}) at {util:g}% load, {why}: straggler suspect"
-    return _f("straggler", s, Health.DEGRADED, Action.RUN_DIAGNOSTICS, why, _HW)
+    return _f("straggler", s, Health.DEGRADED, Advice.RUN_DIAGNOSTICS, why, _HW)
 
 
 RECOVERY_VERDICTS = {
-    RecoveryAction.GPU_RESET: (Health.FAILED, Action.RESET_GPU, "the driver requires a GPU reset"),
-    RecoveryAction.NODE_REBOOT: (Health.FAILED, Action.REBOOT_NODE, "the driver requires a node reboot"),
+    RecoveryAction.GPU_RESET: (Health.FAILED, Advice.RESET_GPU, "the driver requires a GPU reset"),
+    RecoveryAction.NODE_REBOOT: (Health.FAILED, Advice.REBOOT_NODE, "the driver requires a node reboot"),
     RecoveryAction.DRAIN_P2P: (
         Health.DEGRADED,
-        Action.DRAIN,
+        Advice.DRAIN,
         "the driver asks to drain peer-to-peer traffic",
     ),
     RecoveryAction.DRAIN_AND_RESET: (
         Health.FAILED,
-        Action.DRAIN,
+        Advice.DRAIN,
         "the driver asks to drain and reset the GPU",
     ),
 }
@@ -281,7 +282,7 @@ def sample_findings(s: Sample, prev: Sample | None, th: Thresholds) -> tuple[Fin
                     "gpu_lost",
                     s,
                     Health.FAILED,
-                    Action.REBOOT_NODE,
+                    Advice.REBOOT_NODE,
                     f"GPU stopped answering: {s.error or 'lost'}",
                     _HW,
                 ),
@@ -292,7 +293,7 @@ def sample_findings(s: Sample, prev: Sample | None, th: Thresholds) -> tuple[Fin
                     "no_readings",
                     s,
                     Health.UNKNOWN,
-                    Action.NONE,
+                    Advice.NONE,
                     f"no readings from this GPU{': ' + s.error if s.error else ''}",
                     _HW,
                 ),
@@ -311,7 +312,7 @@ def sample_findings(s: Sample, prev: Sample | None, th: Thresholds) -> tuple[Fin
             Finding(
                 "bad_reading",
                 Health.UNKNOWN,
-                Action.NONE,
+                Advice.NONE,
                 f"reading could not be evaluated: {type(exc).__name__}: {exc}",
                 gpu=index if isinstance(index, int) else None,
             ),
@@ -396,4 +397,4 @@ class RuleState:
             f"{len(times)} pages retired within a week, {total} in total "
             f"(limit: {th.retired_pages_per_week} a week past {th.retired_pages_rate_floor})"
         )
-        return _f("retired_pages_rate", s, Health.FAILED, Action.CONTACT_SUPPORT, why, _MEM)
+        return _f("retired_pages_rate", s, Health.FAILED, Advice.CONTACT_SUPPORT, why, _MEM)

@@ -26,11 +26,12 @@ import re
 import time as _time
 from datetime import datetime
 
+from trainguard.actions import Advice
 from trainguard.detect.culprit import line_node, line_rank
 from trainguard.detect.elastic import ElasticRootCause, parse_elastic_root_cause
 from trainguard.detect.kernel_log import line_time
 from trainguard.detect.training_rules import AMBIGUOUS_CUDA, RULES
-from trainguard.records import Action, Category, Event, EventKind, Severity
+from trainguard.records import Category, Event, EventKind, Severity
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ __all__ = [
     "training_time",
 ]
 
-C, S, A = Category, Severity, Action
+C, S, A = Category, Severity, Advice
 # ASCII classes, as the Hyperscan first pass reads bytes: the two agree on which lines can match
 
 
@@ -164,7 +165,7 @@ def classify_training_line(line: str, now: float | None = None) -> Event | None:
     return None
 
 
-_Verdict = tuple[Category, Severity, Action, bool]  # category, severity, action, sympathetic
+_Verdict = tuple[Category, Severity, Advice, bool]  # category, severity, action, sympathetic
 _HANG: _Verdict = (C.NCCL_TIMEOUT_HANG, S.ERROR, A.RESTART_APP, False)
 
 

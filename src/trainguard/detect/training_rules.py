@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from trainguard.records import Action, Category, Severity
+from trainguard.actions import Advice
+from trainguard.records import Category, Severity
 
 __all__ = ["AMBIGUOUS_CUDA", "RULES", "Rule"]
 
-C, S, A = Category, Severity, Action
+C, S, A = Category, Severity, Advice
 
 
 class Rule(NamedTuple):
@@ -30,7 +31,7 @@ class Rule(NamedTuple):
     pattern: str
     category: Category
     severity: Severity
-    action: Action
+    action: Advice
     sympathetic: bool = False  # the line reports a consequence, never a cause
 
 

@@ -3,8 +3,9 @@
 Each GPU gets the worst health of its findings and the strongest action; the node gets the worst
 over its GPUs and its node-scoped findings (NVSwitch, host)::
 
-    >>> from trainguard.records import Action, Finding, Gpu, Health
-    >>> v = node_verdict([Gpu(0), Gpu(1)], [Finding("ecc_dbe", Health.FAILED, Action.RESET_GPU, "2 DBE", gpu=1)])
+    >>> from trainguard.actions import Advice
+    >>> from trainguard.records import Finding, Gpu, Health
+    >>> v = node_verdict([Gpu(0), Gpu(1)], [Finding("ecc_dbe", Health.FAILED, Advice.RESET_GPU, "2 DBE", gpu=1)])
     >>> v.health.value, v.action.value, [g.health.value for g in v.gpus]
     ('failed', 'reset_gpu', ['ok', 'failed'])
 """

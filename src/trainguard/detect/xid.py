@@ -23,7 +23,8 @@ import logging
 from dataclasses import dataclass
 from enum import Enum
 
-from trainguard.records import Action, Category, Health, Severity
+from trainguard.actions import Advice
+from trainguard.records import Category, Health, Severity
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class XidInfo:
     xid_class: XidClass
     severity: Severity
     category: Category
-    action: Action  # what trainguard does about one occurrence seen alone
+    action: Advice  # what trainguard does about one occurrence seen alone
     health: Health | None = None  # the GPU's health after one occurrence alone; None: the line decides
     root_cause: str = ""  # incidents.RootCause value; "symptom" (never the cause); "": by category
     immediate: str = ""
@@ -75,7 +76,7 @@ def _unknown(code: int) -> XidInfo:
         xid_class=XidClass.UNKNOWN,
         severity=Severity.ERROR,
         category=Category.DRIVER_SOFTWARE,
-        action=Action.CONTACT_SUPPORT,
+        action=Advice.CONTACT_SUPPORT,
         known=False,
     )
 
@@ -88,7 +89,7 @@ def _row(row: dict[str, str]) -> XidInfo:
         xid_class=XidClass(row["class"]),
         severity=Severity(row["severity"]),
         category=Category(row["category"]),
-        action=Action(row["action"]),
+        action=Advice(row["action"]),
         health=Health(row["health"]) if row["health"] else None,
         root_cause=row["root_cause"],
         immediate=row["immediate"],

@@ -25,22 +25,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from trainguard.actions import Advice
 from trainguard.detect.gpu_index import GpuIndex
 from trainguard.detect.kernel_log import recovery_action_of
 from trainguard.detect.rules import RECOVERY_VERDICTS
 from trainguard.detect.thresholds import Thresholds
 from trainguard.detect.xid import xid_info
-from trainguard.records import (
-    Action,
-    Category,
-    Event,
-    EventKind,
-    Finding,
-    Gpu,
-    Health,
-    RecoveryAction,
-    Severity,
-)
+from trainguard.records import Category, Event, EventKind, Finding, Gpu, Health, RecoveryAction, Severity
 
 if TYPE_CHECKING:
     from trainguard.detect.detector import Window
@@ -59,7 +50,7 @@ class _Rec:
     t: float
     seen: float
     health: Health
-    action: Action
+    action: Advice
 
 
 def _message(ev: Event) -> str:
@@ -122,7 +113,7 @@ class XidState:
             health, action = xid_policy(ev.xid, ev, self.th.app_xids)
             code: int | None = ev.xid
         elif ev.kind is EventKind.GPU_LOST:
-            health, action, code = Health.FAILED, Action.REBOOT_NODE, None
+            health, action, code = Health.FAILED, Advice.REBOOT_NODE, None
         elif ev.kind is EventKind.SXID:
             health, action = _sxid_policy(ev)
             code = ev.xid
@@ -217,7 +208,7 @@ class XidState:
         return Finding(
             "xid_fatal_repeat",
             Health.FAILED,
-            Action.CONTACT_SUPPORT,
+            Advice.CONTACT_SUPPORT,
             why,
             gpu=index,
             time=last,
@@ -257,7 +248,7 @@ def _app_repeat(index: int | None, app: list[_Rec], th: Thresholds) -> Finding |
         return Finding(
             "xid_app",
             Health.OK,
-            Action.RESTART_APP,
+            Advice.RESTART_APP,
             why,
             gpu=index,
             time=app[-1].t,
@@ -270,7 +261,7 @@ def _app_repeat(index: int | None, app: list[_Rec], th: Thresholds) -> Finding |
     return Finding(
         "xid_app_repeat",
         Health.DEGRADED,
-        Action.RUN_DIAGNOSTICS,
+        Advice.RUN_DIAGNOSTICS,
         why,
         gpu=index,
         time=app[-1].t,
@@ -307,24 +298,24 @@ _BY_SEVERITY = {
 
 def xid_policy(
     code: int, ev: Event | None = None, app_xids: tuple[int, ...] = _APP_XIDS
-) -> tuple[Health, Action]:
+) -> tuple[Health, Advice]:
     """Health and action for one Xid seen alone: the Xid catalog's (``detect.xid``), the
     configured application Xids', or, where the line's own text decides (NVLink5 Fatal/Nonfatal, a
     code newer than the catalog), the parser's classification of the line."""
     info = xid_info(code)
     if code in app_xids and info.health in (Health.OK, None):
-        return Health.OK, Action.RESTART_APP
+        return Health.OK, Advice.RESTART_APP
     if info.known and info.health is not None:
         return info.health, info.action
     if ev is None:
-        return Health.DEGRADED, Action.RUN_DIAGNOSTICS
+        return Health.DEGRADED, Advice.RUN_DIAGNOSTICS
     return _BY_SEVERITY.get(ev.severity, Health.DEGRADED), ev.action
 
 
-def _sxid_policy(ev: Event) -> tuple[Health, Action]:
+def _sxid_policy(ev: Event) -> tuple[Health, Advice]:
     """NVSwitch errors are the node's (the fabric's), never one GPU's."""
     if ev.severity is Severity.FATAL:
-        return Health.FAILED, Action.REBOOT_NODE  # a fatal NVSwitch error takes the fabric down
+        return Health.FAILED, Advice.REBOOT_NODE  # a fatal NVSwitch error takes the fabric down
     if ev.severity is Severity.ERROR:
-        return Health.DEGRADED, Action.RUN_DIAGNOSTICS
-    return Health.OK, Action.IGNORE
+        return Health.DEGRADED, Advice.RUN_DIAGNOSTICS
+    return Health.OK, Advice.IGNORE

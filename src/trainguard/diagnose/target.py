@@ -66,7 +66,7 @@ def _select(all_indices: Sequence[int], gpus: Sequence[int] | None) -> list[int]
     missing = [g for g in gpus if g not in all_indices]
     if missing:
         raise ConfigError(
-            f"no GPU {', '.join(map(str, missing))} here: --gpus takes indices among {list(all_indices)}"
+            f"no GPU {', '.join(map(str, missing))} here: --gpu-ids takes indices among {list(all_indices)}"
         )
     return list(dict.fromkeys(gpus))
 

@@ -22,9 +22,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from trainguard.actions import Advice
 from trainguard.detect.training_log import ambiguous_cuda
 from trainguard.incidents.taxonomy import Evidence, EvidenceLike, RootCause, as_evidence, suspects
-from trainguard.records import Action, Category, Event, EventKind
+from trainguard.records import Category, Event, EventKind
 
 __all__ = ["Consequence", "Explanation", "JobFinding", "explain_job", "first_failure", "first_failure_index",
            "root_cause_for"]  # fmt: skip
@@ -114,7 +115,7 @@ class Explanation:
     root: JobFinding | None
     cause: RootCause
     consequences: tuple[Consequence, ...]
-    action: Action
+    action: Advice
     confidence: str  # high | medium | low
     evidence: tuple[str, ...]
 
@@ -133,7 +134,7 @@ def explain_job(
     evidence = [_evidence(f) for f in findings]
     index = first_failure_index(evidence, burst_s)
     if index is None:
-        return Explanation(None, RootCause.UNKNOWN, (), Action.NONE, "low", ("no finding in the logs",))
+        return Explanation(None, RootCause.UNKNOWN, (), Advice.NONE, "low", ("no finding in the logs",))
     root, cause, notes, unconfirmed = findings[index], evidence[index].cause, [], False
     if _LAUNCH_FAILURE in root.event.text or ambiguous_cuda(root.event.text):
         hardware = _corroborating(root, findings, evidence, corroborate_s, _is_hardware)

@@ -59,7 +59,7 @@ class NodeState:
 
     host: str
     health: str = "unknown"  # the node verdict: ok | degraded | failed | unknown
-    action: str = "none"  # the verdict's action (records.Action value)
+    action: str = "none"  # the verdict's action (actions.Advice value)
     reason: str = ""
     gpus: int = 0  # GPUs the node has (0: not known)
     failed_gpus: tuple[int, ...] = ()  # GPUs whose latest verdict is FAILED

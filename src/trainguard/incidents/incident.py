@@ -3,10 +3,10 @@
 Written by the supervisor and the node agent, read by `trainguard incidents` and `report`::
 
     >>> inc = Incident(job="llm-7b", time=612.0, started=10.0, root_cause=RootCause.FAULTY_GPU,
-    ...                action="restart_excluding_gpu", summary="GPU 3 fell off the bus (Xid 79)",
+    ...                action="exclude_gpu", summary="GPU 3 fell off the bus (Xid 79)",
     ...                gpu=3, detected_by="kernel_log", detection_delay_s=0.4)
-    >>> inc.root_cause.value, inc.id is None
-    ('faulty_gpu', True)
+    >>> inc.root_cause.value, inc.scope.value, inc.id is None
+    ('faulty_gpu', 'job', True)
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any
 
+from trainguard.actions import Scope, scope_of
 from trainguard.incidents.taxonomy import RootCause
 
 
@@ -24,8 +25,9 @@ class Incident:
 
     ``time`` is when it was detected; ``started`` the time of the earliest evidence (so
     ``time - started`` is roughly the detection delay). ``category`` is a records.Category value
-    when one applies; ``action`` is a records.Action value or the supervisor's own decision
-    (e.g. "restart", "exclude_gpu", "stop_crash_loop"). ``evidence`` holds strings or small
+    when one applies; ``action`` is a value of one of the action types of `trainguard.actions`
+    (a finding's advice, or the decision a loop took: "restart", "exclude_gpu", "replace_group",
+    "drain"...; `scope` says whose). ``evidence`` holds strings or small
     JSON-able values (kernel lines, error messages, rule names). Enums are normalised to their
     string values, lists to tuples.
     """
@@ -50,7 +52,7 @@ class Incident:
     id: int | None = None
 
     def __post_init__(self) -> None:
-        # Accept what callers naturally have (an Action enum, a list, a cause's string value).
+        # Accept what callers naturally have (an action enum, a list, a cause's string value).
         object.__setattr__(self, "root_cause", RootCause(self.root_cause))
         for name in ("action", "category", "detected_by"):
             value = getattr(self, name)
@@ -58,6 +60,11 @@ class Incident:
                 object.__setattr__(self, name, str(value.value))
         object.__setattr__(self, "evidence", tuple(self.evidence))
         object.__setattr__(self, "resolved", bool(self.resolved))
+
+    @property
+    def scope(self) -> Scope | None:
+        """Which loop's action ``action`` is (None: no action, or a value no loop takes today)."""
+        return scope_of(self.action)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (enums as strings, evidence as a list)."""

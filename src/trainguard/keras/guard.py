@@ -38,12 +38,13 @@ import keras
 import numpy as np
 
 from trainguard import rundir
+from trainguard.actions import Advice
 from trainguard.chaos.inject import Chaos
 from trainguard.control import SaveRequests
 from trainguard.detect.numerics import NumericsMonitor, Policy, SpikeConfig, with_sources
 from trainguard.keras.checkpoint import Checkpointer, Progress
 from trainguard.keras.report import Reporter, rank_from_env
-from trainguard.records import Action, Category, Finding, Health
+from trainguard.records import Category, Finding, Health
 from trainguard.rundir import WorkerExit
 
 __all__ = ["Guard", "GuardLogic", "batch_loss"]
@@ -292,14 +293,14 @@ class GuardLogic:
             f"rolled back from step {index} to the checkpoint of step {restored.step}; "
             f"the data goes on from batch {self.progress.position}"
         )
-        self._report(Finding("numerics.rollback", Health.OK, Action.NONE, reason, self.gpu, time.time(),
+        self._report(Finding("numerics.rollback", Health.OK, Advice.NONE, reason, self.gpu, time.time(),
                              Category.NUMERICS), index)  # fmt: skip
         self._t_last = time.perf_counter()
         return True
 
     def _stop(self, index: int, reason: str, unrecoverable: bool = False) -> None:
         if unrecoverable:
-            finding = Finding("numerics.unrecoverable", Health.FAILED, Action.RESTART_APP, reason, self.gpu,
+            finding = Finding("numerics.unrecoverable", Health.FAILED, Advice.RESTART_APP, reason, self.gpu,
                               time.time(), Category.NUMERICS)  # fmt: skip
             self._report(with_sources(finding, (self.rank,)), index)
         log.error("rank %d: %s", self.rank, reason)

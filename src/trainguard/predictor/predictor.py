@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.actions import Advice
 from trainguard.detect.detector import PREDICTED_FAILURE
 from trainguard.predictor import features as ft
 from trainguard.predictor import modelfile
 from trainguard.predictor.modelfile import Header
 from trainguard.predictor.series import GpuSeries
-from trainguard.records import Action, Category, Finding, Health
+from trainguard.records import Category, Finding, Health
 from trainguard.reliability import need
 
 log = logging.getLogger(__name__)
@@ -214,7 +215,7 @@ def finding(p: Prediction, now: float | None = None) -> Finding:
     return Finding(
         RULE,
         Health.DEGRADED,
-        Action.DRAIN,
+        Advice.DRAIN,
         reason,
         gpu=p.gpu,
         time=p.time if now is None else now,

@@ -11,18 +11,19 @@ Everything here but the providers is stdlib-only and pure; see docs/remediation.
 
 from __future__ import annotations
 
+from trainguard.actions import NodeAction
 from trainguard.remediate.breaker import BreakerFile, BreakerState, admit, reset
 from trainguard.remediate.executor import JobInfo, Remediator
-from trainguard.remediate.policy import Decision, Policy, Remedy, choose, load_policy, parse_policy
+from trainguard.remediate.policy import NodeDecision, Policy, choose, load_policy, parse_policy
 
 __all__ = [
     "BreakerFile",
     "BreakerState",
-    "Decision",
     "JobInfo",
+    "NodeAction",
+    "NodeDecision",
     "Policy",
     "Remediator",
-    "Remedy",
     "admit",
     "choose",
     "load_policy",

@@ -12,10 +12,11 @@ each action is also a ``remediation_actions`` row and each breaker trip or held 
 
     >>> import tempfile
     >>> from trainguard.incidents.store import IncidentStore
-    >>> from trainguard.records import Action, Finding, Health
+    >>> from trainguard.actions import Advice
+    >>> from trainguard.records import Finding, Health
     >>> d = tempfile.mkdtemp()
     >>> r = Remediator(Policy(), "n1", IncidentStore(f"{d}/tg.db"), state_dir=d)
-    >>> [i.resolution for i in r.act([Finding("ecc_dbe", Health.FAILED, Action.RESET_GPU, "1 DBE", gpu=2)])]
+    >>> [i.resolution for i in r.act([Finding("ecc_dbe", Health.FAILED, Advice.RESET_GPU, "1 DBE", gpu=2)])]
     ['dry_run: would reset_gpu']
 """
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trainguard.actions import NodeAction
 from trainguard.detect.verdict import finding_to_dict
 from trainguard.incidents import Incident
 from trainguard.incidents.correlate import root_cause_for
@@ -35,7 +37,7 @@ from trainguard.records import Finding
 from trainguard.remediate import breaker as brk
 from trainguard.remediate import escalation as esc
 from trainguard.remediate import fleetlog
-from trainguard.remediate.policy import Decision, Policy, Remedy, choose, corroborate, strongest
+from trainguard.remediate.policy import NodeDecision, Policy, choose, corroborate, strongest
 from trainguard.remediate.providers import Outcome, Provider, Status, Target, with_retry
 
 log = logging.getLogger(__name__)
@@ -53,11 +55,11 @@ class JobInfo:
     spares: int
 
 
-def provider_for(remedy: Remedy) -> str:
+def provider_for(remedy: NodeAction) -> str:
     """Which provider slot carries a remedy: ``node`` (Slurm or Kubernetes), ``gpu`` or ``webhook``."""
-    if remedy is Remedy.RESET_GPU:
+    if remedy is NodeAction.RESET_GPU:
         return "gpu"
-    if remedy is Remedy.WEBHOOK:
+    if remedy is NodeAction.WEBHOOK:
         return "webhook"
     return "node"
 
@@ -112,7 +114,7 @@ class Remediator:
             d = choose(self.policy, f, self.node, self.gpu_model)
             if self.enforce is not None:
                 d = replace(d, enforce=self.enforce or d.enforce)
-            if d.remedy is not Remedy.NONE:
+            if d.remedy is not NodeAction.NONE:
                 decisions.append(d)
         if self.policy.corroborate:
             decisions = corroborate(decisions, findings)
@@ -121,7 +123,7 @@ class Remediator:
             out.extend(self._one(d))
         return out
 
-    def _one(self, d: Decision) -> list[Incident]:
+    def _one(self, d: NodeDecision) -> list[Incident]:
         f, now = d.finding, self.clock()
         xid = esc.xid_of(f.reason)
         state = self.escalation.load()
@@ -131,7 +133,7 @@ class Remediator:
                 log.info("%s is in hardware inspection (%s): %s not repeated", self.node, why, d.remedy.value)
                 return []
             if esc.needs_inspection(state, self.policy.escalation, self.node, f.gpu, xid, now):
-                d = replace(d, remedy=Remedy.HARDWARE_INSPECTION, why=f"escalated from {d.remedy.value}: "
+                d = replace(d, remedy=NodeAction.HARDWARE_INSPECTION, why=f"escalated from {d.remedy.value}: "
                             f"remediated {self.policy.escalation.max_remediations}+ times in the window")  # fmt: skip
         if not d.enforce:
             _, (ok, why, _) = self._admit(d, save=False)
@@ -139,7 +141,7 @@ class Remediator:
             return [self._record(d, f"dry_run: would {d.remedy.value}{note}", now)]
         return self._enforce(d, xid, now)
 
-    def _enforce(self, d: Decision, xid: int | None, now: float) -> list[Incident]:
+    def _enforce(self, d: NodeDecision, xid: int | None, now: float) -> list[Incident]:
         f = d.finding
         racks: list[Incident] = []
         if d.remedy.takes_node_out:
@@ -151,21 +153,23 @@ class Remediator:
                                           what=f"{d.remedy.value} {self.node}{where}")  # fmt: skip
                 held = self._record(d, f"held: {why}", now)
                 if "tripped" in why:  # the moment a breaker opens: tell a person (best effort)
-                    self._call(Remedy.WEBHOOK, f, held)
+                    self._call(NodeAction.WEBHOOK, f, held)
                 return [*racks, held]
         rec = self._record(d, "in_progress", now)
         outcome, tries = self._call(d.remedy, f, rec)
         records = [*racks, self._finish(rec, outcome, tries)]
         if d.remedy.takes_node_out and outcome.ok:
             self._remember(d, xid, now)
-        if d.remedy is Remedy.RESET_GPU and not outcome.ok:  # a GPU that won't reset: ask for a reboot
-            reboot = replace(d, remedy=Remedy.REBOOT_NODE, why=f"reset_gpu failed: {outcome.detail}")
+        if d.remedy is NodeAction.RESET_GPU and not outcome.ok:  # a GPU that won't reset: ask for a reboot
+            reboot = replace(d, remedy=NodeAction.REBOOT_NODE, why=f"reset_gpu failed: {outcome.detail}")
             records += self._enforce(reboot, xid, self.clock())  # through the breaker like any other
-        if d.remedy is Remedy.RESET_GPU and outcome.ok and f.gpu is not None and self.on_reset:
+        if d.remedy is NodeAction.RESET_GPU and outcome.ok and f.gpu is not None and self.on_reset:
             self.on_reset(f.gpu)
         return records
 
-    def _admit(self, d: Decision, save: bool) -> tuple[brk.BreakerState, tuple[bool, str, brk.BreakerState]]:
+    def _admit(
+        self, d: NodeDecision, save: bool
+    ) -> tuple[brk.BreakerState, tuple[bool, str, brk.BreakerState]]:
         """(the state before, (allowed, why, the state after))."""
         info = self.job()
         job, spares = (info.job, info.spares) if info else (None, None)
@@ -194,7 +198,7 @@ class Remediator:
         inc = Incident(
             job=f"rack:{rack}",
             time=now,
-            action=Remedy.HARDWARE_INSPECTION.value,
+            action=NodeAction.HARDWARE_INSPECTION.value,
             summary=f"rack {rack}: {len(hit)} of its {size} nodes bad ({', '.join(hit)}): inspect what they share",
             evidence=tuple(f"bad node {n}" for n in hit),
             node=None,
@@ -203,14 +207,14 @@ class Remediator:
         )
         return [self.store.add(inc)]
 
-    def _remember(self, d: Decision, xid: int | None, now: float) -> None:
+    def _remember(self, d: NodeDecision, xid: int | None, now: float) -> None:
         with self.escalation.update() as box:
             box[0] = esc.remember(box[0], self.node, d.finding.gpu, d.remedy.value, now, xid)
-            if d.remedy is Remedy.HARDWARE_INSPECTION:
+            if d.remedy is NodeAction.HARDWARE_INSPECTION:
                 gpu = None if d.finding.gpu is None else d.finding.gpu
                 box[0] = replace(box[0], inspection=(*box[0].inspection, (self.node, gpu, d.finding.reason)))
 
-    def _call(self, remedy: Remedy, f: Finding, rec: Incident) -> tuple[Outcome, int]:
+    def _call(self, remedy: NodeAction, f: Finding, rec: Incident) -> tuple[Outcome, int]:
         slot = provider_for(remedy)
         provider = self.providers.get(slot)
         if provider is None:
@@ -230,7 +234,7 @@ class Remediator:
 
     # -- records --------------------------------------------------------------------------------
 
-    def _record(self, d: Decision, resolution: str, now: float) -> Incident:
+    def _record(self, d: NodeDecision, resolution: str, now: float) -> Incident:
         f = d.finding
         where = f" GPU {f.gpu}" if f.gpu is not None else ""
         inc = Incident(
@@ -262,7 +266,7 @@ class Remediator:
         )  # fmt: skip
 
     def _finish(self, rec: Incident, outcome: Outcome, tries: int) -> Incident:
-        slot = provider_for(Remedy(rec.action))
+        slot = provider_for(NodeAction(rec.action))
         name = getattr(self.providers.get(slot), "name", slot)
         evidence = (*rec.evidence, f"provider {name}: {outcome.status.value} after {tries} call(s)")
         resolution = f"{outcome.status.value}: {outcome.detail}" if outcome.detail else outcome.status.value

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from trainguard.records import Action, Category, Finding, GpuProcess, Health
+from trainguard.actions import Advice
+from trainguard.records import Category, Finding, GpuProcess, Health
 
 __all__ = ["RULE", "unexpected_processes"]
 
@@ -49,7 +50,7 @@ def unexpected_processes(
             Finding(
                 RULE,
                 Health.DEGRADED,
-                Action.CONTACT_SUPPORT,
+                Advice.CONTACT_SUPPORT,
                 f"pid {p.pid} {whose} on GPU {p.gpu} {job}: {p.command or '?'!r}",
                 gpu=p.gpu,
                 time=now,

@@ -19,9 +19,10 @@ overrides. **Dry run is the default**: nothing is done unless ``enforce = true``
     gpu_model = "H100"             # a substring of the GPU's model name
     actions = { xid = "drain" }
 
-    >>> from trainguard.records import Action, Finding, Health
+    >>> from trainguard.actions import Advice
+    >>> from trainguard.records import Finding, Health
     >>> p = Policy()
-    >>> d = choose(p, Finding("xid", Health.FAILED, Action.RESET_GPU, "Xid 48", gpu=2), "n1", "H100")
+    >>> d = choose(p, Finding("xid", Health.FAILED, Advice.RESET_GPU, "Xid 48", gpu=2), "n1", "H100")
     >>> d.remedy.value, d.enforce
     ('reset_gpu', False)
 
@@ -37,22 +38,21 @@ from __future__ import annotations
 import fnmatch
 import tomllib
 from dataclasses import dataclass, field, fields, replace
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from trainguard.actions import Advice, NodeAction
 from trainguard.detect.detector import PREDICTED_FAILURE
 from trainguard.errors import ConfigError
-from trainguard.records import Action, Finding, Health
+from trainguard.records import Finding, Health
 
 __all__ = [
     "DEFAULT_ACTIONS",
     "BreakerLimits",
-    "Decision",
     "EscalationLimits",
     "Group",
+    "NodeDecision",
     "Policy",
-    "Remedy",
     "choose",
     "corroborate",
     "load_policy",
@@ -61,36 +61,22 @@ __all__ = [
 ]
 
 
-class Remedy(str, Enum):
-    """What the node agent can do about a finding, weakest first."""
-
-    NONE = "none"
-    WEBHOOK = "webhook"  # tell someone (JSON POST, HMAC-signed)
-    DRAIN = "drain"  # Slurm: no new jobs on the node
-    CORDON = "cordon"  # Kubernetes: unschedulable + taint
-    RESET_GPU = "reset_gpu"  # nvidia-smi -r on an idle GPU
-    REBOOT_NODE = "reboot_node"  # scheduler-driven reboot (Slurm: scontrol reboot ASAP)
-    HARDWARE_INSPECTION = "hardware_inspection"  # out of service until a person says otherwise
-
-    @property
-    def takes_node_out(self) -> bool:
-        """Whether this remedy removes the node (or a GPU of it) from service: breakers count these."""
-        return self not in (Remedy.NONE, Remedy.WEBHOOK)
-
-
 # A finding's suggested action -> the remedy when the policy says nothing about it.
-DEFAULT_ACTIONS: dict[str, Remedy] = {
-    Action.RESET_GPU.value: Remedy.RESET_GPU,
-    Action.REBOOT_NODE.value: Remedy.REBOOT_NODE,
-    Action.DRAIN.value: Remedy.DRAIN,
-    Action.CONTACT_SUPPORT.value: Remedy.HARDWARE_INSPECTION,
+DEFAULT_ACTIONS: dict[str, NodeAction] = {
+    Advice.RESET_GPU.value: NodeAction.RESET_GPU,
+    Advice.REBOOT_NODE.value: NodeAction.REBOOT_NODE,
+    Advice.DRAIN.value: NodeAction.DRAIN,
+    Advice.CONTACT_SUPPORT.value: NodeAction.HARDWARE_INSPECTION,
 }
 # Rules whose remedy is not their suggested action's: a stranger's process is news, not a broken GPU;
 # a forecast of a failure is acted on only where the policy names it (its own rule, not its action).
-DEFAULT_RULES: dict[str, Remedy] = {"unexpected_gpu_process": Remedy.WEBHOOK, PREDICTED_FAILURE: Remedy.NONE}
+DEFAULT_RULES: dict[str, NodeAction] = {
+    "unexpected_gpu_process": NodeAction.WEBHOOK,
+    PREDICTED_FAILURE: NodeAction.NONE,
+}
 # What a forecast may get: it drains a node ahead of the next job or tells someone, and never
 # resets or reboots by itself (nothing has failed yet).
-PREDICTED_REMEDIES = (Remedy.NONE, Remedy.WEBHOOK, Remedy.DRAIN, Remedy.CORDON)
+PREDICTED_REMEDIES = (NodeAction.NONE, NodeAction.WEBHOOK, NodeAction.DRAIN, NodeAction.CORDON)
 PROVIDERS = ("slurm", "kubernetes", "none")
 # Findings read from the kernel log (detect/xid_rules.py): the log's word, not the GPU's state.
 LOG_RULES = frozenset(
@@ -120,7 +106,7 @@ class Group:
     name: str
     nodes: tuple[str, ...] = ()  # globs; empty: every node
     gpu_model: str | None = None  # substring of the GPU model; None: any
-    actions: dict[str, Remedy] = field(default_factory=dict)
+    actions: dict[str, NodeAction] = field(default_factory=dict)
     enforce: bool | None = None  # None: the policy's
 
     def matches(self, node: str, gpu_model: str | None) -> bool:
@@ -133,7 +119,7 @@ class Group:
 class Policy:
     enforce: bool = False  # dry run unless true
     provider: str = "slurm"  # who carries out drain / cordon / reboot
-    actions: dict[str, Remedy] = field(default_factory=dict)
+    actions: dict[str, NodeAction] = field(default_factory=dict)
     groups: tuple[Group, ...] = ()
     breaker: BreakerLimits = BreakerLimits()
     breaker_file: str = ""  # one file for the fleet (a shared path); "" = <state_dir>/breaker.json
@@ -148,22 +134,22 @@ class Policy:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class NodeDecision:
     finding: Finding
-    remedy: Remedy
+    remedy: NodeAction
     enforce: bool
     group: str | None
     why: str  # which policy entry chose the remedy
 
 
-def choose(policy: Policy, finding: Finding, node: str, gpu_model: str | None = None) -> Decision:
+def choose(policy: Policy, finding: Finding, node: str, gpu_model: str | None = None) -> NodeDecision:
     """The remedy for ``finding`` on ``node``: the first matching group's entry, else the policy's,
     else the built-in default for the finding's suggested action. Only degraded and failed findings
     are acted on; ``drain`` and ``cordon`` follow the provider (a Slurm site never cordons)."""
     group = next((g for g in policy.groups if g.matches(node, gpu_model)), None)
     enforce = policy.enforce if group is None or group.enforce is None else group.enforce
     if finding.health not in (Health.DEGRADED, Health.FAILED):
-        return Decision(finding, Remedy.NONE, enforce, None, f"health {finding.health.value}")
+        return NodeDecision(finding, NodeAction.NONE, enforce, None, f"health {finding.health.value}")
     remedy, why = None, "default"
     keys = (finding.rule,) if finding.rule == PREDICTED_FAILURE else (finding.rule, finding.action.value)
     for table, where in ((group.actions if group else {}, f"group {group.name}" if group else ""),
@@ -175,13 +161,13 @@ def choose(policy: Policy, finding: Finding, node: str, gpu_model: str | None = 
         if remedy is not None:
             break
     if remedy is None:
-        remedy = DEFAULT_RULES.get(finding.rule) or DEFAULT_ACTIONS.get(finding.action.value, Remedy.NONE)
-    if remedy in (Remedy.DRAIN, Remedy.CORDON):
-        remedy = Remedy.CORDON if policy.provider == "kubernetes" else Remedy.DRAIN
-    return Decision(finding, remedy, enforce, group.name if group else None, why)
+        remedy = DEFAULT_RULES.get(finding.rule) or DEFAULT_ACTIONS.get(finding.action.value, NodeAction.NONE)
+    if remedy in (NodeAction.DRAIN, NodeAction.CORDON):
+        remedy = NodeAction.CORDON if policy.provider == "kubernetes" else NodeAction.DRAIN
+    return NodeDecision(finding, remedy, enforce, group.name if group else None, why)
 
 
-def corroborate(decisions: list[Decision], findings: list[Finding]) -> list[Decision]:
+def corroborate(decisions: list[NodeDecision], findings: list[Finding]) -> list[NodeDecision]:
     """``decisions`` with each kernel-log finding that would take the node out, and that no NVML
     finding of ``findings`` backs (the same GPU; for a node-scoped one, any GPU), turned into a
     webhook: a forged log line must not drain a healthy node (see the module docstring)."""
@@ -198,17 +184,17 @@ def corroborate(decisions: list[Decision], findings: list[Finding]) -> list[Deci
         ):
             where = f"GPU {f.gpu}" if f.gpu is not None else "every GPU"
             why = f"{d.why}; {d.remedy.value} not taken on the kernel log's word alone: NVML shows {where} healthy"
-            d = replace(d, remedy=Remedy.WEBHOOK, why=why)
+            d = replace(d, remedy=NodeAction.WEBHOOK, why=why)
         out.append(d)
     return out
 
 
-def strongest(decisions: list[Decision]) -> list[Decision]:
+def strongest(decisions: list[NodeDecision]) -> list[NodeDecision]:
     """One decision per GPU (and per node-scoped finding): several findings about one GPU in one
     tick (an Xid 79 line and NVML losing the GPU) are one fault and get one remedy, the strongest."""
-    order = list(Remedy)
-    by_gpu: dict[int, Decision] = {}
-    out: list[Decision] = []
+    order = list(NodeAction)
+    by_gpu: dict[int, NodeDecision] = {}
+    out: list[NodeDecision] = []
     for d in decisions:
         g = d.finding.gpu
         if g is None:
@@ -299,16 +285,16 @@ def parse_policy(data: dict[str, Any], where: str = "policy") -> Policy:
     )
 
 
-def _actions(raw: Any, where: str) -> dict[str, Remedy]:
+def _actions(raw: Any, where: str) -> dict[str, NodeAction]:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: actions must be a table of finding = remedy")
     out = {}
     for k, v in raw.items():
         try:
-            out[str(k)] = Remedy(v)
+            out[str(k)] = NodeAction(v)
         except ValueError:
             raise ConfigError(
-                f"{where}: {k} = {v!r} is not a remedy: choose one of {', '.join(r.value for r in Remedy)}"
+                f"{where}: {k} = {v!r} is not a remedy: choose one of {', '.join(r.value for r in NodeAction)}"
             ) from None
         if k == PREDICTED_FAILURE and out[k] not in PREDICTED_REMEDIES:
             raise ConfigError(

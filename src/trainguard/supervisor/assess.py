@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from trainguard.actions import StepAction
 from trainguard.detect.numerics import sources_of
 from trainguard.incidents import RootCause, suspects
 from trainguard.records import HARDWARE_CATEGORIES, Category, Event, Health
@@ -211,7 +212,7 @@ def numerics_verdicts(obs: Observation, history: History) -> list[NumericsUpdate
         if f.rule == "numerics.rollback":  # reported at the step in progress, after the bad one
             before = [s for s in history.numerics_incidents if s <= step]
             if before:
-                changes = {"action": "rollback", "resolved": True, "resolution": f.reason}
+                changes = {"action": StepAction.ROLLBACK.value, "resolved": True, "resolution": f.reason}
                 out.append(NumericsUpdate(key, max(before), changes))
         elif step in history.numerics_incidents and f.rule in ("numerics.transient", "numerics.data_problem"):
             cause = (

@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from trainguard.actions import Advice
 from trainguard.incidents import RootCause, suspects
-from trainguard.records import Action, Finding, Health
+from trainguard.records import Finding, Health
 from trainguard.supervisor.policy import Trouble, TroubleKind
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def balancing(obs: Observation) -> bool:
 def only_slow(findings: tuple[Finding, ...] | list[Finding]) -> bool:
     """Every finding says the GPU is slow (degraded, diagnostics advised), none that it is failing."""
     return bool(findings) and all(
-        f.rule in SLOW_RULES and f.health is Health.DEGRADED and f.action is Action.RUN_DIAGNOSTICS
+        f.rule in SLOW_RULES and f.health is Health.DEGRADED and f.action is Advice.RUN_DIAGNOSTICS
         for f in findings
     )
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainguard.actions import JobAction
 from trainguard.incidents import Incident, IntervalKind
 from trainguard.rundir import Heartbeat
 from trainguard.supervisor.assess import numerics_verdicts
@@ -20,7 +21,7 @@ from trainguard.supervisor.attempt import Attempt, History, Pending
 from trainguard.supervisor.config import ExitCode
 from trainguard.supervisor.observe import Observation
 from trainguard.supervisor.peers import peer_left
-from trainguard.supervisor.policy import Decision, Trouble, TroubleKind
+from trainguard.supervisor.policy import JobDecision, Trouble, TroubleKind
 from trainguard.supervisor.record import JobRecorder
 from trainguard.supervisor.result import RunResult
 from trainguard.supervisor.torn import torn_cause
@@ -113,7 +114,7 @@ class Bookkeeper:
 
     # -- incidents -------------------------------------------------------------------------------
 
-    def incident(self, trouble: Trouble, decision: Decision, attempt: int) -> Incident:
+    def incident(self, trouble: Trouble, decision: JobDecision, attempt: int) -> Incident:
         history = self.history
         continuing = decision.verb.keeps_running
         resolution = "workers kept running" if continuing else None
@@ -157,7 +158,7 @@ class Bookkeeper:
                 job=self.job_id,
                 time=self.clock(),
                 root_cause=cause,
-                action="skip_torn_checkpoint",
+                action=JobAction.SKIP_TORN_CHECKPOINT,
                 summary=f"checkpoint step {step} failed verification; resuming from step {resume}",
                 category="checkpoint",
                 evidence=(reason, *why, {"skipped_step": step, "resume_step": resume}),

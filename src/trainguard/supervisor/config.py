@@ -191,7 +191,7 @@ class SupervisorConfig:
                 argv += [flag, value]
         argv += [*launch.extra_torchrun_args, "--kill-grace", _num(launch.kill_grace_s)]
         if launch.gpus:
-            argv += ["--gpus", ",".join(map(str, launch.gpus))]
+            argv += ["--gpu-ids", ",".join(map(str, launch.gpus))]
         argv += ["--job-id", record.job_id, "--runs-dir", str(record.runs_root)]
         for flag, path in (
             ("--db", record.db),

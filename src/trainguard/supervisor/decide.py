@@ -14,23 +14,27 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from trainguard.actions import JobAction
 from trainguard.records import Health
 from trainguard.supervisor.attempt import Attempt, History
 from trainguard.supervisor.bookkeeping import Bookkeeper
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.diagnostics import Diagnostics, measured, preflight_off, preflight_troubles
 from trainguard.supervisor.health import Diagnose, GpuMap, NodeHealth
-from trainguard.supervisor.policy import Decision, Trouble, Verb, decide, with_diagnosis
+from trainguard.supervisor.policy import JobDecision, Trouble, decide, with_diagnosis
 
 if TYPE_CHECKING:
     from trainguard.diagnose import Report
 
 log = logging.getLogger(__name__)
 
-STOP_CODES = {Verb.STOP_CRASH_LOOP: ExitCode.CRASH_LOOP, Verb.STOP_NO_CAPACITY: ExitCode.NO_CAPACITY}
+STOP_CODES = {
+    JobAction.STOP_CRASH_LOOP: ExitCode.CRASH_LOOP,
+    JobAction.STOP_NO_CAPACITY: ExitCode.NO_CAPACITY,
+}
 
 
-def stop_code(verb: Verb) -> int:
+def stop_code(verb: JobAction) -> int:
     """The exit code of a run the policy stops with ``verb``."""
     return int(STOP_CODES.get(verb, ExitCode.FAILED))
 
@@ -57,11 +61,11 @@ class Decider:
             self.diagnostics = Diagnostics(backend, health.fleet, book.recorder.run_dir)
         self.preflight_on = preflight_off(config, health.active) is None
 
-    def decide(self, trouble: Trouble, gpus: GpuMap, attempt: int) -> tuple[Trouble, Decision]:
+    def decide(self, trouble: Trouble, gpus: GpuMap, attempt: int) -> tuple[Trouble, JobDecision]:
         """The decision on ``trouble``, after diagnostics on its GPU when the policy asks."""
         state = self.history.policy_state(self.config, len(gpus.gpus), trouble.fatal)
         decision = decide(trouble, state)
-        if decision.verb is Verb.DIAGNOSE and decision.gpu is not None:
+        if decision.verb is JobAction.DIAGNOSE and decision.gpu is not None:
             health, lines, report = self._diagnose(decision.gpu, gpus, attempt)
             summary = report.summary() if report is not None else None
             self.emit(
@@ -119,7 +123,7 @@ class Decider:
             if decision.verb.stops:
                 self.history.stop(stop_code(decision.verb), decision.reason)
                 return None
-            if decision.verb is Verb.EXCLUDE_GPU and decision.gpu is not None:
+            if decision.verb is JobAction.EXCLUDE_GPU and decision.gpu is not None:
                 gpus = gpus.without(decision.gpu)
                 resolution = f"GPU {decision.gpu} excluded before attempt {attempt} started"
                 self.book.recorder.update(incident, resolved=True, resolution=resolution)

@@ -10,8 +10,8 @@ collective or a wait. A rank spinning on a GPU synchronisation uses CPU and is n
 
 ``IdleWatch`` samples /proc (the only I/O); ``idle_since`` is the pure judgement.
 
-    >>> a = Sample(time=0.0, cpu_s=1.0, out_bytes=10, state="S")
-    >>> b = Sample(time=5.0, cpu_s=1.001, out_bytes=10, state="S")
+    >>> a = Activity(time=0.0, cpu_s=1.0, out_bytes=10, state="S")
+    >>> b = Activity(time=5.0, cpu_s=1.001, out_bytes=10, state="S")
     >>> active(a, b)
     False
 """
@@ -28,14 +28,14 @@ SAMPLE_EVERY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class Sample:
+class Activity:
     time: float
     cpu_s: float  # user + system time of the rank and its children
     out_bytes: int  # size of the rank's stdout + stderr logs
     state: str | None  # Linux process state of the rank (R, S, D, T, Z), None if unknown
 
 
-def active(before: Sample, after: Sample) -> bool:
+def active(before: Activity, after: Activity) -> bool:
     """Did the rank show work between two samples?"""
     dt = max(after.time - before.time, 1e-9)
     return (
@@ -58,7 +58,7 @@ class IdleWatch:
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._last: dict[int, Sample] = {}
+        self._last: dict[int, Activity] = {}
         self._active: dict[int, float] = {}
         self._next = 0.0
 
@@ -66,7 +66,7 @@ class IdleWatch:
         self._last, self._active, self._next = {}, {}, started
 
     def poll(self, now: float, pids: dict[int, int], log_dir: Path) -> float | None:
-        """Sample the live ranks (``rank -> pid``; their logs are ``log_dir/rank<R>.std*``) at
+        """Activity the live ranks (``rank -> pid``; their logs are ``log_dir/rank<R>.std*``) at
         most once a second; the time the job went idle, if it is hung. A timeout <= 0: never."""
         if self.timeout <= 0:
             return None
@@ -74,7 +74,7 @@ class IdleWatch:
             self._next = now + SAMPLE_EVERY_S
             for rank, pid in pids.items():
                 logs = [log_dir / f"rank{rank}.{stream}" for stream in ("stdout", "stderr")]
-                sample = read_sample(pid, logs, now)
+                sample = read_activity(pid, logs, now)
                 before = self._last.get(rank)
                 if before is None or active(before, sample):
                     self._active[rank] = now
@@ -83,7 +83,7 @@ class IdleWatch:
         return idle_since(live, now, self.timeout)
 
 
-def read_sample(pid: int, logs: list[Path], now: float) -> Sample:
+def read_activity(pid: int, logs: list[Path], now: float) -> Activity:
     cpu, state = _cpu_and_state(pid)
     for child in _children(pid):
         cpu += _cpu_and_state(child)[0]
@@ -91,7 +91,7 @@ def read_sample(pid: int, logs: list[Path], now: float) -> Sample:
     for path in logs:
         with contextlib.suppress(OSError):
             out += path.stat().st_size
-    return Sample(now, cpu, out, state)
+    return Activity(now, cpu, out, state)
 
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

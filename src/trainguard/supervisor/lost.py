@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.actions import JobAction
 from trainguard.incidents import Incident, Interval, IntervalKind, RootCause
 from trainguard.incidents.goodput import JobInfo
 
@@ -91,7 +92,7 @@ def lost_run_record(
         job=job,
         time=now,
         root_cause=RootCause.UNKNOWN,
-        action="restart",
+        action=JobAction.RESTART,
         summary=f"supervisor {lost.node} was lost (killed?) without finishing the job; {step}",
         started=lost.last_seen,
         category="supervisor_lost",

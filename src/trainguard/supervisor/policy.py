@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from trainguard.actions import JobAction
 from trainguard.incidents.taxonomy import RootCause
 from trainguard.records import HARDWARE_CATEGORIES, Health
 
@@ -46,40 +47,6 @@ class TroubleKind(str, Enum):
     NUMERICS = "numerics"  # NaN/Inf or a loss spike reported by the trainer
     STRAGGLER = "straggler"  # steps much slower than this run's baseline
     MEMBERSHIP = "membership"  # a node joined or left the rendezvous
-
-
-class Verb(str, Enum):
-    RESTART = "restart"
-    EXCLUDE_GPU = "exclude_gpu"
-    DIAGNOSE = "diagnose"
-    CONTINUE = "continue"
-    REBALANCE = "rebalance"  # the ranks moved their shares of the batch by measured speed
-    RESTORE_SHARES = "restore_shares"  # ... and back to uniform shares once the speeds are even
-    STOP_CRASH_LOOP = "stop_crash_loop"
-    STOP_BUDGET = "stop_budget"
-    STOP_NO_CAPACITY = "stop_no_capacity"
-
-    @property
-    def stops(self) -> bool:
-        return self in (Verb.STOP_CRASH_LOOP, Verb.STOP_BUDGET, Verb.STOP_NO_CAPACITY)
-
-    @property
-    def loses_gpu(self) -> bool:
-        """The decision takes its GPU out of service (excluded, or failed with none left)."""
-        return self in (Verb.EXCLUDE_GPU, Verb.STOP_NO_CAPACITY)
-
-    @classmethod
-    def of(cls, action: str | None) -> Verb | None:
-        """The verb an incident's ``action`` records; None for an action that is not one."""
-        try:
-            return cls(action)
-        except ValueError:
-            return None
-
-    @property
-    def keeps_running(self) -> bool:
-        """The workers go on as they are: the decision is recorded, nothing is done to them."""
-        return self in (Verb.CONTINUE, Verb.REBALANCE, Verb.RESTORE_SHARES)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,8 +95,8 @@ class PolicyState:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
-    verb: Verb
+class JobDecision:
+    verb: JobAction
     reason: str
     counts_as_retry: bool = False
     backoff_s: float = 0.0
@@ -138,39 +105,43 @@ class Decision:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-def decide(trouble: Trouble, state: PolicyState) -> Decision:
+def decide(trouble: Trouble, state: PolicyState) -> JobDecision:
     """The one decision for one trouble (see the module docstring for the rule order)."""
     if trouble.kind is TroubleKind.PROCESS_EXIT and trouble.signature and _is_crash_loop(trouble, state):
         n = state.crash_loop_after
-        return Decision(Verb.STOP_CRASH_LOOP, f"the same error {n} times in a row: {trouble.signature}")
+        return JobDecision(
+            JobAction.STOP_CRASH_LOOP, f"the same error {n} times in a row: {trouble.signature}"
+        )
     if trouble.kind is TroubleKind.PROCESS_EXIT and trouble.fingerprint and _is_startup_loop(trouble, state):
         n = min(state.startup_loop_after, state.crash_loop_after)
-        return Decision(
-            Verb.STOP_CRASH_LOOP,
+        return JobDecision(
+            JobAction.STOP_CRASH_LOOP,
             f"the same failure before any step {n} times in a row: {trouble.fingerprint}",
         )
 
     gpu_dead = trouble.gpu_health is Health.FAILED or trouble.diagnosis is Health.FAILED
     if trouble.gpu is not None and gpu_dead:
         if state.gpus_in_use - 1 < state.min_gpus:
-            return Decision(
-                Verb.STOP_NO_CAPACITY, f"GPU {trouble.gpu} failed and no GPU is left to continue on"
+            return JobDecision(
+                JobAction.STOP_NO_CAPACITY, f"GPU {trouble.gpu} failed and no GPU is left to continue on"
             )
-        return Decision(Verb.EXCLUDE_GPU, f"GPU {trouble.gpu} failed: continue without it", gpu=trouble.gpu)
+        return JobDecision(
+            JobAction.EXCLUDE_GPU, f"GPU {trouble.gpu} failed: continue without it", gpu=trouble.gpu
+        )
 
     move = trouble.extra.get("balance")
     if isinstance(move, dict):
         return _balanced(trouble, move, state)
     if trouble.extra.get("balancing"):
-        return Decision(
-            Verb.CONTINUE,
+        return JobDecision(
+            JobAction.CONTINUE,
             f"GPU {trouble.gpu} is slow, not failing, in a job that balances: its share follows its speed; "
             "it is excluded if keeping it costs more than dropping it",
         )
 
     if trouble.gpu is not None and trouble.diagnosis is None and _looks_like_hardware(trouble):
-        return Decision(
-            Verb.DIAGNOSE, f"evidence points at GPU {trouble.gpu} but is not conclusive", gpu=trouble.gpu
+        return JobDecision(
+            JobAction.DIAGNOSE, f"evidence points at GPU {trouble.gpu} but is not conclusive", gpu=trouble.gpu
         )
 
     if not trouble.fatal:
@@ -179,32 +150,38 @@ def decide(trouble: Trouble, state: PolicyState) -> Decision:
         reason = f"{trouble.kind.value}: workers still running, recorded"
         if at_risk:
             reason += f"; GPU {trouble.gpu} is degraded: checkpoint now"
-        return Decision(Verb.CONTINUE, reason, checkpoint=at_risk)
+        return JobDecision(JobAction.CONTINUE, reason, checkpoint=at_risk)
 
     if trouble.kind is TroubleKind.MEMBERSHIP:
-        return Decision(Verb.RESTART, "membership changed: re-form the group (not a retry)")
+        return JobDecision(JobAction.RESTART, "membership changed: re-form the group (not a retry)")
 
     if state.restarts_used >= state.max_restarts:
-        return Decision(Verb.STOP_BUDGET, f"restart budget of {state.max_restarts} used up")
+        return JobDecision(JobAction.STOP_BUDGET, f"restart budget of {state.max_restarts} used up")
     reason = f"{trouble.kind.value}: restart from the newest valid checkpoint"
     if trouble.diagnosis is Health.OK:
         reason = f"GPU {trouble.gpu} passed diagnostics; " + reason
-    return Decision(Verb.RESTART, reason, counts_as_retry=True, backoff_s=backoff_s(state))
+    return JobDecision(JobAction.RESTART, reason, counts_as_retry=True, backoff_s=backoff_s(state))
 
 
-def _balanced(trouble: Trouble, move: dict[str, Any], state: PolicyState) -> Decision:
+def _balanced(trouble: Trouble, move: dict[str, Any], state: PolicyState) -> JobDecision:
     """The ranks' own balancing move (``supervisor.balance``): recorded, or an exclusion acted on."""
     verb = move.get("verb")
     if verb == "exclude":
         if trouble.gpu is None:
-            return Decision(Verb.CONTINUE, "the ranks would exclude a rank whose GPU is not known: kept")
+            return JobDecision(
+                JobAction.CONTINUE, "the ranks would exclude a rank whose GPU is not known: kept"
+            )
         if state.gpus_in_use - 1 < state.min_gpus:
-            return Decision(Verb.CONTINUE, f"keeping GPU {trouble.gpu}: no GPU would be left without it")
+            return JobDecision(
+                JobAction.CONTINUE, f"keeping GPU {trouble.gpu}: no GPU would be left without it"
+            )
         why = f"GPU {trouble.gpu} costs the job more than dropping it: restart without it (not a retry)"
-        return Decision(Verb.EXCLUDE_GPU, why, gpu=trouble.gpu)
+        return JobDecision(JobAction.EXCLUDE_GPU, why, gpu=trouble.gpu)
     if verb == "restore":
-        return Decision(Verb.RESTORE_SHARES, "the ranks' speeds are even again: uniform shares")
-    return Decision(Verb.REBALANCE, "a rank computes slower than its peers: shares follow measured speed")
+        return JobDecision(JobAction.RESTORE_SHARES, "the ranks' speeds are even again: uniform shares")
+    return JobDecision(
+        JobAction.REBALANCE, "a rank computes slower than its peers: shares follow measured speed"
+    )
 
 
 def backoff_s(state: PolicyState) -> float:

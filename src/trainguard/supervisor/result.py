@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.actions import JobAction
 from trainguard.chaos import Injected
 from trainguard.incidents import Incident
 from trainguard.supervisor.config import ExitCode
-from trainguard.supervisor.policy import Verb
 
 __all__ = ["RunEvent", "RunResult"]
 
@@ -56,7 +56,7 @@ class RunResult:
         """The GPUs this run's policy took out of service (excluded, or failed with none left)."""
         out = []
         for i in self.incidents:
-            verb = Verb.of(i.action)
+            verb = JobAction.of(i.action)
             if i.gpu is not None and verb is not None and verb.loses_gpu and i.gpu not in out:
                 out.append(i.gpu)
         return tuple(out)

@@ -4,7 +4,7 @@ One monitor loop per node (`monitor`), every ``monitor_interval`` seconds, in th
 
     look    Observer.look(workers, attempt, now) -> Observation      (supervisor.observe)
     judge   assess(observation, attempt, history) -> Trouble | None  (supervisor.assess)
-            Decider.decide(trouble, ...) -> Decision                  (supervisor.decide, .policy)
+            Decider.decide(trouble, ...) -> JobDecision                  (supervisor.decide, .policy)
     act     record the incident; continue | restart (backoff) | exclude GPU | stop  (here)
 
 The workers come to life through a `Launcher` (`supervisor.launch`: torch's elastic agent by
@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from trainguard.actions import JobAction
 from trainguard.chaos import ChaosExecutor, load_plan
 from trainguard.chaos.plan import for_this_group, refusal, step_triggered
 from trainguard.control import Control, read_control, write_control
@@ -49,7 +50,7 @@ from trainguard.supervisor.logs import LogTail, default_classifier
 from trainguard.supervisor.lost import LostRun, find_lost_run, next_attempt
 from trainguard.supervisor.observe import Observation, Observer
 from trainguard.supervisor.oom import oom_kills
-from trainguard.supervisor.policy import Decision, Trouble, TroubleKind, Verb
+from trainguard.supervisor.policy import JobDecision, Trouble, TroubleKind
 from trainguard.supervisor.record import JobRecorder, node_name
 from trainguard.supervisor.result import RunEvent, RunResult
 from trainguard.supervisor.resume import resume_point
@@ -255,7 +256,7 @@ class Supervisor:
     # -- acting: the one place that changes the workers, the store and the history ---------------
 
     def _act(
-        self, workers: Workers, attempt: Attempt, obs: Observation, trouble: Trouble, decision: Decision
+        self, workers: Workers, attempt: Attempt, obs: Observation, trouble: Trouble, decision: JobDecision
     ) -> Attempt:
         history = self.history
         incident = self.book.incident(trouble, decision, attempt.number)
@@ -276,7 +277,7 @@ class Supervisor:
         history.signatures.append(trouble.signature)
         history.fingerprints.append(trouble.fingerprint)
         workers.stop()
-        if decision.verb is Verb.EXCLUDE_GPU and decision.gpu is not None:
+        if decision.verb is JobAction.EXCLUDE_GPU and decision.gpu is not None:
             self.gpu_map = self.gpu_map.without(decision.gpu)
         if decision.backoff_s > 0:
             now = self.clock()

@@ -1,7 +1,7 @@
 """``--framework tf``: TensorFlow jobs, as TensorFlow's own launchers start them (no TF imported here).
 
     trainguard run --framework tf --nproc-per-node 2 -- python train.py                 # 2 workers
-    trainguard run --framework tf --nproc-per-node 1 --gpus 0,1,2,3 -- python train.py  # 1 process
+    trainguard run --framework tf --nproc-per-node 1 --gpu-ids 0,1,2,3 -- python train.py  # 1 process
 
 ``--nproc-per-node N`` (N > 1): N workers of a ``MultiWorkerMirroredStrategy`` job. Worker R gets
 ``TF_CONFIG`` (the cluster and its task, as torchrun gives RANK), its own GPU only

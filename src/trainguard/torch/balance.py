@@ -32,9 +32,10 @@ import torch
 import torch.distributed as dist
 
 from trainguard import rundir
+from trainguard.actions import Advice
 from trainguard.balance.ladder import LadderConfig, LadderState, Measure, Move, judge
 from trainguard.errors import ConfigError
-from trainguard.records import Action, Finding, Health
+from trainguard.records import Finding, Health
 from trainguard.torch.shares import ShareSampler
 from trainguard.torch.state import unwrap_model
 
@@ -117,7 +118,7 @@ class Balancer:
                 f"follow measured speed (agreed every {self.every} steps; rebalance above {c.threshold:.0%} "
                 f"idle for {c.persist} agreements, restore below {c.restore:.0%})"
             )
-            on = Finding("balance.on", Health.OK, Action.NONE, why, gpu=self.gpu, time=time.time())
+            on = Finding("balance.on", Health.OK, Advice.NONE, why, gpu=self.gpu, time=time.time())
             rundir.append_finding(self.run_dir, self.rank, on, None)
 
     def close(self) -> None:
@@ -259,7 +260,7 @@ class Balancer:
         finding = Finding(
             f"balance.{move.verb}",
             _SEVERITY[move.verb],
-            Action.NONE,
+            Advice.NONE,
             reason,
             gpu=gpu,
             time=time.time(),

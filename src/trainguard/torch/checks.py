@@ -14,7 +14,6 @@ loss is read".
 from __future__ import annotations
 
 import math
-from enum import Enum
 from typing import Any
 
 import torch
@@ -23,19 +22,13 @@ from trainguard.detect.numerics import NumericsMonitor, Policy
 from trainguard.errors import ConfigError
 from trainguard.torch.agreement import Agreement, Window
 
-__all__ = ["LossWindow", "StepAction", "check_mode", "window_size"]
+__all__ = ["LossWindow", "check_mode", "window_size"]
 
 AUTO_EVERY = 8  # steps per window by default, on a GPU or with several ranks
 # With short steps a window grows until it spans this much training time: its fixed cost
 # (packing, one all-reduce, reading it back: ~0.2 ms of CPU) then stays under 1% of the steps'.
 WINDOW_S = 0.1
 MAX_AUTO_EVERY = 64
-
-
-class StepAction(str, Enum):
-    PROCEED = "proceed"  # apply the update
-    SKIP = "skip"  # drop the update of this step and go on
-    ROLLBACK = "rollback"  # the state was restored; continue from guard.resume_step
 
 
 class LossWindow:

@@ -40,15 +40,16 @@ import torch
 import torch.distributed as dist
 
 from trainguard import rundir
+from trainguard.actions import Advice, StepAction
 from trainguard.chaos.inject import Chaos
 from trainguard.control import SaveRequests
 from trainguard.detect.numerics import NumericsMonitor, Policy, with_sources
-from trainguard.records import Action, Category, Finding, Health
+from trainguard.records import Category, Finding, Health
 from trainguard.rundir import WorkerExit
 from trainguard.torch import errorfile, guard_config
 from trainguard.torch.agreement import Window, host_value
 from trainguard.torch.balance import balancer_for
-from trainguard.torch.checks import LossWindow, StepAction
+from trainguard.torch.checks import LossWindow
 from trainguard.torch.flight_recorder import DumpServer, serve_dump_requests
 from trainguard.torch.numerics import distributed_world, nonfinite_grads, poison
 from trainguard.torch.preemption import PreemptionHandler
@@ -522,7 +523,7 @@ class Guard:
         finding = Finding(
             "numerics.unrecoverable",
             Health.FAILED,
-            Action.RESTART_APP,
+            Advice.RESTART_APP,
             f"step {step}: a non-finite update was applied {ago} step(s) before it was checked and there "
             "is no checkpoint to roll back to; stopping rather than training a NaN model",
             time=time.time(),
@@ -672,7 +673,7 @@ class Guard:
             Finding(
                 "numerics.rollback",
                 Health.OK,
-                Action.NONE,
+                Advice.NONE,
                 reason,
                 time=time.time(),
                 category=Category.NUMERICS,
@@ -731,7 +732,7 @@ class Guard:
         finding = Finding(
             "hang.watchdog",
             Health.DEGRADED,
-            Action.RESTART_APP,
+            Advice.RESTART_APP,
             reason,
             time=time.time(),
             category=Category.NCCL_TIMEOUT_HANG,

@@ -1,5 +1,5 @@
 """The replica loop's judgement (pure): what the loop knows of each group (`Group`), what it
-saw (`GroupsView`), what to do about it (`judge` -> `Act`), and the partial capacity of a run
+saw (`GroupsView`), what to do about it (`judge` -> `GroupDecision`), and the partial capacity of a run
 (`capacity`). `replicas.loop` looks and acts; nothing here does I/O.
 """
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass, field
-from enum import Enum
 from itertools import pairwise
 
+from trainguard.actions import GroupAction
 from trainguard.chaos.plan import Fault
 from trainguard.supervisor.config import ExitCode
 from trainguard.supervisor.replicas.result import GroupRun
@@ -52,32 +52,25 @@ class GroupsView:
     lighthouse_exit: int | None
 
 
-class ActKind(str, Enum):
-    """What the replica loop does; the value is the action its incident records."""
-
-    RESTART_LIGHTHOUSE = "restart_lighthouse"
-    FINISHED = "finished"  # the group's training completed
-    REPLACE = "replace_group"  # start the group again (on a spare GPU when its own was excluded)
-    STOP_GROUP = "stop_group"  # crash loop / budget: this group stays down
-    RESTART_ALL = "restart_all_groups"  # every group down: a normal restart from the durable checkpoint
-    STOP_JOB = "stop_job"
-
-
 @dataclass(frozen=True, slots=True)
-class Act:
-    kind: ActKind
+class GroupDecision:
+    kind: GroupAction
     group: int | None = None
     code: int | None = None
     reason: str = ""
     gpus: tuple[int, ...] = ()  # REPLACE: the GPUs the group starts on
 
 
-def judge(view: GroupsView, groups: list[Group], spares: list[int], job_restarts_left: int) -> list[Act]:
+def judge(
+    view: GroupsView, groups: list[Group], spares: list[int], job_restarts_left: int
+) -> list[GroupDecision]:
     """What to do about what was seen (pure); ``spares``: GPUs no group uses."""
-    acts: list[Act] = []
+    acts: list[GroupDecision] = []
     if view.lighthouse_exit is not None:
         acts.append(
-            Act(ActKind.RESTART_LIGHTHOUSE, code=view.lighthouse_exit, reason="the Lighthouse exited")
+            GroupDecision(
+                GroupAction.RESTART_LIGHTHOUSE, code=view.lighthouse_exit, reason="the Lighthouse exited"
+            )
         )
     free = list(spares)
     down: set[int] = set()
@@ -86,28 +79,32 @@ def judge(view: GroupsView, groups: list[Group], spares: list[int], job_restarts
         if g.state.final or code is None:
             continue
         if code == 0:
-            acts.append(Act(ActKind.FINISHED, g.index, code, "training completed"))
+            acts.append(GroupDecision(GroupAction.FINISHED, g.index, code, "training completed"))
             continue
         bad = view.lost.get(g.index, ())
         keep = tuple(x for x in g.gpus if x not in bad)
         while len(keep) < len(g.gpus) and free:
             keep = (*keep, free.pop(0))
         if code in _FINAL_FOR_GROUP:
-            acts.append(Act(ActKind.STOP_GROUP, g.index, code, _why(code)))
+            acts.append(GroupDecision(GroupAction.STOP_GROUP, g.index, code, _why(code)))
             down.add(g.index)
         elif len(keep) < len(g.gpus):
-            acts.append(Act(ActKind.STOP_GROUP, g.index, code, "no spare GPU to replace the excluded one"))
+            acts.append(
+                GroupDecision(
+                    GroupAction.STOP_GROUP, g.index, code, "no spare GPU to replace the excluded one"
+                )
+            )
             down.add(g.index)
         else:
-            acts.append(Act(ActKind.REPLACE, g.index, code, _why(code), tuple(sorted(keep))))
+            acts.append(GroupDecision(GroupAction.REPLACE, g.index, code, _why(code), tuple(sorted(keep))))
     alive = [g for g in groups if g.index not in down and not g.state.final]
     if down and not alive and not any(g.state is RunState.SUCCEEDED for g in groups):
-        crash_loop = any(a.code == int(ExitCode.CRASH_LOOP) for a in acts if a.kind is ActKind.STOP_GROUP)
+        crash_loop = any(a.code == int(ExitCode.CRASH_LOOP) for a in acts if a.kind is GroupAction.STOP_GROUP)
         if job_restarts_left > 0 and not crash_loop:
-            acts.append(Act(ActKind.RESTART_ALL, reason="every replica group is down"))
+            acts.append(GroupDecision(GroupAction.RESTART_ALL, reason="every replica group is down"))
         else:
             why = "a crash loop" if crash_loop else "the job's restart budget is used up"
-            acts.append(Act(ActKind.STOP_JOB, reason=f"every replica group is down ({why})"))
+            acts.append(GroupDecision(GroupAction.STOP_JOB, reason=f"every replica group is down ({why})"))
     return acts
 
 

@@ -8,7 +8,7 @@ groups, each a ``trainguard run`` of its own (`replicas.start`), under torchft's
                                        service (its typed `RunResult`), steps and restarts (its
                                        ranks' heartbeats), the Lighthouse; the groups' output to
                                        the console
-    judge   judge(view, ...) -> [Act]  (pure: `replicas.judge`)
+    judge   judge(view, ...) -> [GroupDecision]  (pure: `replicas.judge`)
     act     restart the Lighthouse | give a group a spare GPU and start it again | mark it
             stopped | every group down: restart them all from the newest durable checkpoint
 
@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from trainguard.actions import GroupAction
 from trainguard.chaos import load_plan
 from trainguard.chaos.plan import for_group, plan_toml
 from trainguard.incidents import Interval, IntervalKind, RootCause
@@ -42,7 +43,7 @@ from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.policy import Trouble, TroubleKind
 from trainguard.supervisor.record import JobRecorder, node_name
 from trainguard.supervisor.replicas.console import GroupConsole
-from trainguard.supervisor.replicas.judge import Act, ActKind, Group, GroupsView, capacity, judge, thinned
+from trainguard.supervisor.replicas.judge import Group, GroupDecision, GroupsView, capacity, judge, thinned
 from trainguard.supervisor.replicas.lighthouse import Lighthouse
 from trainguard.supervisor.replicas.result import GroupResult, GroupRun, ReplicaResult
 from trainguard.supervisor.replicas.start import (
@@ -86,7 +87,7 @@ class ReplicaSupervisor:
 
             raise ConfigError(
                 f"--replica-groups {replicas.groups} x --nproc-per-node {k} needs {k * replicas.groups} GPUs; "
-                f"--gpus gives {len(all_gpus)}"
+                f"--gpu-ids gives {len(all_gpus)}"
             )
         self.groups = [Group(i, tuple(all_gpus[i * k : (i + 1) * k])) for i in range(replicas.groups)]
         if config.chaos is not None:
@@ -195,8 +196,8 @@ class ReplicaSupervisor:
                 self._emit("group_healed", group=g.index, step=step, heal_s=round(heal, 3))
             g.state = RunState.RUNNING
 
-    def _act(self, act: Act, view: GroupsView) -> tuple[ExitCode, str] | None:
-        if act.kind is ActKind.RESTART_LIGHTHOUSE:
+    def _act(self, act: GroupDecision, view: GroupsView) -> tuple[ExitCode, str] | None:
+        if act.kind is GroupAction.RESTART_LIGHTHOUSE:
             self.lighthouse.restart()
             evidence = (f"exit code {act.code}", f"log: {self.lighthouse.log_path}")
             summary = f"the Lighthouse exited ({act.code}); restarted on port {self.lighthouse.port}"
@@ -206,22 +207,22 @@ class ReplicaSupervisor:
         g = self.groups[act.group] if act.group is not None else None
         if g is not None:
             g.runs.append(self._group_run(g))
-            if act.kind is ActKind.FINISHED:
+            if act.kind is GroupAction.FINISHED:
                 g.state = RunState.SUCCEEDED
                 return None
             fired = {i.index for i in g.runs[-1].result.injected} if g.runs[-1].result is not None else set()
             g.faults = [f for n, f in enumerate(g.faults) if n not in fired]
-        if act.kind is ActKind.STOP_GROUP and g is not None:
+        if act.kind is GroupAction.STOP_GROUP and g is not None:
             g.state = RunState.STOPPED
             self._group_incident(g, act)
             self._emit("group_stopped", group=g.index, reason=act.reason)
-        elif act.kind is ActKind.REPLACE and g is not None:
+        elif act.kind is GroupAction.REPLACE and g is not None:
             self.excluded += [x for x in g.gpus if x not in act.gpus]
             self.spares = [x for x in self.spares if x not in act.gpus]
             g.gpus = act.gpus
             self._group_incident(g, act)
             self._start(g)
-        elif act.kind is ActKind.RESTART_ALL:
+        elif act.kind is GroupAction.RESTART_ALL:
             self.job_restarts_left -= 1
             self._incident(
                 self._trouble("job", act.reason, ("from the newest durable checkpoint",)), act, None
@@ -230,7 +231,7 @@ class ReplicaSupervisor:
             for grp in self.groups:
                 if grp.state is RunState.STOPPED:
                     self._start(grp)
-        elif act.kind is ActKind.STOP_JOB:
+        elif act.kind is GroupAction.STOP_JOB:
             return ExitCode.FAILED, act.reason
         return None
 
@@ -302,7 +303,7 @@ class ReplicaSupervisor:
             kind=TroubleKind.PROCESS_EXIT, category=category, summary=summary, evidence=evidence, **fields
         )
 
-    def _group_incident(self, g: Group, act: Act) -> None:
+    def _group_incident(self, g: Group, act: GroupDecision) -> None:
         """The group's failure in the job's record, named as the group's own loop named it: the
         rank, GPU and root cause of its last incident (unknown when it recorded none)."""
         evidence: tuple[str, ...] = (f"group {g.index} supervisor exit code {act.code}",)
@@ -322,11 +323,13 @@ class ReplicaSupervisor:
                 detected_by=last.detected_by or "",
             )
         resolution = None
-        if act.kind is ActKind.REPLACE:
+        if act.kind is GroupAction.REPLACE:
             resolution = f"group {g.index} restarted on GPUs {list(act.gpus)}; healing from a live peer"
         self._incident(trouble, act, g, resolution)
 
-    def _incident(self, trouble: Trouble, act: Act, g: Group | None, resolution: str | None = None) -> None:
+    def _incident(
+        self, trouble: Trouble, act: GroupDecision, g: Group | None, resolution: str | None = None
+    ) -> None:
         attempt = g.starts if g is not None else None
         self.recorder.add(
             incident_of(self.job_id, self.node, trouble, act.kind.value, act.reason, attempt, resolution)
