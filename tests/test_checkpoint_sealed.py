@@ -36,7 +36,10 @@ def train(state: TrainState) -> None:
     state.optimizer.zero_grad()
 
 
-@pytest.mark.parametrize("async_save", [True, False], ids=["async", "sync"])
+# async: a writer process starts (seconds): in make test-all
+@pytest.mark.parametrize(
+    "async_save", [pytest.param(True, marks=pytest.mark.slow), False], ids=["async", "sync"]
+)
 def test_an_encrypted_checkpoint_resumes_exactly_and_shows_nothing_on_disk(
     tmp_path: Path, async_save: bool
 ) -> None:

@@ -79,7 +79,8 @@ def assert_same(a: dict, b: dict) -> None:
     )
 
 
-@pytest.mark.parametrize("async_save", [True, False])
+# async: a writer process starts (seconds): in make test-all
+@pytest.mark.parametrize("async_save", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_resume_restores_model_optimizer_scheduler_scaler_rng_and_extra(tmp_path, async_save):
     state = make_state()
     list(itertools.islice(state.sampler, 5))  # consume 5 samples of epoch 0
@@ -170,6 +171,7 @@ def test_background_write_error_surfaces_at_next_save(tmp_path):
     ckpt.close()
 
 
+@pytest.mark.slow
 def test_writer_process_death_is_an_error_not_a_silent_loss(tmp_path):
     state = TrainState(torch.nn.Linear(2048, 4096))  # 32 MiB: the kill lands mid-write
     ckpt = Checkpointer(tmp_path)

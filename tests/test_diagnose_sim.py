@@ -216,6 +216,7 @@ class _Wedged(SimDevice):
         raise RuntimeError("released")
 
 
+@pytest.mark.slow
 def test_a_wedged_gpu_fails_its_test_and_the_run_goes_on():
     fleet = SimNode(n_gpus=3, load=0.0)
     target = open_target("sim", fleet=fleet)

@@ -23,6 +23,7 @@ def _run(monkeypatch, *args: str) -> None:
     train_digits.main()
 
 
+@pytest.mark.slow
 def test_metrics_hold_each_steps_own_loss_also_after_a_resume(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.delenv("TRAINGUARD_RUN_DIR", raising=False)

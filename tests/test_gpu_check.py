@@ -299,6 +299,7 @@ def test_the_wheelhouse_the_makefile_downloads_is_what_the_check_expects():
     assert {by_requirement.get(r) for r in requirements} == gpu_check.WHEELHOUSE, requirements
 
 
+@pytest.mark.slow
 def test_a_stopped_check_stops_the_command_its_stage_started(tmp_path):
     # A stage's command runs in its own session (so a timeout can kill its whole group); SIGTERM to
     # the check (a CI job's timeout) used to end the check alone and leave that command running.

@@ -75,6 +75,7 @@ def _rank(rank: int, out: str) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_two_ranks_resize_their_windows_at_the_same_step(tmp_path):
     out = str(tmp_path)
