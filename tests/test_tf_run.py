@@ -25,8 +25,21 @@ def need_tf() -> None:
     require_module("tf_keras", install="make install (tf-keras 2.21: multi-worker model.fit)")
 
 
-def run(tmp_path: Path, job: str, *worker_args: str) -> subprocess.Popen[bytes]:
-    argv = [*TRAINGUARD, "run", "--framework", "tf", "--nproc-per-node", "2", "--job-id", job, "--no-tee"]
+def run(
+    tmp_path: Path, job: str, *worker_args: str, options: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
+    argv = [
+        *TRAINGUARD,
+        "run",
+        "--framework",
+        "tf",
+        "--nproc-per-node",
+        "2",
+        "--job-id",
+        job,
+        "--no-tee",
+        *options,
+    ]
     argv += ["--runs-dir", str(tmp_path / "runs"), "--db", str(tmp_path / "tg.db")]
     argv += ["--json", str(tmp_path / f"{job}.json")]
     return subprocess.Popen(
@@ -97,3 +110,65 @@ def test_a_killed_worker_restarts_both_and_backup_and_restore_resumes(tmp_path):
         started = int(again.split("start step ")[1].split()[0])
         assert started >= 20 and started % 10 == 0, again[-500:]  # BackupAndRestore's last save, not 0
         assert "done step 80" in again
+
+
+JOB = Path(__file__).resolve().parents[1] / "benchmarks" / "tf_job.py"  # bench_tf's job, Keras 2 Guard
+
+
+def test_an_xid_on_a_workers_gpu_restarts_the_job_without_that_gpu(tmp_path):
+    # Worker 1's GPU falls off the bus at step 30 (the simulated node logs Xid 79, the worker dies of
+    # the CUDA error): the job comes back as one worker on GPU 0 from the Guard's step-30 checkpoint.
+    need_tf()
+    plan = tmp_path / "xid.toml"
+    plan.write_text('[[fault]]\nname = "fatal Xid 79"\nkind = "xid"\nrank = 1\nxid = 79\nstep = 30\n')
+    argv = [*TRAINGUARD, "run", "--framework", "tf", "--nproc-per-node", "2", "--backend", "sim"]
+    argv += ["--chaos", str(plan), "--job-id", "xid", "--no-tee", "--runs-dir", str(tmp_path / "runs")]
+    argv += ["--db", str(tmp_path / "tg.db"), "--json", str(tmp_path / "xid.json"), "--"]
+    argv += [sys.executable, str(JOB), "--trainguard", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    argv += ["--epochs", "2", "--steps-per-epoch", "40", "--save-every", "10"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    result = json.loads((tmp_path / "xid.json").read_text())
+    assert (result["attempts"], result["world_sizes"]) == (2, [2, 1])
+    (incident,) = result["incidents"]  # no needless second action
+    assert (incident["action"], incident["gpu"], incident["rank"]) == ("exclude_gpu", 1, 1)
+    assert incident["root_cause"] == "faulty_gpu"
+    (recovery,) = result["recoveries"]
+    assert recovery["resume_step"] == 30
+    run_dir = tmp_path / "runs" / "xid"
+    checked = [
+        json.loads((run_dir / "diagnostics" / f"preflight-attempt{a}.json").read_text()) for a in (0, 1)
+    ]
+    assert [[g["index"] for g in c["gpus"]] for c in checked] == [[0, 1], [0]]
+    assert "done step 80" in lines(tmp_path, "xid", 1, 0) and not lines(tmp_path, "xid", 1, 1)
+
+
+def test_a_stopped_worker_of_a_foreign_job_is_caught_from_process_state(tmp_path):
+    # No heartbeats (the script knows nothing of trainguard): worker 1 is stopped in epoch 2, worker
+    # 0 then waits in the collective; every rank idle is the hang, both restart, BackupAndRestore resumes.
+    need_tf()
+    args = ("--epochs", "4", "--step-s", "0.1", "--backup-dir", str(tmp_path / "backup"), "--save-freq", "10")
+    short = ("--startup-timeout", "120", "--hang-timeout-floor", "3", "--idle-timeout", "6")
+    sup = run(tmp_path, "hang", *args, options=short)
+    try:
+        deadline = time.monotonic() + 400
+        while "Epoch 2/" not in lines(tmp_path, "hang", 0, 0) and sup.poll() is None:
+            assert time.monotonic() < deadline, "the job never reached its second epoch"
+            time.sleep(0.2)
+        pid = worker_pid(tmp_path / "runs" / "hang", 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        out, _ = sup.communicate(timeout=600)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    assert sup.returncode == 0, out.decode()[-3000:]
+    result = json.loads((tmp_path / "hang.json").read_text())
+    assert result["attempts"] == 2
+    (incident,) = result["incidents"]
+    assert (incident["detected_by"], incident["rank"], incident["action"]) == ("process_state", 1, "restart")
+    assert incident["root_cause"] == "host" and "process stopped" in incident["summary"]
+    for rank in (0, 1):
+        again = lines(tmp_path, "hang", 1, rank)
+        assert int(again.split("start step ")[1].split()[0]) >= 20 and "done step 80" in again, again[-500:]
