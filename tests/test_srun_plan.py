@@ -103,4 +103,4 @@ def test_srun_takes_its_ranks_from_n_and_a_node_its_gpus_from_the_allocation(mon
 
     monkeypatch.setenv("SLURM_TASKS_PER_NODE", "4(x2)")
     assert resolve_mpi("srun", ["-n", "8", "--mpi=pmix"], 1, ()) == (8, (0, 1, 2, 3))
-    assert resolve_mpi("srun", ["-n", "8"], 1, (2, 3)) == (8, (2, 3))  # --gpus wins
+    assert resolve_mpi("srun", ["-n", "8"], 1, (2, 3)) == (8, (2, 3))  # --gpu-ids wins

@@ -420,7 +420,7 @@ def stage_diagnose(c: Check, s: Stage) -> None:
     backend = "sim" if c.dry else "cuda"
     argv = c.trainguard("diagnose", "--backend", backend, "--level", "2", "--json")
     if c.dry:
-        argv += ["--gpus", "0,1"]
+        argv += ["--gpu-ids", "0,1"]
     done = c.run(s, argv, 240)
     doc = _json(done.stdout)
     if not isinstance(doc, dict):
