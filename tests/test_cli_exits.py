@@ -28,6 +28,24 @@ def test_diagnose_with_no_usable_gpu_could_not_run_instead_of_passing(tmp_path: 
     assert "PASS" not in proc.stdout
 
 
+def test_open_target_auto_as_a_library_call_tests_the_cpu_where_no_gpu_is_usable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/diagnose.md: the library's open_target("auto") falls back to the CPU, the CLI (a gate)
+    # does not; the target says which it opened.
+    from trainguard.diagnose import open_target, torch_device
+    from trainguard.errors import BackendError
+
+    monkeypatch.setattr(torch_device, "cuda_count", lambda: 0)  # no usable GPU, on any host
+    target = open_target("auto")
+    try:
+        assert (target.kind, target.gpus_found, len(target.devices)) == ("cpu", 0, 1)
+    finally:
+        target.close()
+    with pytest.raises(BackendError, match="no usable GPU: torch sees no CUDA device"):
+        open_target("auto", cpu_fallback=False)
+
+
 def test_diagnose_on_the_simulated_node_still_runs_and_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["diagnose", "--backend", "sim", "--quiet"]) == 0
     assert main(["diagnose", "--scenario", "healthy", "--quiet"]) == 0
