@@ -172,11 +172,12 @@ def _import_at_low_priority(nice: str) -> _LowPriority | None:
     going back is allowed (``warm.can_restore_priority``)."""
     if not nice.lstrip("-").isdigit():
         return None
-    low = _LowPriority(os.getpriority(os.PRIO_PROCESS, 0), _own_autogroup_nice())
+    start = os.getpriority(os.PRIO_PROCESS, 0)
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, int(nice))  # this thread: those it starts inherit it
-    if low.group_start is not None and low.group_start < int(nice):
-        set_autogroup_nice(int(nice))
+    group = _own_autogroup_nice()  # going back to a value >= 0 needs no privilege
+    lowered = group is not None and 0 <= group < int(nice) and set_autogroup_nice(int(nice))
+    low = _LowPriority(start, group if lowered else None)
 
     def restore_when_a_job_arrives() -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -189,7 +190,7 @@ def _import_at_low_priority(nice: str) -> _LowPriority | None:
 
 class _LowPriority:
     """The priority a standby started with, to go back to once: its nice value, and its session's
-    autogroup nice value when it leads a session of its own (see `set_autogroup_nice`)."""
+    autogroup nice value when it lowered that too (see `set_autogroup_nice`)."""
 
     def __init__(self, start: int, group_start: int | None) -> None:
         self.start, self.group_start = start, group_start
