@@ -15,8 +15,10 @@ its defaults (warm standbys on: the pool must not slow the first start), and for
 Keys (--json), each with _ci95 and _repeats (benchmarks/paired.py): first_step_s,
 torchrun_first_step_s, cold_first_step_s; first_step_ratio_vs_torchrun (geometric mean of the
 per-round ratios: target <= 1.1), cold_first_step_ratio_vs_torchrun; wall_s, torchrun_wall_s,
-wall_ratio_vs_torchrun (over the rounds where both launchers exited); *exit_hangs (runs whose
-launcher had not exited EXIT_CAP_S after its start: killed, their first step still counted); the
+wall_ratio_vs_torchrun (over the rounds where both launchers exited 0); *exit_hangs (runs whose
+launcher had not exited EXIT_CAP_S after its start: killed, their first step still counted);
+*failed_exits (runs whose launcher exited non-zero after both first steps: a rank aborted in
+torch/gloo's teardown; their first step counted, their wall not); the
 samples; load (the 1-minute load average before and after, and its
 mean over the run, sampled at each launch). Exit 1 when a target is missed.
 """
@@ -56,9 +58,12 @@ def command(arm: str, work: Path) -> list[str]:
             str(SCRIPT), str(work)]  # fmt: skip
 
 
-def measure(arm: str, loads: list[float]) -> tuple[float, float | None]:
+def measure(arm: str, loads: list[float], failed_exits: list[str]) -> tuple[float, float | None]:
     """(seconds to the later rank's first step, seconds to the launcher's exit, None when it had
-    not exited EXIT_CAP_S after its start: killed, its first step still counted) of one run."""
+    not exited EXIT_CAP_S after its start: killed, its first step still counted) of one run. A
+    launcher that exits non-zero after both ranks' first step (a rank aborted in torch/gloo's
+    interpreter teardown: "terminate called without an active exception", seen under torchrun)
+    keeps its first step, its wall left out and its arm named in ``failed_exits``."""
     loads.append(os.getloadavg()[0])
     work = Path(tempfile.mkdtemp(prefix=f"bench-startup-{arm}-"))
     try:
@@ -75,8 +80,11 @@ def measure(arm: str, loads: list[float]) -> tuple[float, float | None]:
                 proc.wait()
                 code, wall = None, None
         firsts = [work / f"first_step.{r}" for r in (0, 1)]
-        if code not in (0, None) or not all(f.exists() for f in firsts):
+        if not all(f.exists() for f in firsts):
             raise RuntimeError(f"{arm} exited {code}: {(work / 'launcher.log').read_text()[-3000:]}")
+        if code not in (0, None):
+            failed_exits.append(arm)
+            wall = None
         return max(float(f.read_text()) for f in firsts) - started, wall
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -85,10 +93,11 @@ def measure(arm: str, loads: list[float]) -> tuple[float, float | None]:
 def figures(repeats: int, cold: bool) -> dict[str, Any]:
     arms = [a for a in ARMS if cold or a != "trainguard-cold"]
     loads: list[float] = []
+    failed_exits: list[str] = []
     load_before = os.getloadavg()[0]
 
     def arm_fn(arm: str) -> Callable[[int], tuple[float, float | None]]:
-        return lambda _i: measure(arm, loads)
+        return lambda _i: measure(arm, loads, failed_exits)
 
     got = dict(zip(arms, rotate(repeats, *(arm_fn(a) for a in arms)), strict=True))
     out: dict[str, Any] = {
@@ -106,7 +115,8 @@ def figures(repeats: int, cold: bool) -> dict[str, Any]:
         out.update(mean_ci(first).as_json(f"{prefix}first_step_s", 2))
         out[f"{prefix}first_step_samples"] = [round(f, 2) for f in first]
         out[f"{prefix}wall_samples"] = [None if w is None else round(w, 2) for w in wall]
-        out[f"{prefix}exit_hangs"] = wall.count(None)
+        out[f"{prefix}failed_exits"] = failed_exits.count(arm)
+        out[f"{prefix}exit_hangs"] = wall.count(None) - failed_exits.count(arm)
         if arm != "torchrun":
             out.update(ratio_ci(first, theirs_first).as_json(f"{prefix}first_step_ratio_vs_torchrun", 3))
         # wall: the rounds where both launchers exited
@@ -139,7 +149,8 @@ def main() -> int:
                 print(
                     f"  {arm:16s} first step {out[f'{prefix}first_step_s']:6.2f} s "
                     f"{out[f'{prefix}first_step_s_ci95']}  samples {out[f'{prefix}first_step_samples']}  "
-                    f"wall {out[f'{prefix}wall_samples']} ({out[f'{prefix}exit_hangs']} exit hangs)"
+                    f"wall {out[f'{prefix}wall_samples']} ({out[f'{prefix}exit_hangs']} exit hangs, "
+                    f"{out[f'{prefix}failed_exits']} failed exits)"
                 )
         print(
             f"  ratio vs torchrun: {out['first_step_ratio_vs_torchrun']:.3f} "

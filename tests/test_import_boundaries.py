@@ -59,6 +59,29 @@ def test_the_spine_imports_no_third_party_module(module):
     assert json.loads(out.stdout) == []
 
 
+# What `trainguard run` imports before its workers start (besides torch's launcher), and what only
+# some runs need: the simulated node (--backend sim), the agent, the analytics, NVML, plotting,
+# the flight-recorder judge (a hang).
+# Each is seconds of nothing on the first step's path (issue 36: a start no slower than torchrun's).
+START_PATH = ["trainguard.cli", "trainguard.cli.run", "trainguard.supervisor.supervisor",
+              "trainguard.supervisor.torchrun", "trainguard.supervisor.warm", "trainguard.supervisor.logs"]  # fmt: skip
+NOT_ON_THE_START_PATH = ["trainguard.telemetry.sim", "trainguard.telemetry.nvml", "trainguard.agent",
+                         "trainguard.reliability", "trainguard.predictor", "trainguard.remediate",
+                         "trainguard.demo", "trainguard.incidents.flight",  # judged on a hang only
+                         "pynvml", "matplotlib", "sqlite3"]  # fmt: skip
+
+
+def test_the_start_path_of_trainguard_run_imports_only_what_every_run_needs():
+    probe = (
+        "import importlib, json, sys\n"
+        f"for m in {START_PATH!r}: importlib.import_module(m)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    loaded = set(json.loads(out.stdout))
+    assert [m for m in NOT_ON_THE_START_PATH if m in loaded] == []
+
+
 # The floors of the house, lowest first (docs/architecture.md draws them). A module imports its own
 # floor and those below, never one above, and no two folders import each other (no circle), even
 # on one floor. A folder or top-level module that is on no floor, or a name here that is gone,

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from real_parts import require_real
+
 
 def run_in_standby(tmp_path: Path, script: str, *args: str) -> tuple[int, str]:
     path = tmp_path / "script.py"
@@ -290,3 +292,42 @@ def test_the_pool_imports_at_the_jobs_priority_where_it_could_not_go_back(monkey
         assert pool.refill_nice == 19
     finally:
         pool.close()
+
+
+def test_a_standby_in_its_own_session_lowers_its_autogroup_too_and_its_rank_runs_at_the_start_one(tmp_path):
+    # With autogroup scheduling every session gets an equal CPU share and nice counts only inside
+    # a session: a standby (its own session, as the pool starts it) at nice 19 alone imported
+    # torch at full weight beside the first start's ranks.
+    from trainguard.supervisor.standby import AUTOGROUP, NICE_ENV
+    from trainguard.supervisor.warm import can_restore_priority
+
+    def group_nice(pid: int | str) -> int:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().rsplit("nice", 1)[1])
+
+    if not can_restore_priority():
+        pytest.skip("going back from nice 19 needs CAP_SYS_NICE or RLIMIT_NICE: the pool does not nice here")
+    require_real(
+        "autogroup scheduling", install="a kernel with CONFIG_SCHED_AUTOGROUP", found=Path(AUTOGROUP).exists()
+    )
+    script = tmp_path / "script.py"
+    script.write_text("open('group.txt', 'w').write(open('/proc/self/autogroup').read())\n")
+    start = group_nice("self")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainguard.supervisor.standby"], start_new_session=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, NICE_ENV: "19"},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        assert group_nice(proc.pid) == 19  # waiting, its session at low weight
+        job = {"argv": [str(script)], "env": {**os.environ}, "cwd": str(tmp_path),
+               "stdout": str(tmp_path / "out.txt"), "stderr": str(tmp_path / "err.txt")}  # fmt: skip
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(job) + "\n").encode())
+        proc.stdin.close()
+        assert proc.wait(60) == 0, (tmp_path / "err.txt").read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert group_nice("self") == start  # the supervisor's own session untouched
+    text = (tmp_path / "group.txt").read_text()
+    assert int(text.rsplit("nice", 1)[1]) == start, text  # the rank ran at its start weight

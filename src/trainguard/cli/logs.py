@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TextIO
 from trainguard.cli.interrupt import quits_on_ctrl_c
 
 if TYPE_CHECKING:
+    from trainguard.detect.scan import ScanStats
     from trainguard.records import Event
 
 _TABLE = "{loc:<28} {kind:<8} {xid:>5} {pci:<10} {severity:<7} {action:<15} {category:<17} {text}"
@@ -50,7 +51,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "follow",
         help="classify lines as they are appended (survives rotation)",
         description="Like tail -F, printing the failures among the lines appended to a log file or /dev/kmsg "
-        "(rotation and truncation are followed; a fast-growing file is scanned in bulk).",
+        "(rotation and truncation are followed; a fast-growing file is scanned in bulk); exit 0, or 2 when "
+        "the file is missing or a binary file.",
     )
     follow.add_argument("path", metavar="PATH", help="a log file, or /dev/kmsg")
     _common(follow)
@@ -158,6 +160,17 @@ def emit_header(as_json: bool, out: TextIO) -> None:
                                 action="ACTION", category="CATEGORY", text="TEXT") + "\n")  # fmt: skip
 
 
+_SNIFF_BYTES = 1 << 16  # how much of a file `logs follow` reads first to tell a binary file
+
+
+def not_a_log(path: str, stats: ScanStats) -> str:
+    """The error for a binary file given as a log (``stats``: its scan)."""
+    return (
+        f"{path}: a binary file, not a log ({stats.skipped} of {stats.lines} line(s) are not text); "
+        "give a text log (decompress it first)"
+    )
+
+
 def run_scan(args: argparse.Namespace) -> int:
     from trainguard.detect.scan import BurstTracker, ScanStats, merge_events, scan_file
     from trainguard.errors import InputError
@@ -176,12 +189,8 @@ def run_scan(args: argparse.Namespace) -> int:
         except BrokenPipeError:  # `| head`: the reader has seen enough
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return status
-        if stats.skipped and stats.skipped * 2 > stats.lines:  # a few NUL lines: a log after a crash
-            print(
-                f"trainguard logs scan: error: {path}: a binary file, not a log ({stats.skipped} of "
-                f"{stats.lines} line(s) are not text); give a text log (decompress it first)",
-                file=sys.stderr,
-            )
+        if stats.looks_binary():
+            print(f"trainguard logs scan: error: {not_a_log(path, stats)}", file=sys.stderr)
             status = 2
             continue
         if stats.skipped:
@@ -213,6 +222,11 @@ def run_follow(args: argparse.Namespace) -> int:
     if args.path == "/dev/kmsg" or str(args.path).endswith("/kmsg"):
         source = KmsgReader(args.path, from_start=args.from_start)
     else:
+        head = ScanStats()  # what scan would refuse: its start, whether followed from there or not
+        with open(args.path, "rb") as f:
+            scan_bytes(f.read(_SNIFF_BYTES), name=args.path, stats=head)
+        if head.looks_binary():
+            raise InputError(not_a_log(args.path, head))
         source = LogFollower(args.path, from_start=args.from_start, poll_interval=args.interval)
     tracker, merger, stats = BurstTracker(args.burst_window), EventMerger(), ScanStats()
     deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds

@@ -70,6 +70,11 @@ class ScanStats:
     threads: int = 1  # searchers that ran at once (threads, or processes: see ``processes``)
     processes: int = 1  # processes that searched the file (> 1: forked searchers)
 
+    def looks_binary(self) -> bool:
+        """Most lines are not text: a binary file, not a log (a log written up to a power loss
+        holds a few NUL lines, and is still read)."""
+        return self.skipped * 2 > self.lines
+
 
 def classify_line(text: str, now: float | None = None) -> Event | None:
     """Kernel parser first (Xid, SXid, GPU lost/map), then the training-log classifier."""

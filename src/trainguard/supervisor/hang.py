@@ -39,10 +39,12 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from trainguard.incidents.flight import FlightVerdict
 from trainguard.rundir import Heartbeat, dumps_dir
+
+if TYPE_CHECKING:
+    from trainguard.incidents.flight import FlightVerdict  # judged only when a hang is
 
 FR_PREFIX = "fr_rank_"  # torch's flight-recorder dumps of a run: <run>/dumps/fr_rank_<rank>
 _FR_FRESH_S = 600.0  # a dump older than this at the hang belongs to an earlier attempt

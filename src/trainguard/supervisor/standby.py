@@ -19,7 +19,8 @@ interpreter is torn down: pytorch/pytorch#190489). torch sized its thread pool a
 the rank's environment arrived; the rank's OMP_NUM_THREADS is applied when the job arrives.
 
 A standby the pool starts to fill or refill itself imports at low priority (nice 19, where the
-pool may go back: ``TRAINGUARD_STANDBY_NICE``) and returns to its start priority, every thread of
+pool may go back: ``TRAINGUARD_STANDBY_NICE``; with Linux's autogroup scheduling, its session's
+group at nice 19 too, `set_autogroup_nice`) and returns to its start priority, every thread of
 it, the moment a job arrives.
 
 A standby dies with the supervisor that started it (parent-death signal, and a parent poll for
@@ -37,6 +38,7 @@ import select
 import signal
 import sys
 import threading
+import time
 from types import TracebackType
 from typing import NoReturn
 
@@ -50,15 +52,15 @@ READY = b"ready\n"  # written to stdout once the preloads are imported
 def main(modules: list[str]) -> int:
     # Killed when the pool's thread that started it exits; the poll covers non-Linux hosts.
     die_with_parent(int(os.environ.pop(PARENT_ENV, "") or os.getppid()), poll_s=1.0)
-    start = _import_at_low_priority(os.environ.pop(NICE_ENV, ""))
+    low = _import_at_low_priority(os.environ.pop(NICE_ENV, ""))
     for name in modules:
         with contextlib.suppress(ImportError):  # a missing preload only costs the time it saves
             importlib.import_module(name)
     with contextlib.suppress(OSError):  # the pool may have stopped listening: it only ranks standbys
         os.write(1, READY)
     line = sys.stdin.readline()
-    if start is not None:
-        restore_priority(start)  # the watcher thread may not have run yet
+    if low is not None:
+        low.back()  # the watcher thread may not have run yet
     if not line.strip():
         return 0
     job = json.loads(line)
@@ -163,7 +165,7 @@ def _apply_thread_env() -> None:
         torch.set_num_threads(int(value))
 
 
-def _import_at_low_priority(nice: str) -> int | None:
+def _import_at_low_priority(nice: str) -> _LowPriority | None:
     """Import at ``nice`` (the pool's refill must not take the CPU the ranks need), and go back to
     the priority it started with as soon as a job arrives on stdin, imports finished or not: a
     rank never runs, nor waits on its imports, at low priority. The pool asks for it only where
@@ -173,14 +175,79 @@ def _import_at_low_priority(nice: str) -> int | None:
     start = os.getpriority(os.PRIO_PROCESS, 0)
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, int(nice))  # this thread: those it starts inherit it
+    group = _own_autogroup_nice()  # going back to a value >= 0 needs no privilege
+    lowered = group is not None and 0 <= group < int(nice) and set_autogroup_nice(int(nice))
+    low = _LowPriority(start, group if lowered else None)
 
     def restore_when_a_job_arrives() -> None:
         with contextlib.suppress(OSError, ValueError):
             select.select([0], [], [])  # a job line, or EOF: either ends the wait
-        restore_priority(start)
+        low.back()
 
     threading.Thread(target=restore_when_a_job_arrives, daemon=True, name="standby-priority").start()
-    return start
+    return low
+
+
+class _LowPriority:
+    """The priority a standby started with, to go back to once: its nice value, and its session's
+    autogroup nice value when it lowered that too (see `set_autogroup_nice`)."""
+
+    def __init__(self, start: int, group_start: int | None) -> None:
+        self.start, self.group_start = start, group_start
+        self._lock = threading.Lock()
+        self._nice_back = False
+        self._group_back = group_start is None
+
+    def back(self) -> None:
+        """Back to the start priority before the rank runs (the group's within ~0.1 s: see
+        `set_autogroup_nice`)."""
+        with self._lock:
+            if not self._nice_back:
+                restore_priority(self.start)
+                self._nice_back = True
+            if not self._group_back and self.group_start is not None:
+                self._group_back = set_autogroup_nice(self.group_start)
+
+
+AUTOGROUP = "/proc/self/autogroup"
+
+
+def _own_autogroup_nice() -> int | None:
+    """This session's autogroup nice value, when this process leads a session of its own (the
+    pool starts each standby in one) and the kernel schedules by autogroup; else None."""
+    if os.getsid(0) != os.getpid():
+        return None  # the group is the parent's session's: never ours to change
+    try:
+        with open(AUTOGROUP) as f:
+            return int(f.read().rsplit("nice", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def set_autogroup_nice(nice: int, tries: int = 50) -> bool:
+    """Set this session's autogroup nice value; whether it was set.
+
+    With autogroup scheduling (Linux's default where ``sched_autogroup_enabled`` is 1), every
+    session is a scheduling group that gets an equal share of the CPU, and a process's own nice
+    value weighs only against the processes of its session. A standby leads a session of its own,
+    as each of torch's ranks does, so nice 19 alone left its ``import torch`` an equal share
+    beside every rank; the group's nice value is what lowers it. The kernel refuses a change
+    within 0.1 s of the last one (EAGAIN) to a process without CAP_SYS_ADMIN: tried again every
+    20 ms, ``tries`` times."""
+    for attempt in range(tries):
+        try:
+            fd = os.open(AUTOGROUP, os.O_WRONLY)
+            try:
+                os.write(fd, str(nice).encode())
+            finally:
+                os.close(fd)
+            return True
+        except BlockingIOError:
+            if attempt + 1 < tries:
+                time.sleep(0.02)
+        except OSError:
+            return False
+    return False
 
 
 def restore_priority(nice: int) -> None:

@@ -56,7 +56,6 @@ from trainguard.supervisor.result import RunEvent, RunResult
 from trainguard.supervisor.resume import resume_point
 from trainguard.supervisor.state import RunState
 from trainguard.supervisor.watch import ProgressWatch, watchers
-from trainguard.telemetry.sim.speed import SPEEDS_ENV, SPEEDS_FILE
 
 __all__ = ["HEALTHY_AFTER_S", "RunEvent", "RunResult", "Supervisor"]
 
@@ -369,6 +368,8 @@ class Supervisor:
         env["TRAINGUARD_GPU"] = str(self.gpu_map.gpu_of(local_rank))
         env["TRAINGUARD_JOB_ID"] = self.job_id
         if self.health.fleet is not None:  # a simulated node: its GPUs' speeds, for the ranks to run at
+            from trainguard.telemetry.sim.speed import SPEEDS_ENV, SPEEDS_FILE  # the simulator: only then
+
             env[SPEEDS_ENV] = str(self.run_dir / SPEEDS_FILE)
         env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT then dumps every thread's stack (hang forensics)
         for key, value in flight_recorder_env(self.run_dir).items():  # torch's flight recorder, for hangs

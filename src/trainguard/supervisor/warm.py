@@ -10,7 +10,8 @@ first, and only when none is left a fresh one. The pool is filled once the job's
 has settled (its first step: `GuardedAgent.settled`; at launch with ``--warm-fill-at-start``);
 until then every start is cold, as torchrun's, and no standby imports torch beside the first
 start's ranks. After a start the pool refills itself a few seconds later, off the restart's
-critical path, and at low priority (nice 19) where a standby may go back to the
+critical path, and at low priority (nice 19, and its session's autogroup at nice 19: each standby
+leads a session, where nice alone weighs nothing against the ranks') where a standby may go back to the
 job's priority when it becomes a rank (``can_restore_priority``): on a node whose cores the
 ranks use, a refill at their priority slowed their steps for seconds after every restart. What a
 start got is its `StandbyUse`. Process management stays torch's: the context below has the shape of torch's ``SubprocessContext`` (``pids``, ``close``,
