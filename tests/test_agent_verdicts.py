@@ -50,7 +50,7 @@ def test_a_supervisor_and_an_agent_on_one_node_read_it_once(tmp_path: Path, read
             agent_token_file=Path(cfg.token_file),
         )
         try:
-            assert health.source == "agent" and health.fleet is None
+            assert health.source == "agent" and health.sim is None
             assert agent.daemon.sim is not None
             agent.daemon.sim.now().xid(79, gpu=3)
 
@@ -74,9 +74,9 @@ def test_the_supervisor_reads_the_node_itself_where_no_agent_serves(
     token.chmod(0o600)
     health = NodeHealth("sim", 2, tmp_path, agent_url="http://127.0.0.1:9", agent_token_file=token)
     try:
-        assert health.source == "local" and health.fleet is not None
+        assert health.source == "local" and health.sim is not None
         assert health.tick(force=True) is not None
-        assert list(reads) == [id(health.fleet)]
+        assert list(reads) == [id(health.sim)]
     finally:
         health.close()
 

@@ -125,14 +125,14 @@ def test_wrong_products_make_the_rank_gpu_fail_the_sdc_test_and_nothing_else(tmp
     from trainguard.records import Health
     from trainguard.telemetry.sim import SimNode
 
-    fleet = SimNode(n_gpus=3, load=0.0)
+    sim = SimNode(n_gpus=3, load=0.0)
     plan = parse_plan('[[fault]]\nkind = "wrong_products"\nrank = 0\nat_s = 5\nrate = 1.0\n')
-    ex = ChaosExecutor(plan, tmp_path, started=0.0, fleet=fleet)
+    ex = ChaosExecutor(plan, tmp_path, started=0.0, sim=sim)
     assert ex.tick(4.0, None, {0: 1}, lambda r: 2) == []
     [fired] = ex.tick(5.0, None, {0: 1}, lambda r: 2)  # rank 0 runs on GPU 2
     assert fired.gpu == 2 and "wrong matrix products" in fired.detail
-    verdict = Agent(fleet).tick()
+    verdict = Agent(sim).tick()
     assert all(g.health is Health.OK for g in verdict.gpus)  # no telemetry symptom
-    report = preflight([0, 1, 2], backend="sim", fleet=fleet)
+    report = preflight([0, 1, 2], backend="sim", sim=sim)
     assert [report.gpu_health(g) for g in (0, 1, 2)] == [Health.OK, Health.OK, Health.FAILED]
     assert report.gpu(2).test("sdc").verdict.value == "fail"

@@ -1,4 +1,4 @@
-"""The diagnostics against the simulated fleet: each injected fault fails exactly its test, on its
+"""The diagnostics against the simulated node: each injected fault fails exactly its test, on its
 GPU, from what the tests measure (the simulated GPU computes for real on the CPU)."""
 
 from __future__ import annotations
@@ -34,17 +34,17 @@ def _failing(report: Any) -> set[tuple[str, int]]:
     return {(t.name, g.index) for g in report.gpus for t in g.tests if t.verdict is Verdict.FAIL}
 
 
-def _scenario_fleet(name: str) -> SimNode:
-    fleet = SimNode(n_gpus=8, load=0.0)
-    DIAGNOSE_SCENARIOS[name].script(fleet)
-    return fleet
+def _scenario_node(name: str) -> SimNode:
+    sim = SimNode(n_gpus=8, load=0.0)
+    DIAGNOSE_SCENARIOS[name].script(sim)
+    return sim
 
 
 @pytest.mark.parametrize("name", sorted(set(DIAGNOSE_SCENARIOS) - {"healthy"}))
 def test_each_scenario_fails_exactly_its_test_on_its_gpu(name):
     scenario = DIAGNOSE_SCENARIOS[name]
     test = scenario.fails[0][0]
-    target = open_target("sim", fleet=_scenario_fleet(name))
+    target = open_target("sim", sim=_scenario_node(name))
     try:
         report = run_diagnostics(target, 2, tests=[test], budget=FAST)
     finally:
@@ -67,23 +67,23 @@ def test_cli_level_2_on_each_scenario_fails_only_the_injected_fault(name, capsys
 
 def test_wrong_products_leave_no_telemetry_symptom():
     clock = VirtualClock()
-    fleet = SimNode(n_gpus=8, clock=clock)
-    fleet.now().wrong_products(gpu=5)
-    with Agent(fleet, clock=clock) as agent:
+    sim = SimNode(n_gpus=8, clock=clock)
+    sim.now().wrong_products(gpu=5)
+    with Agent(sim, clock=clock) as agent:
         verdict = agent.tick()
     assert verdict.health is Health.OK
 
 
 def test_silicon_defects_survive_a_gpu_reset():
-    fleet = SimNode(n_gpus=2, load=0.0)
-    fleet.now().wrong_products(gpu=1).reset_gpu(gpu=1)
-    assert fleet.state(1).defects
+    sim = SimNode(n_gpus=2, load=0.0)
+    sim.now().wrong_products(gpu=1).reset_gpu(gpu=1)
+    assert sim.state(1).defects
 
 
 def test_preflight_fails_the_gpu_that_returns_wrong_products():
-    fleet = SimNode(n_gpus=4, load=0.0)
-    fleet.now().wrong_products(gpu=2)
-    report = preflight([0, 1, 2, 3], backend="sim", fleet=fleet)
+    sim = SimNode(n_gpus=4, load=0.0)
+    sim.now().wrong_products(gpu=2)
+    report = preflight([0, 1, 2, 3], backend="sim", sim=sim)
     assert [report.gpu_health(g) for g in range(4)] == [Health.OK, Health.OK, Health.FAILED, Health.OK]
     assert "GPU 2 sdc fail: 3 of 3 rounds differ" in report.summary()
     stored = json.loads(json.dumps(report.to_dict()))  # what goes into the incident
@@ -91,12 +91,12 @@ def test_preflight_fails_the_gpu_that_returns_wrong_products():
 
 
 def test_health_hook_has_the_supervisors_signature_and_names_a_straggler():
-    fleet = SimNode(n_gpus=4, load=0.0)
-    fleet.now().straggler(gpu=1)
+    sim = SimNode(n_gpus=4, load=0.0)
+    sim.now().straggler(gpu=1)
     seen = []
     diagnose = health_hook(
         backend="sim",
-        fleet=fleet,
+        sim=sim,
         peers=[0, 1, 2, 3],
         tests=("compute",),
         on_report=lambda g, r: seen.append(r),
@@ -114,9 +114,9 @@ def test_a_busy_moment_on_the_host_is_not_device_time(monkeypatch):
 
     from trainguard.diagnose import sim_device
 
-    fleet = SimNode(n_gpus=3, load=0.0)
-    fleet.now().straggler(gpu=1)
-    target = open_target("sim", fleet=fleet)
+    sim = SimNode(n_gpus=3, load=0.0)
+    sim.now().straggler(gpu=1)
+    target = open_target("sim", sim=sim)
     cpu = [0.0]  # the thread's CPU clock
 
     class Operand:  # a product of these takes ``each`` s of CPU time
@@ -159,7 +159,7 @@ def test_a_busy_moment_on_the_host_does_not_slow_one_gpus_writes(monkeypatch):
     from trainguard.diagnose import sim_device
     from trainguard.diagnose.torch_device import TorchDevice
 
-    target = open_target("sim", fleet=SimNode(n_gpus=2, load=0.0))
+    target = open_target("sim", sim=SimNode(n_gpus=2, load=0.0))
     cpu, cost = [0.0], {0: 1.0, 1: 20.0}  # GPU 1's writes made while the host was busy
 
     def write(self: Any, dst: Any, src: Any) -> None:
@@ -184,8 +184,8 @@ def test_a_busy_moment_on_the_host_does_not_slow_one_gpus_writes(monkeypatch):
 def test_a_slow_product_that_starts_midway_is_not_hidden_by_the_fast_ones_before():
     import torch
 
-    fleet = SimNode(n_gpus=1, load=0.0)
-    dev = SimDevice(fleet, 0)
+    sim = SimNode(n_gpus=1, load=0.0)
+    dev = SimDevice(sim, 0)
     a = torch.randn(256, 256)
 
     def least() -> float:
@@ -201,7 +201,7 @@ def test_a_slow_product_that_starts_midway_is_not_hidden_by_the_fast_ones_before
         return min(times)
 
     before = least()
-    fleet.now().slow_products(gpu=0, fraction=0.25)
+    sim.now().slow_products(gpu=0, fraction=0.25)
     after = least()
     assert after > 2 * before  # four products' work each, really done
 
@@ -218,9 +218,9 @@ class _Wedged(SimDevice):
 
 @pytest.mark.slow
 def test_a_wedged_gpu_fails_its_test_and_the_run_goes_on():
-    fleet = SimNode(n_gpus=3, load=0.0)
-    target = open_target("sim", fleet=fleet)
-    target.devices[1] = _Wedged(fleet, 1)
+    sim = SimNode(n_gpus=3, load=0.0)
+    target = open_target("sim", sim=sim)
+    target.devices[1] = _Wedged(sim, 1)
     # The wedged GPU is given up on after the whole timeout, however long: 15 s is a ceiling for the
     # healthy GPUs' tests on a loaded host (1 s once failed GPU 2's, 0.2 s of work, beside two hogs).
     budget = budget_for(2, "sim", compute_s=0.2, timeout_s=15.0, pattern_max_bytes=2**20)
@@ -243,9 +243,9 @@ def test_a_wedged_gpu_fails_its_test_and_the_run_goes_on():
 def test_a_simulated_link_runs_at_its_models_rate_and_a_slow_link_at_its_share(model, healthy_gbps):
     from trainguard.diagnose.interconnect import measure_interconnect
 
-    fleet = SimNode(n_gpus=3, load=0.0, model=model)
-    fleet.now().slow_link(gpu=2, fraction=0.25)
-    target = open_target("sim", fleet=fleet)
+    sim = SimNode(n_gpus=3, load=0.0, model=model)
+    sim.now().slow_link(gpu=2, fraction=0.25)
+    target = open_target("sim", sim=sim)
     try:
         per_gpu, ring = measure_interconnect(target.devices, 2**16, 2, timeout_s=30.0)
     finally:
@@ -256,8 +256,8 @@ def test_a_simulated_link_runs_at_its_models_rate_and_a_slow_link_at_its_share(m
 
 
 def test_a_hung_collective_fails_interconnect_within_the_watchdog(monkeypatch):
-    fleet = SimNode(n_gpus=2, load=0.0)
-    target = open_target("sim", fleet=fleet)
+    sim = SimNode(n_gpus=2, load=0.0)
+    target = open_target("sim", sim=sim)
     release = threading.Event()
     monkeypatch.setattr(
         target.devices[1], "link_seconds", lambda nbytes, ranks, wall: release.wait(5) or wall
@@ -307,9 +307,9 @@ def test_a_single_gpu_is_checked_against_the_golden_checksum_of_a_first_run():
         golden = run_diagnostics(clean, 2, tests=["sdc"], budget=FAST).extra["sdc_golden"]
     finally:
         clean.close()
-    fleet = SimNode(n_gpus=2, load=0.0)
-    fleet.now().wrong_products(gpu=1)
-    alone = open_target("sim", [1], fleet=fleet)
+    sim = SimNode(n_gpus=2, load=0.0)
+    sim.now().wrong_products(gpu=1)
+    alone = open_target("sim", [1], sim=sim)
     try:
         alone_without = run_diagnostics(alone, 2, tests=["sdc"], budget=FAST)
         alone_with = run_diagnostics(alone, 2, tests=["sdc"], budget=FAST, golden=golden)
@@ -335,9 +335,9 @@ class _LateDevice(SimDevice):
 def test_a_device_loaded_late_still_gets_the_whole_stress_and_a_reading_at_its_end():
     # GPU 1 throttles after 0.6 s of load; the stress lasts 0.7 s. Its load thread starts 0.5 s
     # late: counted from before the threads start, it would be read after 0.2 s of load at most.
-    fleet = SimNode(n_gpus=2, load=0.0)
-    fleet.now().hot_under_load(gpu=1, after_s=0.6)
-    devices = [SimDevice(fleet, 0), _LateDevice(fleet, 1)]
+    sim = SimNode(n_gpus=2, load=0.0)
+    sim.now().hot_under_load(gpu=1, after_s=0.6)
+    devices = [SimDevice(sim, 0), _LateDevice(sim, 1)]
     traces = measure.stress_all(devices, 64, seconds=0.7, every_s=0.05)
     for trace in traces.values():
         assert trace[-1][0] >= 0.7  # the last reading comes after the whole stress
@@ -353,14 +353,14 @@ def test_a_defect_at_the_demos_realistic_rate_fails_every_preflight_and_a_far_ra
 
     assert SDC_RATE <= 1e-4
     for _ in range(2):
-        fleet = SimNode(n_gpus=4, load=0.0)
-        fleet.now().wrong_products(gpu=2, rate=SDC_RATE)
-        report = preflight([0, 1, 2, 3], backend="sim", fleet=fleet)
+        sim = SimNode(n_gpus=4, load=0.0)
+        sim.now().wrong_products(gpu=2, rate=SDC_RATE)
+        report = preflight([0, 1, 2, 3], backend="sim", sim=sim)
         assert [report.gpu_health(g) for g in range(4)] == [Health.OK, Health.OK, Health.FAILED, Health.OK]
         assert "GPU 2 sdc fail: 3 of 3 rounds differ" in report.summary()
-    fleet = SimNode(n_gpus=4, load=0.0)
-    fleet.now().wrong_products(gpu=2, rate=SDC_RATE / 1000)
-    report = preflight([0, 1, 2, 3], backend="sim", fleet=fleet)
+    sim = SimNode(n_gpus=4, load=0.0)
+    sim.now().wrong_products(gpu=2, rate=SDC_RATE / 1000)
+    report = preflight([0, 1, 2, 3], backend="sim", sim=sim)
     assert [report.gpu_health(g) for g in range(4)] == [Health.OK] * 4
 
 
@@ -369,10 +369,10 @@ def test_wrong_products_err_on_the_same_elements_for_the_same_operands():
 
     from trainguard.diagnose.sim_device import SimDevice
 
-    fleet = SimNode(n_gpus=2, load=0.0)
-    fleet.now().wrong_products(gpu=1, rate=0.01)
+    sim = SimNode(n_gpus=2, load=0.0)
+    sim.now().wrong_products(gpu=1, rate=0.01)
     g = torch.Generator().manual_seed(7)
     a, b = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
-    first, again = SimDevice(fleet, 1).matmul(a, b), SimDevice(fleet, 1).matmul(a, b)
+    first, again = SimDevice(sim, 1).matmul(a, b), SimDevice(sim, 1).matmul(a, b)
     wrong = (first != a @ b).sum().item()
     assert torch.equal(first, again) and 0 < wrong < 0.05 * first.numel()

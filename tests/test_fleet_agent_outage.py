@@ -33,11 +33,11 @@ def test_the_agent_spools_while_postgres_is_down_and_every_incident_arrives_once
     url = postgres.url(postgres.create_db())
     daemon = AgentDaemon(sim_config(tmp_path, db=url))
     try:
-        daemon.fleet.now().xid(79, gpu=1)
+        daemon.sim.now().xid(79, gpu=1)
         assert daemon.step().health is Health.OK  # written at once
         postgres.stop()  # mid-run
-        daemon.fleet.now().xid(79, gpu=3)
-        daemon.fleet.now().xid(79, gpu=5)
+        daemon.sim.now().xid(79, gpu=3)
+        daemon.sim.now().xid(79, gpu=5)
         snap = daemon.step()
         assert snap.verdict is not None and snap.verdict.health is Health.FAILED  # still judging
         assert snap.health is Health.DEGRADED and any("spooled" in p for p in snap.problems), snap.problems

@@ -29,8 +29,8 @@ ENFORCE = parse_policy(
 
 def _node(tmp_path: Path) -> tuple[VirtualClock, SimNode, Agent]:
     clock = VirtualClock()
-    fleet = SimNode(n_gpus=4, clock=clock, kmsg_path=tmp_path / "kmsg", hostname="n1")
-    return clock, fleet, Agent(fleet, kernel_log=tmp_path / "kmsg", clock=clock)
+    sim = SimNode(n_gpus=4, clock=clock, kmsg_path=tmp_path / "kmsg", hostname="n1")
+    return clock, sim, Agent(sim, kernel_log=tmp_path / "kmsg", clock=clock)
 
 
 def _fault(clock: VirtualClock, agent: Agent, inject: object) -> list:  # type: ignore[type-arg]
@@ -41,9 +41,9 @@ def _fault(clock: VirtualClock, agent: Agent, inject: object) -> list:  # type: 
 
 
 def test_reset_brings_a_gpu_with_a_double_bit_error_back(tmp_path: Path) -> None:
-    clock, fleet, agent = _node(tmp_path)
-    control = SimGpuControl(fleet)
-    new = _fault(clock, agent, lambda: fleet.now().dbe(gpu=2))
+    clock, sim, agent = _node(tmp_path)
+    control = SimGpuControl(sim)
+    new = _fault(clock, agent, lambda: sim.now().dbe(gpu=2))
     with IncidentStore(tmp_path / "tg.db") as store, agent:
         r = Remediator(ENFORCE, "n1", store, state_dir=tmp_path, clock=clock.time,
                        providers={"gpu": GpuResetProvider(control), "node": SimScheduler(["n1"])},
@@ -57,42 +57,42 @@ def test_reset_brings_a_gpu_with_a_double_bit_error_back(tmp_path: Path) -> None
 
 
 def test_a_gpu_that_fell_off_the_bus_stays_lost_and_a_reboot_is_requested(tmp_path: Path) -> None:
-    clock, fleet, agent = _node(tmp_path)
+    clock, sim, agent = _node(tmp_path)
     sched = SimScheduler(["n1"])
-    new = _fault(clock, agent, lambda: fleet.now().xid(79, gpu=1))
+    new = _fault(clock, agent, lambda: sim.now().xid(79, gpu=1))
     with IncidentStore(tmp_path / "tg.db") as store, agent:
         r = Remediator(ENFORCE, "n1", store, state_dir=tmp_path, clock=clock.time,
-                       providers={"gpu": GpuResetProvider(SimGpuControl(fleet)), "node": sched})  # fmt: skip
+                       providers={"gpu": GpuResetProvider(SimGpuControl(sim)), "node": sched})  # fmt: skip
         reset, reboot = r.act(new)
     assert not reset.resolved and "does not answer after its reset" in reset.resolution
     assert reboot.action == "reboot_node" and reboot.resolved
     assert sched.state("n1")[0] == "reboot_requested"
-    assert fleet.sample()[1].lost  # a reset does not bring it back; only the reboot would
+    assert sim.sample()[1].lost  # a reset does not bring it back; only the reboot would
 
 
 def test_a_gpu_in_use_is_never_reset(tmp_path: Path) -> None:
-    _, fleet, agent = _node(tmp_path)
+    _, sim, agent = _node(tmp_path)
     agent.close()
-    control = SimGpuControl(fleet)
-    fleet.start_process(3, 777, "python train.py", user="alice", job="12345")
+    control = SimGpuControl(sim)
+    sim.start_process(3, 777, "python train.py", user="alice", job="12345")
     out = GpuResetProvider(control).apply("reset_gpu", Target("n1", 3))
     assert out.status is Status.FAILED and "in use by pid 777" in out.detail and not out.retry
     assert control.resets == []
 
 
 def test_the_sim_refuses_a_reset_while_persistence_mode_holds_the_gpu(tmp_path: Path) -> None:
-    _, fleet, _ = _node(tmp_path)
-    control = SimGpuControl(fleet)
+    _, sim, _ = _node(tmp_path)
+    control = SimGpuControl(sim)
     ok, why = control.reset(0)  # called without turning persistence off first
     assert not ok and "persistence" in why
 
 
 def test_a_stranger_process_is_an_unexpected_gpu_process_finding(tmp_path: Path) -> None:
-    _, fleet, _ = _node(tmp_path)
-    fleet.start_process(0, 1001, "python train.py", user="alice", job="12345")
-    fleet.start_process(2, 4242, "xmrig -o stratum+tcp://pool:3333", user="mallory")
-    fleet.start_process(3, 555, "/usr/bin/dcgm-exporter", user="root")
-    procs = [p for k in range(4) for p in fleet.processes(k)]
+    _, sim, _ = _node(tmp_path)
+    sim.start_process(0, 1001, "python train.py", user="alice", job="12345")
+    sim.start_process(2, 4242, "xmrig -o stratum+tcp://pool:3333", user="mallory")
+    sim.start_process(3, 555, "/usr/bin/dcgm-exporter", user="root")
+    procs = [p for k in range(4) for p in sim.processes(k)]
     (f,) = unexpected_processes(procs, 5.0, known_jobs=["12345"], allowed_commands=["/usr/bin/dcgm-exporter"])
     assert f.rule == RULE and f.gpu == 2 and f.health is Health.DEGRADED
     assert "pid 4242" in f.reason and "mallory" in f.reason and "xmrig" in f.reason
@@ -104,9 +104,9 @@ def test_a_stranger_process_is_an_unexpected_gpu_process_finding(tmp_path: Path)
 
 
 def test_intrusion_goes_through_the_policy(tmp_path: Path) -> None:
-    _, fleet, _ = _node(tmp_path)
-    fleet.start_process(1, 4242, "xmrig", user="mallory")
-    findings = unexpected_processes(fleet.processes(1), 1.0)
+    _, sim, _ = _node(tmp_path)
+    sim.start_process(1, 4242, "xmrig", user="mallory")
+    findings = unexpected_processes(sim.processes(1), 1.0)
     policy = parse_policy({"remediation": {"actions": {RULE: "webhook"}}})
     with IncidentStore(tmp_path / "tg.db") as store:
         (rec,) = Remediator(policy, "n1", store, state_dir=tmp_path).act(findings)

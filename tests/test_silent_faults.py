@@ -37,14 +37,14 @@ def test_check_passes_a_node_with_a_silent_fault(name, capsys):
 @pytest.mark.parametrize("name", sorted(SILENT))
 def test_a_silent_fault_changes_no_reading_and_no_agent_verdict(name, tmp_path):
     clock = VirtualClock()
-    fleet = SimNode(n_gpus=8, clock=clock, load=1.0, kmsg_path=tmp_path / "faulty")
+    sim = SimNode(n_gpus=8, clock=clock, load=1.0, kmsg_path=tmp_path / "faulty")
     healthy = SimNode(n_gpus=8, clock=clock, load=1.0, kmsg_path=tmp_path / "healthy")
-    DIAGNOSE_SCENARIOS[name].script(fleet)
-    assert fleet.state(SILENT[name][1]).defects  # the fault is there
+    DIAGNOSE_SCENARIOS[name].script(sim)
+    assert sim.state(SILENT[name][1]).defects  # the fault is there
     clock.advance(10)
-    assert fleet.sample() == healthy.sample()
+    assert sim.sample() == healthy.sample()
     assert (tmp_path / "faulty").read_text() == (tmp_path / "healthy").read_text()
-    with Agent(fleet, clock=clock) as agent:
+    with Agent(sim, clock=clock) as agent:
         verdict = agent.tick()
     assert verdict.health is Health.OK and all(g.health is Health.OK for g in verdict.gpus)
 
@@ -60,10 +60,10 @@ def test_diagnose_fails_the_silent_fault_on_its_gpu_and_no_other(name):
         2, "sim", compute_s=0.3, pattern_max_bytes=2**20, allreduce_bytes=2**20, allreduce_iters=4
     )
     for scripted in (True, False):  # the same node without the fault: the test passes everywhere
-        fleet = SimNode(n_gpus=8, load=0.0)
+        sim = SimNode(n_gpus=8, load=0.0)
         if scripted:
-            DIAGNOSE_SCENARIOS[name].script(fleet)
-        target = open_target("sim", fleet=fleet)
+            DIAGNOSE_SCENARIOS[name].script(sim)
+        target = open_target("sim", sim=sim)
         try:
             report = run_diagnostics(target, 2, tests=[test], budget=budget)
         finally:
@@ -77,9 +77,9 @@ def test_stuck_bits_corrupt_only_patterns_that_need_the_other_value():
 
     from trainguard.diagnose.sim_device import SimDevice
 
-    fleet = SimNode(n_gpus=2, load=0.0)
-    fleet.now().stuck_bits(gpu=1, cells=4)
-    good, bad = SimDevice(fleet, 0), SimDevice(fleet, 1)
+    sim = SimNode(n_gpus=2, load=0.0)
+    sim.now().stuck_bits(gpu=1, cells=4)
+    good, bad = SimDevice(sim, 0), SimDevice(sim, 1)
     buf = torch.empty(2**20, dtype=torch.uint8)
     wrong = {}
     for value in (0x00, 0xFF):
@@ -95,19 +95,19 @@ def test_stuck_bits_corrupt_only_patterns_that_need_the_other_value():
 
 
 def test_silent_defects_survive_a_gpu_reset():
-    fleet = SimNode(n_gpus=8, load=0.0)
-    fleet.now().slow_products(gpu=4).detoured_link(gpu=6).stuck_bits(gpu=0)
-    fleet.now().reset_gpu(gpu=4).reset_gpu(gpu=6).reset_gpu(gpu=0)
-    assert all(fleet.state(g).defects for g in (0, 4, 6))
+    sim = SimNode(n_gpus=8, load=0.0)
+    sim.now().slow_products(gpu=4).detoured_link(gpu=6).stuck_bits(gpu=0)
+    sim.now().reset_gpu(gpu=4).reset_gpu(gpu=6).reset_gpu(gpu=0)
+    assert all(sim.state(g).defects for g in (0, 4, 6))
 
 
 def test_a_detoured_link_is_measured_slow_from_the_copies_it_really_makes():
     from trainguard.diagnose import open_target
     from trainguard.diagnose.interconnect import measure_interconnect
 
-    fleet = SimNode(n_gpus=3, load=0.0)
-    fleet.now().detoured_link(gpu=2, bounces=4)
-    target = open_target("sim", fleet=fleet)
+    sim = SimNode(n_gpus=3, load=0.0)
+    sim.now().detoured_link(gpu=2, bounces=4)
+    target = open_target("sim", sim=sim)
     try:
         per_gpu, ring = measure_interconnect(target.devices, 2**18, 4, timeout_s=60.0)
     finally:
@@ -125,9 +125,9 @@ def test_a_detoured_link_is_not_hidden_by_a_direct_copy_that_a_busy_host_slowed(
 
     from trainguard.diagnose import sim_device
 
-    fleet = SimNode(n_gpus=2, load=0.0)
-    fleet.now().detoured_link(gpu=1, bounces=4)
-    good, bad = sim_device.SimDevice(fleet, 0), sim_device.SimDevice(fleet, 1)
+    sim = SimNode(n_gpus=2, load=0.0)
+    sim.now().detoured_link(gpu=1, bounces=4)
+    good, bad = sim_device.SimDevice(sim, 0), sim_device.SimDevice(sim, 1)
 
     class Done:  # gloo's all-reduce of two ranks, finished
         def size(self) -> int:

@@ -17,40 +17,40 @@ from trainguard.torch.sim_gpu import SimGpu, from_file
 
 
 def test_uneven_gpus_show_their_throttle_and_run_at_half_and_three_quarters():
-    fleet = SimNode(n_gpus=4, clock=VirtualClock())
-    run_scenario("uneven-gpus", fleet)
-    samples = fleet.sample()
+    sim = SimNode(n_gpus=4, clock=VirtualClock())
+    run_scenario("uneven-gpus", sim)
+    samples = sim.sample()
     assert samples[1].throttle == {Throttle.SW_POWER_CAP}
     assert samples[2].throttle == {Throttle.SW_THERMAL}
     assert samples[1].sm_clock_mhz == pytest.approx(0.5 * samples[1].sm_clock_max_mhz, rel=0.02)
-    assert gpu_speeds(fleet) == {0: 1.0, 1: 0.5, 2: 0.75, 3: 1.0}
+    assert gpu_speeds(sim) == {0: 1.0, 1: 0.5, 2: 0.75, 3: 1.0}
 
 
 def test_a_gpu_slows_mid_run_and_recovers():
     clock = VirtualClock()
-    fleet = SimNode(n_gpus=4, clock=clock)
-    run_scenario("slow-then-recover", fleet, step_s=1.0)  # ends at t=30, after the recovery
-    assert gpu_speeds(fleet)[2] == 1.0 and fleet.sample()[2].throttle == frozenset()
-    fleet = SimNode(n_gpus=4, clock=clock)
-    fleet.now().throttled(gpu=2, fraction=0.5, duration_s=20)
+    sim = SimNode(n_gpus=4, clock=clock)
+    run_scenario("slow-then-recover", sim, step_s=1.0)  # ends at t=30, after the recovery
+    assert gpu_speeds(sim)[2] == 1.0 and sim.sample()[2].throttle == frozenset()
+    sim = SimNode(n_gpus=4, clock=clock)
+    sim.now().throttled(gpu=2, fraction=0.5, duration_s=20)
     clock.advance(10)
-    assert gpu_speeds(fleet)[2] == 0.5
+    assert gpu_speeds(sim)[2] == 0.5
     clock.advance(11)
-    assert gpu_speeds(fleet)[2] == 1.0
+    assert gpu_speeds(sim)[2] == 1.0
 
 
 def test_clocks_stuck_low_and_slow_products_with_normal_clocks_both_slow_the_gpu():
-    fleet = SimNode(n_gpus=3, clock=VirtualClock())
-    fleet.now().straggler(gpu=0).slow_products(gpu=1, fraction=0.4)
-    speeds = gpu_speeds(fleet)
+    sim = SimNode(n_gpus=3, clock=VirtualClock())
+    sim.now().straggler(gpu=0).slow_products(gpu=1, fraction=0.4)
+    speeds = gpu_speeds(sim)
     assert speeds[0] == pytest.approx(0.5, abs=0.01) and speeds[1] == 0.4 and speeds[2] == 1.0
-    assert fleet.sample()[1].throttle == frozenset()  # nothing in telemetry shows the slow products
+    assert sim.sample()[1].throttle == frozenset()  # nothing in telemetry shows the slow products
 
 
 def test_a_lost_gpu_has_no_speed():
-    fleet = SimNode(n_gpus=2, clock=VirtualClock())
-    fleet.now().xid(79, gpu=1)
-    assert gpu_speeds(fleet) == {0: 1.0}
+    sim = SimNode(n_gpus=2, clock=VirtualClock())
+    sim.now().xid(79, gpu=1)
+    assert gpu_speeds(sim) == {0: 1.0}
 
 
 def test_the_supervisor_publishes_its_simulated_gpus_speeds_to_the_ranks(tmp_path):
@@ -58,7 +58,7 @@ def test_the_supervisor_publishes_its_simulated_gpus_speeds_to_the_ranks(tmp_pat
     try:
         path = tmp_path / SPEEDS_FILE
         assert json.loads(path.read_text()) == {"gpus": {"0": 1.0, "1": 1.0, "2": 1.0, "3": 1.0}}
-        health.fleet.now().throttled(gpu=3, fraction=0.5)
+        health.sim.now().throttled(gpu=3, fraction=0.5)
         verdict = health.tick(force=True)
         assert verdict is not None and verdict.health is Health.OK  # a software limit: no rule fires
         assert read_speed(path, 3) == 0.5 and read_speed(path, 0) == 1.0

@@ -345,7 +345,7 @@ def test_the_preflight_before_a_restart_excludes_a_gpu_that_computes_wrong_produ
     def script(w: ShrinkingWorkers, t: float) -> dict[int, int | None]:
         if w.attempt == 0:
             if t >= 2.0:  # GPU 1 turns bad (no telemetry symptom), then a rank crashes
-                sup.health.fleet.now().wrong_products(gpu=1)
+                sup.health.sim.now().wrong_products(gpu=1)
                 return {0: None, 1: 1, 2: None}
             return dict.fromkeys(range(w.n))
         return dict.fromkeys(range(w.n), 0)
@@ -376,7 +376,7 @@ def test_no_preflight_runs_when_it_is_switched_off(tmp_path):
     sup = sim_supervisor(tmp_path, clock, preflight=False)
     events = []
     sup._on_event = events.append
-    sup.health.fleet.now().wrong_products(gpu=1)
+    sup.health.sim.now().wrong_products(gpu=1)
     workers = ShrinkingWorkers(clock, lambda w, t: dict.fromkeys(range(w.n), 0), sup.run_dir, 3)
     sup.started = clock.now
     assert sup.monitor(workers) is True
@@ -387,7 +387,7 @@ def test_no_preflight_runs_when_it_is_switched_off(tmp_path):
 def test_a_gpu_that_fails_the_first_preflight_is_never_started_on(tmp_path):
     clock = VirtualClock()
     sup = sim_supervisor(tmp_path, clock)
-    sup.health.fleet.now().wrong_products(gpu=2)
+    sup.health.sim.now().wrong_products(gpu=2)
     workers = ShrinkingWorkers(clock, lambda w, t: dict.fromkeys(range(w.n), 0), sup.run_dir, 3)
     sup.started = clock.now
     assert sup.monitor(workers) is True
@@ -404,7 +404,7 @@ def test_the_diagnosis_after_a_degraded_gpu_is_stored_with_its_incident(tmp_path
         if w.attempt == 0 and t < 30.0:
             if t >= 1.0 and not w.stuck:
                 w.stuck = True
-                sup.health.fleet.now().straggler(gpu=2)  # clocks stuck at half: telemetry degrades
+                sup.health.sim.now().straggler(gpu=2)  # clocks stuck at half: telemetry degrades
             return dict.fromkeys(range(w.n))
         return dict.fromkeys(range(w.n), 0)
 
@@ -461,7 +461,7 @@ def test_a_degraded_gpu_that_passes_diagnostics_keeps_training_and_asks_for_a_ch
         if w.attempt == 0 and t < 30.0:
             if t >= 1.0 and not w.stuck:
                 w.stuck = True
-                sup.health.fleet.now().straggler(gpu=2)  # clocks stuck at half: telemetry degrades
+                sup.health.sim.now().straggler(gpu=2)  # clocks stuck at half: telemetry degrades
             return dict.fromkeys(range(w.n))
         return dict.fromkeys(range(w.n), 0)
 

@@ -1,5 +1,5 @@
 """Named scenarios: the list the CLI shows, what each leaves behind, and that every kernel line the
-fleet writes is read back by the kernel-log parser as the right Xid on the right GPU."""
+sim writes is read back by the kernel-log parser as the right Xid on the right GPU."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ XIDS = {
 
 def played(name: str, tmp_path) -> tuple[SimNode, list[str]]:
     kmsg = tmp_path / f"{name}.log"
-    fleet = SimNode(clock=VirtualClock(), kmsg_path=kmsg)
-    run_scenario(name, fleet)
-    return fleet, kmsg.read_text().splitlines()
+    sim = SimNode(clock=VirtualClock(), kmsg_path=kmsg)
+    run_scenario(name, sim)
+    return sim, kmsg.read_text().splitlines()
 
 
 def test_every_required_scenario_exists_with_its_documented_verdict():
@@ -58,13 +58,13 @@ def test_every_required_scenario_exists_with_its_documented_verdict():
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_scenario_runs_to_its_end_and_leaves_evidence_on_the_faulty_gpus(name, tmp_path):
-    fleet, lines = played(name, tmp_path)
+    sim, lines = played(name, tmp_path)
     scenario = SCENARIOS[name]
-    assert fleet.elapsed == scenario.duration_s
-    assert fleet.pending() == []
+    assert sim.elapsed == scenario.duration_s
+    assert sim.pending() == []
     # cumulative counters (energy, NVLink data) count the time each node has run: left out
-    samples = [replace(s, energy_mj=None, nvlink_data_kib=None) for s in fleet.sample()]
-    fresh = SimNode(clock=VirtualClock(start=fleet.clock.time())).sample()
+    samples = [replace(s, energy_mj=None, nvlink_data_kib=None) for s in sim.sample()]
+    fresh = SimNode(clock=VirtualClock(start=sim.clock.time())).sample()
     healthy = [replace(s, energy_mj=None, nvlink_data_kib=None) for s in fresh]
     xid_lines = [line for line in lines if "NVRM: Xid" in line]
     if name == "healthy":
@@ -73,7 +73,7 @@ def test_scenario_runs_to_its_end_and_leaves_evidence_on_the_faulty_gpus(name, t
         return
     for gpu in scenario.faulty_gpus:
         changed = samples[gpu] != healthy[gpu]
-        logged = any(fleet.gpus()[gpu].pci in line for line in xid_lines)
+        logged = any(sim.gpus()[gpu].pci in line for line in xid_lines)
         assert changed or logged, f"{name}: GPU {gpu} shows no evidence"
     untouched = set(range(8)) - set(scenario.faulty_gpus)
     assert all(samples[i] == healthy[i] for i in untouched)
@@ -97,9 +97,9 @@ def test_run_scenario_calls_on_step_once_per_step():
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_every_kernel_line_the_fleet_writes_parses_to_the_right_xid_and_gpu(name, tmp_path):
     kernel_log = pytest.importorskip("trainguard.detect.kernel_log")
-    fleet, lines = played(name, tmp_path)
-    by_pci = {g.pci: g for g in fleet.gpus()}
-    faulty_pcis = {fleet.gpus()[i].pci for i in SCENARIOS[name].faulty_gpus}
+    sim, lines = played(name, tmp_path)
+    by_pci = {g.pci: g for g in sim.gpus()}
+    faulty_pcis = {sim.gpus()[i].pci for i in SCENARIOS[name].faulty_gpus}
     seen: set[int] = set()
     for line in lines:
         event = kernel_log.parse_kernel_line(line)
@@ -123,14 +123,14 @@ def test_every_kernel_line_the_fleet_writes_parses_to_the_right_xid_and_gpu(name
 def test_scenario_ends_in_its_documented_verdict_through_the_agent(name, tmp_path):
     agent_mod = pytest.importorskip("trainguard.agent")
     clock, kmsg = VirtualClock(), tmp_path / "kmsg.log"
-    fleet = SimNode(clock=clock, kmsg_path=kmsg)
-    with agent_mod.Agent(fleet, kernel_log=kmsg, clock=clock) as agent:
+    sim = SimNode(clock=clock, kmsg_path=kmsg)
+    with agent_mod.Agent(sim, kernel_log=kmsg, clock=clock) as agent:
         agent.tick()
-        run_scenario(name, fleet, on_step=lambda _t: agent.tick())
+        run_scenario(name, sim, on_step=lambda _t: agent.tick())
         verdict = agent.tick()
     assert verdict.health is SCENARIOS[name].expected, verdict.reasons
     got = {g.gpu.index: g.health for g in verdict.gpus}
-    assert got == SCENARIOS[name].expected_gpus(fleet.n_gpus)  # each GPU, faulty and healthy
+    assert got == SCENARIOS[name].expected_gpus(sim.n_gpus)  # each GPU, faulty and healthy
     assert SCENARIOS[name].mismatches(verdict) == []
 
 

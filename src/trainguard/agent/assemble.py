@@ -69,7 +69,7 @@ def assemble(
             AgentRemediation(
                 node=daemon.hostname, state_dir=daemon.state_dir, store=daemon.store,
                 backend=daemon.node.backend, policy_path=config.policy, enforce=config.enforce,
-                fleet=daemon.sim, on_reset=daemon.agent.gpu_was_reset, clock=daemon.clock.time,
+                sim=daemon.sim, on_reset=daemon.agent.gpu_was_reset, clock=daemon.clock.time,
                 fleet_writer=daemon.fleet_writer,
             )
         )  # fmt: skip

@@ -124,7 +124,6 @@ class AgentDaemon:
         saved = load_state(self.state_path)
         self.node: Node = self._open_node(backend, saved)
         self.sim = self.node.sim  # the SimNode when simulated: fault injection for drills and tests
-        self.fleet = self.sim  # deprecated name of ``sim`` (code written before the rename reads it)
         self.series = (
             Series(config.series_step_s, config.series_points, host=self.hostname)
             if config.series_points

@@ -1,6 +1,6 @@
 """Carries out a chaos plan during a supervised run, so every fault leaves real evidence.
 
-External faults are done here: signals to the rank's process (kill, stop), the simulated fleet's
+External faults are done here: signals to the rank's process (kill, stop), the simulated node's
 real-format Xid kernel line on the GPU the rank uses, flipped bytes in the newest checkpoint.
 In-process faults (nan, slow, hang, raise, exit, and the CUDA error of an xid) are written to
 ``$TRAINGUARD_RUN_DIR/chaos.json`` before the workers start; the workers' Guard applies them at
@@ -77,13 +77,13 @@ class ChaosExecutor:
         plan: ChaosPlan,
         run_dir: Path,
         started: float,
-        fleet: Any = None,
+        sim: Any = None,
         checkpoint_dir: Path | None = None,
     ) -> None:
         self.plan = plan
         self.run_dir = run_dir
         self.started = started
-        self.fleet = fleet
+        self.sim = sim
         self.checkpoint_dir = checkpoint_dir
         self.fired: dict[int, Injected] = {}
         self._entries: list[dict[str, Any]] = []
@@ -165,13 +165,13 @@ class ChaosExecutor:
             detail = corrupt_newest_checkpoint(self.checkpoint_dir, fault.bytes)
         elif fault.kind is FaultKind.XID:  # the rank is dying of the CUDA error right now
             raised = fault.cuda_message().splitlines()[0]  # torch's first line; the rest is advice
-            detail = sim_xid(self.fleet, fault.xid, gpu) + f"; rank raised {raised!r}"
+            detail = sim_xid(self.sim, fault.xid, gpu) + f"; rank raised {raised!r}"
         elif fault.kind is FaultKind.SLOW:
-            detail = sim_straggler(self.fleet, gpu) + f"; rank sleeps {fault.delay_s}s per step"
+            detail = sim_straggler(self.sim, gpu) + f"; rank sleeps {fault.delay_s}s per step"
         elif fault.kind is FaultKind.WRONG_PRODUCTS:
-            detail = sim_wrong_products(self.fleet, gpu, fault.rate)
+            detail = sim_wrong_products(self.sim, gpu, fault.rate)
         elif fault.kind is FaultKind.THROTTLE:
-            detail = sim_throttle(self.fleet, gpu, fault.fraction, fault.duration_s)
+            detail = sim_throttle(self.sim, gpu, fault.fraction, fault.duration_s)
         else:
             detail = f"{fault.kind.value} fired inside rank {rank} at step {step}"
         return Injected(i, fault, now, step, rank, gpu, pid, detail)
@@ -222,47 +222,47 @@ def _signal(pid: int | None, sig: signal.Signals) -> str:
     return f"{sig.name} sent to pid {pid}"
 
 
-def sim_xid(fleet: Any, code: int, gpu: int | None) -> str:
-    """Make the simulated fleet log the real-format Xid line for ``gpu`` now."""
-    if fleet is None or gpu is None:
-        return "no simulated fleet: no kernel line written (use --backend sim)"
+def sim_xid(sim: Any, code: int, gpu: int | None) -> str:
+    """Make the simulated node log the real-format Xid line for ``gpu`` now."""
+    if sim is None or gpu is None:
+        return "no simulated node: no kernel line written (use --backend sim)"
     try:
-        fleet.now().xid(code, gpu=gpu)
+        sim.now().xid(code, gpu=gpu)
     except Exception as exc:
-        log.warning("sim fleet could not inject Xid %s on GPU %s: %s", code, gpu, exc)
-        return f"sim fleet refused Xid {code}: {exc}"
+        log.warning("simulated node could not inject Xid %s on GPU %s: %s", code, gpu, exc)
+        return f"simulated node refused Xid {code}: {exc}"
     return f"Xid {code} logged for GPU {gpu}"
 
 
-def sim_straggler(fleet: Any, gpu: int | None) -> str:
-    if fleet is None or gpu is None:
-        return "no simulated fleet: no clock telemetry changed"
+def sim_straggler(sim: Any, gpu: int | None) -> str:
+    if sim is None or gpu is None:
+        return "no simulated node: no clock telemetry changed"
     try:
-        fleet.now().straggler(gpu=gpu)
+        sim.now().straggler(gpu=gpu)
     except Exception as exc:
-        return f"sim fleet refused straggler: {exc}"
+        return f"simulated node refused straggler: {exc}"
     return f"GPU {gpu} clocks stuck low"
 
 
-def sim_wrong_products(fleet: Any, gpu: int | None, rate: float) -> str:
+def sim_wrong_products(sim: Any, gpu: int | None, rate: float) -> str:
     """Make the simulated GPU return wrong matrix products from now on (no telemetry symptom)."""
-    if fleet is None or gpu is None:
-        return "no simulated fleet: no GPU made to compute wrong products (use --backend sim)"
+    if sim is None or gpu is None:
+        return "no simulated node: no GPU made to compute wrong products (use --backend sim)"
     try:
-        fleet.now().wrong_products(gpu=gpu, rate=rate)
+        sim.now().wrong_products(gpu=gpu, rate=rate)
     except Exception as exc:
-        return f"sim fleet refused wrong_products: {exc}"
+        return f"simulated node refused wrong_products: {exc}"
     return f"GPU {gpu} returns wrong matrix products ({rate:g} of their results); no telemetry symptom"
 
 
-def sim_throttle(fleet: Any, gpu: int | None, fraction: float, duration_s: float | None) -> str:
+def sim_throttle(sim: Any, gpu: int | None, fraction: float, duration_s: float | None) -> str:
     """Hold the simulated GPU's clock at ``fraction`` of max (a software power cap) from now on."""
-    if fleet is None or gpu is None:
-        return "no simulated fleet: no GPU throttled (use --backend sim)"
+    if sim is None or gpu is None:
+        return "no simulated node: no GPU throttled (use --backend sim)"
     try:
-        fleet.now().throttled(gpu=gpu, fraction=fraction, duration_s=duration_s)
+        sim.now().throttled(gpu=gpu, fraction=fraction, duration_s=duration_s)
     except Exception as exc:
-        return f"sim fleet refused throttle: {exc}"
+        return f"simulated node refused throttle: {exc}"
     until = f" for {duration_s:g}s" if duration_s is not None else ""
     return f"GPU {gpu} power-capped to {fraction:.0%} of its clock{until}; no health rule fires"
 

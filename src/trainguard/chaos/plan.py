@@ -42,15 +42,15 @@ class FaultKind(str, Enum):
     HANG = "hang"  # in-process: block forever before the next collective
     NAN = "nan"  # in-process: the rank's loss becomes NaN (`recurs`: every time the step runs)
     SLOW = "slow"  # in-process: delay_s per step for `steps` steps (+ sim clocks stuck low)
-    XID = "xid"  # sim fleet writes the Xid kernel line; the rank raises the matching CUDA error
+    XID = "xid"  # simulated node writes the Xid kernel line; the rank raises the matching CUDA error
     RAISE = "raise"  # in-process: raise `exc`(`message`) (a software crash)
     EXIT = "exit"  # in-process: exit with `code`
     CORRUPT_CHECKPOINT = "corrupt_checkpoint"  # external: flip bytes in the newest checkpoint
-    # external, sim fleet: `rate` of the elements of the rank's GPU's products come back wrong, the
+    # external, simulated node: `rate` of the elements of the rank's GPU's products come back wrong, the
     # same ones for the same operands (silent data corruption: no telemetry symptom; the
     # pre-flight's SDC round finds it)
     WRONG_PRODUCTS = "wrong_products"
-    # external, sim fleet: the rank's GPU held at `fraction` of its clock by a software limit (for
+    # external, simulated node: the rank's GPU held at `fraction` of its clock by a software limit (for
     # `duration_s`, else for good): telemetry shows the throttle, no health rule fires, and the
     # rank really computes at that fraction of its peers' speed (a fail-slow GPU)
     THROTTLE = "throttle"

@@ -1,4 +1,4 @@
-"""`trainguard diagnose`: active diagnostics, DCGM-style, on CUDA GPUs, the CPU or the simulated fleet.
+"""`trainguard diagnose`: active diagnostics, DCGM-style, on CUDA GPUs, the CPU or the simulated node.
 
     trainguard diagnose                                   # level 1: software and settings (seconds)
     trainguard diagnose --level 2 --gpu-ids 0,3             # + compute, SDC, memory, interconnect, thermal
@@ -98,7 +98,7 @@ def _diagnose(args: argparse.Namespace) -> Any:
     if args.scenario and backend != "sim":
         raise ConfigError("--scenario runs on the simulated node: use --backend sim")
     tests = [t.strip() for t in args.tests.split(",") if t.strip()] if args.tests else None
-    fleet, extra = None, {}
+    sim, extra = None, {}
     if backend == "sim":
         from trainguard.telemetry.sim import DIAGNOSE_SCENARIOS, SimNode
 
@@ -106,10 +106,10 @@ def _diagnose(args: argparse.Namespace) -> Any:
         scenario = DIAGNOSE_SCENARIOS.get(name)
         if scenario is None:
             raise ConfigError(f"unknown scenario {name!r}: choose one of {', '.join(DIAGNOSE_SCENARIOS)}")
-        fleet = SimNode(n_gpus=args.gpus, seed=args.seed, load=0.0)
-        scenario.script(fleet)
+        sim = SimNode(n_gpus=args.gpus, seed=args.seed, load=0.0)
+        scenario.script(sim)
         extra = {"scenario": name, "description": scenario.description}
-    target = open_target(backend, _indices(args.gpu_ids, "--gpu-ids"), fleet=fleet, cpu_fallback=False)
+    target = open_target(backend, _indices(args.gpu_ids, "--gpu-ids"), sim=sim, cpu_fallback=False)
     progress = None
     if not args.quiet and (not args.json or sys.stderr.isatty()):
         from trainguard.cli.diagnose_render import progress_printer

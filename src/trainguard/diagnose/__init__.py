@@ -4,7 +4,7 @@
 
 Passive telemetry misses what matters most to training: a GPU that computes wrong answers, HBM
 that corrupts under load, a slow link, a GPU that throttles only when hot. These tests find them,
-DCGM-style, on whatever torch runs on: CUDA GPUs, the CPU, or the simulated fleet.
+DCGM-style, on whatever torch runs on: CUDA GPUs, the CPU, or the simulated node.
 
     >>> from trainguard.diagnose import open_target, run_diagnostics
     >>> target = open_target("sim", [0, 1])

@@ -4,8 +4,8 @@ Tests are written once, against ``Device``; two implementations ship:
 
 - ``TorchDevice`` (``diagnose/torch_device.py``): a CUDA GPU through torch, or the CPU where there
   is no GPU (expectations then come from the machine itself);
-- ``SimDevice`` (``diagnose/sim_device.py``): one GPU of the simulated fleet. It runs the same real
-  computation on the CPU and applies what the fleet's faults do to silicon: a slower clock, flipped
+- ``SimDevice`` (``diagnose/sim_device.py``): one GPU of the simulated node. It runs the same real
+  computation on the CPU and applies what the node's faults do to silicon: a slower clock, flipped
   bits in products, corrupted writes, a capped link, heat under load. Every result is measured;
   none is read from the simulator's ground truth.
 

@@ -4,9 +4,9 @@ is stored with the incident, ``report.summary()`` is the line for the report, an
 ``report.gpu_health(gpu)`` is the ``Health`` that decides between excluding the GPU and retrying.
 
     >>> from trainguard.telemetry.sim import SimNode
-    >>> fleet = SimNode(n_gpus=2, load=0.0)
-    >>> _ = fleet.now().wrong_products(gpu=1)
-    >>> report = preflight([0, 1], backend="sim", fleet=fleet)
+    >>> sim = SimNode(n_gpus=2, load=0.0)
+    >>> _ = sim.now().wrong_products(gpu=1)
+    >>> report = preflight([0, 1], backend="sim", sim=sim)
     >>> report.gpu_health(0).value, report.gpu_health(1).value
     ('ok', 'failed')
 """
@@ -31,7 +31,7 @@ def preflight(
     gpus: Sequence[int] | None,
     *,
     backend: str = "auto",
-    fleet: Any = None,
+    sim: Any = None,
     sdc_rounds: int = 3,
     expect_gpus: int | None = None,
     timeout_s: float = 60.0,
@@ -39,7 +39,7 @@ def preflight(
 ) -> Report:
     """Level 1 and a short SDC round (``sdc_rounds``) on ``gpus``: seconds, before a (re)start.
     Keep the first clean report's ``extra["sdc_golden"]`` and pass it as ``golden`` afterwards."""
-    target = open_target(backend, gpus, fleet=fleet)
+    target = open_target(backend, gpus, sim=sim)
     try:
         budget = budget_for(2, target.kind, sdc_rounds=sdc_rounds, timeout_s=timeout_s)
         return run_diagnostics(
@@ -60,7 +60,7 @@ def after_incident(
     *,
     gpus: Sequence[int] | None = None,
     backend: str = "auto",
-    fleet: Any = None,
+    sim: Any = None,
     tests: Sequence[str] = LEVEL2_TESTS,
     budget: Budget | None = None,
     golden: dict[str, str] | None = None,
@@ -68,7 +68,7 @@ def after_incident(
     """Level 2 after an ambiguous incident on ``gpu``. ``gpus`` (the job's, training stopped) are
     its peers: a GPU is judged slow against them. Decide on ``report.gpu_health(gpu)``."""
     chosen = sorted({gpu, *(gpus or [])})
-    target = open_target(backend, chosen, fleet=fleet)
+    target = open_target(backend, chosen, sim=sim)
     try:
         extra = {"purpose": "after_incident", "suspect_gpu": gpu}
         return run_diagnostics(
@@ -81,7 +81,7 @@ def after_incident(
 def health_hook(
     *,
     backend: str = "auto",
-    fleet: Any = None,
+    sim: Any = None,
     peers: Sequence[int] | None = None,
     tests: Sequence[str] = LEVEL2_TESTS,
     budget: Budget | None = None,
@@ -91,7 +91,7 @@ def health_hook(
     GPU (with ``peers``), its health returned and the full report handed to ``on_report``."""
 
     def diagnose(gpu: int) -> Health:
-        report = after_incident(gpu, gpus=peers, backend=backend, fleet=fleet, tests=tests, budget=budget)
+        report = after_incident(gpu, gpus=peers, backend=backend, sim=sim, tests=tests, budget=budget)
         if on_report is not None:
             on_report(gpu, report)
         return report.gpu_health(gpu)

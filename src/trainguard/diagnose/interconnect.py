@@ -1,7 +1,7 @@
 """All-reduce bus bandwidth among the local devices through torch.distributed. Imports torch.
 
 One thread per device, each a rank of its own process group (NCCL on GPUs, gloo on the CPU and
-the simulated fleet) over an in-process store: no processes to start or reap. Bus bandwidth is
+the simulated node) over an in-process store: no processes to start or reap. Bus bandwidth is
 nccl-tests' definition for all-reduce: ``busbw = algbw * 2 (n - 1) / n``, ``algbw = bytes / time``,
 so figures compare with ``all_reduce_perf`` output and across group sizes.
 

@@ -1,8 +1,8 @@
-"""A GPU of the simulated fleet as a diagnostics device. Imports torch.
+"""A GPU of the simulated node as a diagnostics device. Imports torch.
 
-It does the real work on the CPU, then does to it what the fleet's faults do to silicon:
+It does the real work on the CPU, then does to it what the node's faults do to silicon:
 
-- its SM clock (the fleet's reading under load) sets its speed: a straggler's half clock or a
+- its SM clock (the node's reading under load) sets its speed: a straggler's half clock or a
   thermal slowdown makes every product take twice as long on the device's clock (``clock()``),
   which counts the CPU time of the work, each product at the least CPU time a product of its
   shape took on the host: a GPU is not slowed by other processes on its host, and a host busy
@@ -22,16 +22,16 @@ It does the real work on the CPU, then does to it what the fleet's faults do to 
   it): the charge is stretched by the CPU time of those copies over that of one direct copy (the
   least disturbed of the copies, so a host busy elsewhere can make a detour look slower, never
   hide it);
-- ``busy()`` raises the GPU's load in the fleet, so heat builds up as it would (``HotUnderLoad``).
+- ``busy()`` raises the GPU's load in the node, so heat builds up as it would (``HotUnderLoad``).
 
 The tests see only the computed tensors and the time they took, as on real hardware.
 
     >>> from trainguard.telemetry.sim import SimNode
-    >>> fleet = SimNode(n_gpus=2, load=0.0)
-    >>> _ = fleet.now().wrong_products(gpu=1)
+    >>> sim = SimNode(n_gpus=2, load=0.0)
+    >>> _ = sim.now().wrong_products(gpu=1)
     >>> import torch
     >>> a = torch.ones(4, 4)
-    >>> [bool((SimDevice(fleet, i).matmul(a, a) == 4).all()) for i in (0, 1)]
+    >>> [bool((SimDevice(sim, i).matmul(a, a) == 4).all()) for i in (0, 1)]
     [True, False]
 """
 
@@ -60,12 +60,12 @@ LINK_EFFICIENCY = 0.8
 
 
 class SimDevice(TorchDevice):
-    def __init__(self, fleet: SimNode, index: int, least: dict[tuple[Any, ...], float] | None = None) -> None:
+    def __init__(self, sim: SimNode, index: int, least: dict[tuple[Any, ...], float] | None = None) -> None:
         """``least``: the least CPU time a product of each shape took, shared by the devices of one
         target (the host does every device's work, so one figure prices every device's products)."""
-        super().__init__(index, "cpu", fleet.identity(index).name or "simulated GPU", "sim")
-        self.fleet = fleet
-        self._rng = fleet.rng("sim-device", index)
+        super().__init__(index, "cpu", sim.identity(index).name or "simulated GPU", "sim")
+        self.sim = sim
+        self._rng = sim.rng("sim-device", index)
         self._lock = threading.Lock()
         self._busy_depth = 0
         self._ratio, self._ratio_at = 1.0, float("-inf")
@@ -79,8 +79,8 @@ class SimDevice(TorchDevice):
 
     # -- what the faults do -----------------------------------------------------------------
     def _active(self, kind: type[C]) -> C | None:
-        self.fleet.poll()
-        st = self.fleet.state(self.index)
+        self.sim.poll()
+        st = self.sim.state(self.index)
         return next((c for c in (*st.conditions, *st.defects) if isinstance(c, kind)), None)
 
     def _clock_ratio(self) -> float:
@@ -104,7 +104,7 @@ class SimDevice(TorchDevice):
     def _stuck_cells(self, defect: state.StuckBits) -> list[tuple[int, int, bool]]:
         """(byte offset, bit, stuck at 1) of each cell, the same for every allocation (seeded)."""
         if self._stuck is None or self._stuck[0] is not defect:
-            rng = self.fleet.rng("stuck-bits", self.index)
+            rng = self.sim.rng("stuck-bits", self.index)
             cells = [
                 (rng.randrange(defect.span), rng.randrange(8), rng.random() < 0.5)
                 for _ in range(defect.cells)
@@ -204,7 +204,7 @@ class SimDevice(TorchDevice):
         partners wait for the slowest link: the caller takes the slowest rank's time), stretched
         by what the copies of a detoured link took since the last call."""
         link = self._active(state.SlowLink)
-        rate = LINK_EFFICIENCY * link_gbps(self.fleet.profile) * 1e9 * (link.fraction if link else 1.0)
+        rate = LINK_EFFICIENCY * link_gbps(self.sim.profile) * 1e9 * (link.fraction if link else 1.0)
         stretch = self._link_total_s / self._link_direct_s if self._link_direct_s > 0 else 1.0
         self._link_direct_s = self._link_total_s = 0.0
         return nbytes * 2 * (ranks - 1) / ranks / rate * stretch
@@ -217,8 +217,8 @@ class SimDevice(TorchDevice):
         with self._lock:
             self._busy_depth += 1
             if self._busy_depth == 1:
-                self._before = self.fleet.state(self.index).load
-                self.fleet.set_load(1.0, gpu=self.index)
+                self._before = self.sim.state(self.index).load
+                self.sim.set_load(1.0, gpu=self.index)
                 self._ratio_at = float("-inf")
         try:
             yield
@@ -226,13 +226,13 @@ class SimDevice(TorchDevice):
             with self._lock:
                 self._busy_depth -= 1
                 if self._busy_depth == 0:
-                    self.fleet.set_load(self._before, gpu=self.index)
+                    self.sim.set_load(self._before, gpu=self.index)
 
     def reading(self) -> Sample | None:
-        return self.fleet.sample()[self.index]
+        return self.sim.sample()[self.index]
 
     def memory_free(self) -> int:
-        st = self.fleet.sample()[self.index]
+        st = self.sim.sample()[self.index]
         if st.mem_total_mib is None or st.mem_used_mib is None:
             return self._cpu_memory_bytes
         return int((st.mem_total_mib - st.mem_used_mib) * 2**20)

@@ -1,7 +1,7 @@
 """What a diagnostic run runs on: the devices, the software around them and their telemetry.
 
 ``open_target("auto")`` picks CUDA when torch sees a GPU, else the CPU; ``"sim"`` opens the
-simulated fleet (or uses the one given, e.g. the supervisor's). Imports torch when called.
+simulated node (or uses the one given, e.g. the supervisor's). Imports torch when called.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def open_target(
     backend: str = "auto",
     gpus: Sequence[int] | None = None,
     *,
-    fleet: Any = None,
+    sim: Any = None,
     n_sim: int = 8,
     seed: int = 0,
     cpu_fallback: bool = True,
@@ -100,7 +100,7 @@ def open_target(
     if backend not in BACKENDS:
         raise ConfigError(f"unknown diagnostics backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "sim":
-        return _open_sim(gpus, fleet, n_sim, seed)
+        return _open_sim(gpus, sim, n_sim, seed)
     from trainguard.diagnose.torch_device import TorchDevice, cuda_count
 
     if backend == "auto" and not cpu_fallback and not cuda_count():
@@ -132,24 +132,24 @@ def _nvml_says() -> str:
         nvml.close()
 
 
-def _open_sim(gpus: Sequence[int] | None, fleet: Any, n_sim: int, seed: int) -> Target:
+def _open_sim(gpus: Sequence[int] | None, sim: Any, n_sim: int, seed: int) -> Target:
     from trainguard.diagnose.sim_device import SimDevice
     from trainguard.telemetry.sim import SimNode
 
     owned = []
-    if fleet is None:
-        fleet = SimNode(n_gpus=n_sim, seed=seed, load=0.0)  # idle until a test loads a GPU
-        owned.append(fleet)
-    chosen = _select(range(fleet.n_gpus), gpus)
+    if sim is None:
+        sim = SimNode(n_gpus=n_sim, seed=seed, load=0.0)  # idle until a test loads a GPU
+        owned.append(sim)
+    chosen = _select(range(sim.n_gpus), gpus)
     least: dict[tuple[Any, ...], float] = {}  # what a product costs: one host does every GPU's work
-    devices: list[Device] = [SimDevice(fleet, i, least) for i in chosen]
+    devices: list[Device] = [SimDevice(sim, i, least) for i in chosen]
     owned.append(_OneThread())
     return Target(
         "sim",
         devices,
-        _software("sim", fleet.driver_info()),
-        fleet.n_gpus,
-        fleet,
+        _software("sim", sim.driver_info()),
+        sim.n_gpus,
+        sim,
         owned,
         {i: i for i in chosen},
     )

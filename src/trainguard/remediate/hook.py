@@ -49,7 +49,7 @@ class AgentRemediation:
         backend: Any,
         policy_path: str = "",
         enforce: bool = False,
-        fleet: Any = None,
+        sim: Any = None,  # the simulated node (a SimNode): its own scheduler and GPUs
         on_reset: Callable[[int], None] | None = None,
         clock: Callable[[], float] | None = None,
         fleet_writer: Callable[[], Any] | None = None,
@@ -59,7 +59,7 @@ class AgentRemediation:
         self._on_reset = on_reset  # the agent's gpu_was_reset: not thread-safe, so called from step()
         self._resets: list[int] = []
         self.enforcing = enforce or self.policy.enforce or any(g.enforce for g in self.policy.groups)
-        providers = self._providers(fleet) if self.enforcing else {}
+        providers = self._providers(sim) if self.enforcing else {}
         kw: dict[str, Any] = {"clock": clock} if clock is not None else {}
         gpus = backend.gpus() if hasattr(backend, "gpus") else []
         self.remediator = Remediator(
@@ -86,15 +86,15 @@ class AgentRemediation:
         self._work: queue.Queue[list[Finding] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
 
-    def _providers(self, fleet: Any) -> dict[str, Provider]:
+    def _providers(self, sim: Any) -> dict[str, Provider]:
         p = self.policy
         out: dict[str, Provider] = {}
-        if fleet is not None:  # a simulated node: never touch the real scheduler or GPUs
+        if sim is not None:  # a simulated node: never touch the real scheduler or GPUs
             from trainguard.remediate.providers.gpu_reset import GpuResetProvider, SimGpuControl
             from trainguard.remediate.providers.sim import SimScheduler
 
             out["node"] = SimScheduler([self.node])
-            out["gpu"] = GpuResetProvider(SimGpuControl(fleet))
+            out["gpu"] = GpuResetProvider(SimGpuControl(sim))
         else:
             if p.provider == "slurm":
                 from trainguard.remediate.providers.slurm import SlurmProvider

@@ -102,7 +102,7 @@ class HealthConfig:
     """The node's health: where the verdict comes from and how it is judged."""
 
     backend: str = "none"  # node health telemetry: nvml | sim | none
-    kernel_log: Path | None = None  # kernel log for the agent (sim: the fleet's own file)
+    kernel_log: Path | None = None  # kernel log for the agent (sim: the simulated node's own file)
     health_interval: float = 0.5  # seconds between node-health ticks
     agent_url: str = ""  # the node agent's API; "" = http://127.0.0.1:9410 when its token is readable (nvml)
     agent_token_file: Path | None = None  # the agent's token; default <agent state dir>/agent.token

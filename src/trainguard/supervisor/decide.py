@@ -58,7 +58,7 @@ class Decider:
         self.diagnostics: Diagnostics | None = None
         backend = config.health.backend
         if backend in ("sim", "nvml") and health.active:
-            self.diagnostics = Diagnostics(backend, health.fleet, book.recorder.run_dir)
+            self.diagnostics = Diagnostics(backend, health.sim, book.recorder.run_dir)
         self.preflight_on = preflight_off(config, health.active) is None
 
     def decide(self, trouble: Trouble, gpus: GpuMap, attempt: int) -> tuple[Trouble, JobDecision]:

@@ -45,7 +45,7 @@ _TEST_CAUSE = {
 
 def preflight_off(config: SupervisorConfig, backend_open: bool = True) -> str | None:
     """Why the pre-flight does not run for this job (None: it runs). It needs GPUs it can test:
-    the simulated fleet's or the ones NVML sees, never worker slots of a CPU-only job."""
+    the simulated node's or the ones NVML sees, never worker slots of a CPU-only job."""
     if not config.health.preflight:
         return "--no-preflight"
     if config.health.backend not in ("sim", "nvml"):
@@ -58,9 +58,9 @@ def preflight_off(config: SupervisorConfig, backend_open: bool = True) -> str | 
 class Diagnostics:
     """Runs the tests for one job; every report is also written to ``run_dir/diagnostics/``."""
 
-    def __init__(self, backend: str, fleet: Any, run_dir: Path) -> None:
+    def __init__(self, backend: str, sim: Any, run_dir: Path) -> None:
         self.backend = "sim" if backend == "sim" else "auto"
-        self.fleet = fleet
+        self.sim = sim
         self.folder = run_dir / "diagnostics"
         self.golden: dict[str, str] | None = None  # the first clean pre-flight's SDC checksums
         self.reports: list[dict[str, Any]] = []  # one line per run, for the job's result
@@ -71,7 +71,7 @@ class Diagnostics:
         report = preflight(
             list(gpus),
             backend=self.backend,
-            fleet=self.fleet,
+            sim=self.sim,
             golden=self.golden,
             sdc_rounds=PREFLIGHT_SDC_ROUNDS,
         )
@@ -87,7 +87,7 @@ class Diagnostics:
             gpu,
             gpus=list(peers),
             backend=self.backend,
-            fleet=self.fleet,
+            sim=self.sim,
             tests=AFTER_INCIDENT_TESTS,
             golden=self.golden,
         )

@@ -76,7 +76,7 @@ class NodeHealth:
         self.backend_name = backend
         self.thresholds = thresholds
         self.interval = interval
-        self.fleet: Any = None  # the SimNode when the supervisor simulates the node itself
+        self.sim: Any = None  # the SimNode when the supervisor simulates the node itself
         self.kernel_log = kernel_log
         self.run_dir = run_dir
         self._speeds: dict[int, float] | None = None  # the simulated GPUs' speeds last written
@@ -133,8 +133,8 @@ class NodeHealth:
         if backend == "sim" and self.kernel_log is None:
             self.kernel_log = run_dir / "sim-kmsg.log"
         node = open_node(backend, kernel_log=self.kernel_log, n_gpus=n_gpus, seed=0)
-        self.fleet = node.sim
-        if self.fleet is not None:  # before the ranks start: they read it from their first step
+        self.sim = node.sim
+        if self.sim is not None:  # before the ranks start: they read it from their first step
             self._publish_speeds()
         return LocalVerdicts(Agent.of(node, thresholds=self.thresholds))
 
@@ -151,7 +151,7 @@ class NodeHealth:
         verdict: NodeVerdict | None = self._verdicts.verdict()
         if verdict is not None:
             self.last = verdict
-        if self.fleet is not None:
+        if self.sim is not None:
             self._publish_speeds()
         return verdict
 
@@ -159,7 +159,7 @@ class NodeHealth:
         """A simulated node's GPU speeds, for the ranks to run at (``telemetry.sim.speed``)."""
         from trainguard.telemetry.sim.speed import SPEEDS_FILE, gpu_speeds, write_speeds
 
-        speeds = gpu_speeds(self.fleet)
+        speeds = gpu_speeds(self.sim)
         if speeds != self._speeds:
             try:
                 write_speeds(self.run_dir / SPEEDS_FILE, speeds)

@@ -113,7 +113,7 @@ class Supervisor:
         self.chaos: ChaosExecutor | None = None
         if config.chaos is not None:
             plan = for_this_group(load_plan(config.chaos))
-            self.chaos = ChaosExecutor(plan, self.run_dir, 0.0, self.health.fleet, self.checkpoint_dir)
+            self.chaos = ChaosExecutor(plan, self.run_dir, 0.0, self.health.sim, self.checkpoint_dir)
         self.history = History()
         self.book = Bookkeeper(self.job_id, self.node, self.recorder, self.history, watch, self._emit, clock)
         self.decider = Decider(config, self.history, self.health, self.book, self._emit, clock, diagnose)
@@ -367,7 +367,7 @@ class Supervisor:
         env.update(self.gpu_map.cuda_env())
         env["TRAINGUARD_GPU"] = str(self.gpu_map.gpu_of(local_rank))
         env["TRAINGUARD_JOB_ID"] = self.job_id
-        if self.health.fleet is not None:  # a simulated node: its GPUs' speeds, for the ranks to run at
+        if self.health.sim is not None:  # a simulated node: its GPUs' speeds, for the ranks to run at
             from trainguard.telemetry.sim.speed import SPEEDS_ENV, SPEEDS_FILE  # the simulator: only then
 
             env[SPEEDS_ENV] = str(self.run_dir / SPEEDS_FILE)

@@ -73,16 +73,16 @@ class GpuResetProvider:
 class SimGpuControl:
     """The simulated node's GPUs (a ``SimNode``)."""
 
-    def __init__(self, fleet: Any) -> None:
-        self.fleet = fleet
+    def __init__(self, sim: Any) -> None:
+        self.sim = sim
         self.persistent: dict[int, bool] = {}
         self.resets: list[int] = []
 
     def processes(self, gpu: int) -> list[GpuProcess]:
-        return list(self.fleet.processes(gpu))
+        return list(self.sim.processes(gpu))
 
     def persistence(self, gpu: int) -> bool | None:
-        return self.persistent.get(gpu, bool(self.fleet.modes(gpu).persistence))
+        return self.persistent.get(gpu, bool(self.sim.modes(gpu).persistence))
 
     def set_persistence(self, gpu: int, on: bool) -> None:
         self.persistent[gpu] = on
@@ -93,11 +93,11 @@ class SimGpuControl:
         if self.persistence(gpu):  # as the driver: a GPU held open by persistence mode is busy
             return False, "In use by another client (persistence mode)"
         self.resets.append(gpu)
-        self.fleet.inject_now(GpuReset(gpu))
+        self.sim.inject_now(GpuReset(gpu))
         return True, "simulated"
 
     def answers(self, gpu: int) -> bool:
-        return not self.fleet.sample()[gpu].lost
+        return not self.sim.sample()[gpu].lost
 
 
 class NvidiaSmi:

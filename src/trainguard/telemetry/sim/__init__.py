@@ -1,13 +1,13 @@
 """The simulated GPU node: a product feature (demo, scenarios, chaos drills, tests), not a mock.
 
-``SimNode`` is a ``TelemetryBackend``; faults scripted on it (``fleet.at(t).xid(79, gpu=3)``,
-``fleet.inject_now(faults.DoubleBitEcc(gpu=2))``) produce NVML-shaped readings and real-format
+``SimNode`` is a ``TelemetryBackend``; faults scripted on it (``sim.at(t).xid(79, gpu=3)``,
+``sim.inject_now(faults.DoubleBitEcc(gpu=2))``) produce NVML-shaped readings and real-format
 kernel-log lines. ``SCENARIOS`` are the named scripts with the verdict each must produce.
 
     >>> from trainguard.clock import VirtualClock
     >>> from trainguard.telemetry.sim import SimNode, run_scenario
-    >>> fleet = SimNode(clock=VirtualClock())
-    >>> run_scenario("dbe", fleet).expected.value
+    >>> sim = SimNode(clock=VirtualClock())
+    >>> run_scenario("dbe", sim).expected.value
     'failed'
 """
 

@@ -2,13 +2,13 @@
 
 A fault is a frozen value; ``fire(ctx, at)`` applies it once, at virtual time ``at``: it changes
 the NVML-shaped state of the GPU (counters, a lost GPU, a lasting ``Condition``) and, where the
-real driver or kernel logs something, appends those exact lines to the fleet's kernel log.
+real driver or kernel logs something, appends those exact lines to the node's kernel log.
 
     >>> from trainguard.clock import VirtualClock
     >>> from trainguard.telemetry.sim import SimNode
-    >>> fleet = SimNode(clock=VirtualClock())
-    >>> fleet.inject_now(FallOffBus(gpu=3))            # or fleet.at(30).xid(79, gpu=3)
-    >>> fleet.sample()[3].error
+    >>> sim = SimNode(clock=VirtualClock())
+    >>> sim.inject_now(FallOffBus(gpu=3))            # or sim.at(30).xid(79, gpu=3)
+    >>> sim.sample()[3].error
     'GPU is lost (Xid 79: GPU has fallen off the bus)'
 """
 

@@ -1,6 +1,6 @@
 """Kernel-log lines in the exact format the NVIDIA driver and the Linux kernel print them.
 
-The simulated fleet writes these to its ``kmsg_path`` so the log reader in ``trainguard.detect``
+The simulated node writes these to its ``kmsg_path`` so the log reader in ``trainguard.detect``
 sees the same evidence a real fault leaves. The supervisor's chaos drills use ``write_xid_line``
 to emit the evidence of an Xid from another process::
 
@@ -125,7 +125,7 @@ def xid_messages(code: int, rng: random.Random) -> list[str]:
 def append_lines(path: str | os.PathLike[str], lines: Iterable[str]) -> None:
     """Append whole lines with one ``write`` on an O_APPEND descriptor.
 
-    Small O_APPEND writes do not interleave, so several writers (the fleet, a chaos drill) can
+    Small O_APPEND writes do not interleave, so several writers (the node, a chaos drill) can
     share one log the way the kernel ring buffer is shared.
     """
     data = "".join(line.rstrip("\n") + "\n" for line in lines).encode()

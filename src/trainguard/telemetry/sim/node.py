@@ -1,18 +1,18 @@
 """``SimNode``: a simulated node of N GPUs, a ``TelemetryBackend`` driven by a clock.
 
 Readings are realistic and deterministic: a function of the seed, the clock time and the faults
-scripted so far. Faults are scheduled in seconds after the fleet started and fire when the
+scripted so far. Faults are scheduled in seconds after the node started and fire when the
 clock passes them (checked on every ``sample()``, ``gpus()`` or ``poll()``); each leaves the
 NVML-shaped evidence and kernel lines (appended to ``kmsg_path``) a real one does::
 
     >>> from trainguard.clock import VirtualClock
     >>> clock = VirtualClock()
-    >>> fleet = SimNode(n_gpus=8, seed=0, clock=clock)   # kmsg_path="kmsg.log" to write the log
-    >>> _ = fleet.at(30).xid(79, gpu=3)
+    >>> sim = SimNode(n_gpus=8, seed=0, clock=clock)   # kmsg_path="kmsg.log" to write the log
+    >>> _ = sim.at(30).xid(79, gpu=3)
     >>> _ = clock.advance(31)
-    >>> fleet.sample()[3].lost
+    >>> sim.sample()[3].lost
     True
-    >>> fleet.kernel_log[-5]
+    >>> sim.kernel_log[-5]
     "[   30.000000] NVRM: Xid (PCI:0000:61:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 """
 
@@ -60,7 +60,7 @@ class SimNode:
         driver_version: str = "550.90.07",
     ) -> None:
         if n_gpus < 1:
-            raise ConfigError(f"a simulated fleet needs at least one GPU (n_gpus={n_gpus})")
+            raise ConfigError(f"a simulated node needs at least one GPU (n_gpus={n_gpus})")
         if not 0.0 <= load <= 1.0:
             raise ConfigError(f"load is a fraction between 0 and 1 (load={load})")
         self.seed, self.hostname, self.load = seed, hostname, load
@@ -146,15 +146,15 @@ class SimNode:
     # -- scripting --------------------------------------------------------------------------
     @property
     def elapsed(self) -> float:
-        """Seconds since the fleet started (the time base of ``at``)."""
+        """Seconds since the node started (the time base of ``at``)."""
         return self.clock.time() - self.start_time
 
     def at(self, t: float) -> At:
-        """Script faults ``t`` seconds after the fleet started: ``fleet.at(10).dbe(gpu=2)``."""
+        """Script faults ``t`` seconds after the node started: ``sim.at(10).dbe(gpu=2)``."""
         return At(self, t)
 
     def now(self) -> At:
-        """Script faults to fire at once: ``fleet.now().xid(13, gpu=1)``."""
+        """Script faults to fire at once: ``sim.now().xid(13, gpu=1)``."""
         return At(self, self.elapsed)
 
     def schedule(self, t: float, fault: Fault) -> None:
@@ -162,7 +162,7 @@ class SimNode:
         gpu = getattr(fault, "gpu", None)
         if gpu is not None and not 0 <= gpu < len(self._gpus):
             raise ConfigError(
-                f"no GPU {gpu} in a fleet of {len(self._gpus)} (indices 0..{len(self._gpus) - 1})"
+                f"no GPU {gpu} in a node of {len(self._gpus)} (indices 0..{len(self._gpus) - 1})"
             )
         with self._lock:
             self._queue.append((self.start_time + t, next(self._seq), fault))
@@ -184,10 +184,10 @@ class SimNode:
             return [(t - self.start_time, f) for t, _, f in self._queue]
 
     def set_load(self, load: float | None, gpu: int | None = None) -> None:
-        """Change how busy one GPU (or, with ``gpu=None``, the whole fleet) is; ``load=None``
-        returns a GPU to the fleet's load."""
+        """Change how busy one GPU (or, with ``gpu=None``, the whole sim) is; ``load=None``
+        returns a GPU to the node's load."""
         if load is None and gpu is None:
-            raise ConfigError("the fleet's load must be a number; None only returns one GPU to it")
+            raise ConfigError("the node's load must be a number; None only returns one GPU to it")
         if load is not None and not 0.0 <= load <= 1.0:
             raise ConfigError(f"load is a fraction between 0 and 1 (load={load})")
         with self._lock:

@@ -1,10 +1,10 @@
 """Named fault scenarios: the built-ins of ``trainguard check --scenario NAME`` and the demo.
 
-Each scenario scripts faults on a fleet and states the node verdict trainguard must reach::
+Each scenario scripts faults on a node and states the node verdict trainguard must reach::
 
     >>> from trainguard.clock import VirtualClock
-    >>> fleet = SimNode(clock=VirtualClock())
-    >>> scenario = run_scenario("xid79", fleet)    # scripts it, advances the clock to its end
+    >>> sim = SimNode(clock=VirtualClock())
+    >>> scenario = run_scenario("xid79", sim)    # scripts it, advances the clock to its end
     >>> scenario.expected
     <Health.FAILED: 'failed'>
 """
@@ -29,11 +29,11 @@ class Scenario:
     expected: Health  # the node verdict at the end of the scenario
     duration_s: float
     script: Callable[[SimNode], object]
-    faulty_gpus: tuple[int, ...] = ()  # GPUs the faults hit (each needs >= 8 GPUs in the fleet)
+    faulty_gpus: tuple[int, ...] = ()  # GPUs the faults hit (each needs >= 8 GPUs in the node)
     per_gpu: dict[int, Health] = field(default_factory=dict)  # a faulty GPU's verdict, if not `expected`
 
     def expected_gpus(self, n_gpus: int) -> dict[int, Health]:
-        """The verdict each GPU of an ``n_gpus`` fleet must end in: a faulty GPU its own (or the
+        """The verdict each GPU of an ``n_gpus`` sim must end in: a faulty GPU its own (or the
         scenario's), every other GPU ok."""
         return {
             g: self.per_gpu.get(g, self.expected) if g in self.faulty_gpus else Health.OK
@@ -218,39 +218,39 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in _ALL}
 
 def run_scenario(
     name: str,
-    fleet: SimNode,
+    sim: SimNode,
     *,
     step_s: float = 1.0,
     on_step: Callable[[float], object] | None = None,
 ) -> Scenario:
-    """Script scenario ``name`` on ``fleet`` and advance its VirtualClock to ``duration_s``.
+    """Script scenario ``name`` on ``sim`` and advance its VirtualClock to ``duration_s``.
 
     ``on_step(elapsed)`` runs after each ``step_s`` (an agent tick, a demo frame).
     """
     scenario = SCENARIOS.get(name)
     if scenario is None:
         raise ConfigError(f"unknown scenario {name!r}: choose one of {', '.join(SCENARIOS)}")
-    clock = fleet.clock
+    clock = sim.clock
     if not isinstance(clock, VirtualClock):
-        raise ConfigError("run_scenario needs a fleet on a VirtualClock (SimNode(clock=VirtualClock()))")
-    if max(scenario.faulty_gpus, default=-1) >= fleet.n_gpus:
+        raise ConfigError("run_scenario needs a node on a VirtualClock (SimNode(clock=VirtualClock()))")
+    if max(scenario.faulty_gpus, default=-1) >= sim.n_gpus:
         raise ConfigError(
-            f"scenario {name!r} needs {max(scenario.faulty_gpus) + 1} GPUs, fleet has {fleet.n_gpus}"
+            f"scenario {name!r} needs {max(scenario.faulty_gpus) + 1} GPUs, sim has {sim.n_gpus}"
         )
-    scenario.script(fleet)
-    end = fleet.start_time + scenario.duration_s
+    scenario.script(sim)
+    end = sim.start_time + scenario.duration_s
     while clock.time() < end:
         clock.advance_to(min(clock.time() + step_s, end))
-        fleet.poll()
+        sim.poll()
         if on_step is not None:
-            on_step(fleet.elapsed)
+            on_step(sim.elapsed)
     return scenario
 
 
 @dataclass(frozen=True, slots=True)
 class DiagnoseScenario:
     """A fault for ``trainguard diagnose --backend sim --scenario NAME``: scripted at once on a
-    fleet on the real clock, it must make exactly the tests in ``fails`` fail, on those GPUs."""
+    sim on the real clock, it must make exactly the tests in ``fails`` fail, on those GPUs."""
 
     name: str
     description: str

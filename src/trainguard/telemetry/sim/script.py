@@ -1,7 +1,7 @@
-"""The fluent scripting API: ``fleet.at(t).xid(79, gpu=3)``, ``fleet.at(10).thermal_runaway(gpu=1)``.
+"""The fluent scripting API: ``sim.at(t).xid(79, gpu=3)``, ``sim.at(10).thermal_runaway(gpu=1)``.
 
 Every method queues one or more faults and returns the same ``At``, so faults at one moment
-chain: ``fleet.at(5).dbe(gpu=2).recovery_action(gpu=2)``.
+chain: ``sim.at(5).dbe(gpu=2).recovery_action(gpu=2)``.
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ __all__ = ["At"]
 
 
 class At:
-    """Faults scripted at ``t`` seconds after the fleet started."""
+    """Faults scripted at ``t`` seconds after the node started."""
 
-    def __init__(self, fleet: SimNode, t: float) -> None:
-        self.fleet, self.t = fleet, t
+    def __init__(self, sim: SimNode, t: float) -> None:
+        self.sim, self.t = sim, t
 
     def after(self, seconds: float) -> At:
-        """The moment ``seconds`` later: ``fleet.at(5).pcie_replay_storm(gpu=5).after(5).pcie_downtrain(gpu=5)``."""
-        return At(self.fleet, self.t + seconds)
+        """The moment ``seconds`` later: ``sim.at(5).pcie_replay_storm(gpu=5).after(5).pcie_downtrain(gpu=5)``."""
+        return At(self.sim, self.t + seconds)
 
     def fault(self, fault: F.Fault, delay: float = 0.0) -> At:
-        self.fleet.schedule(self.t + delay, fault)
+        self.sim.schedule(self.t + delay, fault)
         return self
 
     def xid(
@@ -139,7 +139,7 @@ class At:
     ) -> At:
         """Application Xids from one process, ``interval_s`` apart, then (``sympathetic``) the
         Xid 45 the driver logs when it tears the faulting process's channels down."""
-        pid = pid if pid is not None else self.fleet.rng("burst-pid", gpu, self.t).randrange(2000, 400000)
+        pid = pid if pid is not None else self.sim.rng("burst-pid", gpu, self.t).randrange(2000, 400000)
         for k, code in enumerate(codes):
             self.fault(F.Xid(code, gpu, pid=pid, name=name), delay=k * interval_s)
         if sympathetic:

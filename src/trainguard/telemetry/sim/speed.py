@@ -10,9 +10,9 @@ clocks (``SlowProducts``). Clock dither near the max (boost bins) is full speed.
 
     >>> from trainguard.clock import VirtualClock
     >>> from trainguard.telemetry.sim import SimNode
-    >>> fleet = SimNode(n_gpus=3, clock=VirtualClock())
-    >>> _ = fleet.now().throttled(gpu=1, fraction=0.5).slow_products(gpu=2, fraction=0.75)
-    >>> gpu_speeds(fleet)
+    >>> sim = SimNode(n_gpus=3, clock=VirtualClock())
+    >>> _ = sim.now().throttled(gpu=1, fraction=0.5).slow_products(gpu=2, fraction=0.75)
+    >>> gpu_speeds(sim)
     {0: 1.0, 1: 0.5, 2: 0.75}
 """
 

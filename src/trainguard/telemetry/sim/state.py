@@ -57,7 +57,7 @@ class GpuState:
     remap_pending: bool = False
     remap_failure: bool = False
     recovery_action: RecoveryAction = RecoveryAction.NONE
-    load: float | None = None  # None: the fleet's load
+    load: float | None = None  # None: the node's load
     busy_since: float | None = None  # when this GPU's own load last went from idle to busy
     conditions: list[Condition] = field(default_factory=list)
     defects: list[Condition] = field(default_factory=list)  # silicon damage: survives resets
@@ -308,7 +308,7 @@ class StuckBits:
 class HotUnderLoad:
     """Marginal cooling: idle the GPU looks fine; after ``after_s`` of continuous load it passes the
     slowdown temperature and HW thermal slowdown halves its clocks. ``r["_busy_s"]`` is how long
-    the GPU has been busy (set by the fleet)."""
+    the GPU has been busy (set by the node)."""
 
     since: float
     after_s: float = 2.0
