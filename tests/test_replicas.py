@@ -11,12 +11,12 @@ from trainguard.errors import ConfigError
 from trainguard.rundir import replica_group_env
 from trainguard.supervisor.config import ExitCode
 from trainguard.supervisor.replicas import ReplicaConfig, group_hang_floor
-from trainguard.supervisor.replicas.judge import Group, GroupsView, capacity, judge
+from trainguard.supervisor.replicas.judge import GroupsView, ReplicaGroup, capacity, judge
 from trainguard.supervisor.state import RunState, job_state
 
 
-def groups(*states: RunState) -> list[Group]:
-    return [Group(i, (i,), state=s) for i, s in enumerate(states)]
+def groups(*states: RunState) -> list[ReplicaGroup]:
+    return [ReplicaGroup(i, (i,), state=s) for i, s in enumerate(states)]
 
 
 def view(
@@ -86,7 +86,7 @@ def test_one_group_down_and_others_running_is_the_degraded_state():
 
 
 def test_capacity_counts_the_time_k_of_n_groups_stepped():
-    a, b = Group(0, (0,)), Group(1, (1,))
+    a, b = ReplicaGroup(0, (0,)), ReplicaGroup(1, (1,))
     a.steps = [(float(t), t) for t in range(0, 11)]  # steps all along 0..10 s
     b.steps = [(float(t), t) for t in range(0, 4)] + [(float(t), t) for t in range(8, 11)]  # down 3..8 s
     cap = capacity([a, b], 0.0, 10.0)
@@ -96,7 +96,7 @@ def test_capacity_counts_the_time_k_of_n_groups_stepped():
 
 def test_capacity_of_steps_slower_than_the_gap_rule_is_not_zero():
     # 3 s steps, all seen: the groups stepped the whole time (a gap rule of 2 s made it 0.00).
-    a, b = Group(0, (0,)), Group(1, (1,))
+    a, b = ReplicaGroup(0, (0,)), ReplicaGroup(1, (1,))
     a.steps = b.steps = [(float(t), t // 3) for t in range(0, 31, 3)]
     assert capacity([a, b], 0.0, 30.0)["capacity"] == pytest.approx(1.0)
 
@@ -104,7 +104,7 @@ def test_capacity_of_steps_slower_than_the_gap_rule_is_not_zero():
 def test_capacity_of_a_run_with_no_step_seen_is_not_measured():
     # No heartbeat (a script that reports no step) or no wall time: n/a, never 0.
     assert capacity(groups(R, R), 0.0, 30.0) == {}
-    ran = Group(0, (0,), steps=[(1.0, 1), (2.0, 2)])
+    ran = ReplicaGroup(0, (0,), steps=[(1.0, 1), (2.0, 2)])
     assert capacity([ran], 5.0, 5.0) == {}
 
 

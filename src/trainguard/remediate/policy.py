@@ -50,8 +50,8 @@ __all__ = [
     "DEFAULT_ACTIONS",
     "BreakerLimits",
     "EscalationLimits",
-    "Group",
     "NodeDecision",
+    "NodeGroup",
     "Policy",
     "choose",
     "corroborate",
@@ -102,7 +102,9 @@ class EscalationLimits:
 
 
 @dataclass(frozen=True, slots=True)
-class Group:
+class NodeGroup:
+    """A `[[remediation.group]]` entry: the nodes (and GPU model) its actions apply to."""
+
     name: str
     nodes: tuple[str, ...] = ()  # globs; empty: every node
     gpu_model: str | None = None  # substring of the GPU model; None: any
@@ -120,7 +122,7 @@ class Policy:
     enforce: bool = False  # dry run unless true
     provider: str = "slurm"  # who carries out drain / cordon / reboot
     actions: dict[str, NodeAction] = field(default_factory=dict)
-    groups: tuple[Group, ...] = ()
+    groups: tuple[NodeGroup, ...] = ()
     breaker: BreakerLimits = BreakerLimits()
     breaker_file: str = ""  # one file for the fleet (a shared path); "" = <state_dir>/breaker.json
     escalation: EscalationLimits = EscalationLimits()
@@ -248,7 +250,7 @@ def parse_policy(data: dict[str, Any], where: str = "policy") -> Policy:
         if isinstance(nodes, str):
             nodes = [nodes]
         groups.append(
-            Group(
+            NodeGroup(
                 name=str(g.get("name", f"group{i + 1}")),
                 nodes=tuple(str(n) for n in nodes),
                 gpu_model=g.get("gpu_model"),

@@ -1,4 +1,4 @@
-"""The replica loop's judgement (pure): what the loop knows of each group (`Group`), what it
+"""The replica loop's judgement (pure): what the loop knows of each group (`ReplicaGroup`), what it
 saw (`GroupsView`), what to do about it (`judge` -> `GroupDecision`), and the partial capacity of a run
 (`capacity`). `replicas.loop` looks and acts; nothing here does I/O.
 """
@@ -19,7 +19,7 @@ _FINAL_FOR_GROUP = (ExitCode.CRASH_LOOP, ExitCode.FAILED, ExitCode.USAGE)  # res
 
 
 @dataclass(slots=True)
-class Group:
+class ReplicaGroup:
     """One replica group: its `trainguard run` process and what the loop knows of it."""
 
     index: int
@@ -62,7 +62,7 @@ class GroupDecision:
 
 
 def judge(
-    view: GroupsView, groups: list[Group], spares: list[int], job_restarts_left: int
+    view: GroupsView, groups: list[ReplicaGroup], spares: list[int], job_restarts_left: int
 ) -> list[GroupDecision]:
     """What to do about what was seen (pure); ``spares``: GPUs no group uses."""
     acts: list[GroupDecision] = []
@@ -121,14 +121,14 @@ def _why(code: int) -> str:
         return f"the group's supervisor exited with {code}"
 
 
-def capacity(groups: list[Group], start: float, end: float) -> dict[str, float]:
+def capacity(groups: list[ReplicaGroup], start: float, end: float) -> dict[str, float]:
     """Partial capacity from each group's stepping spans as the loop saw them: the share of
     group-seconds in which a group committed steps (``capacity``), and the time k of N groups
     stepped (``k_of_n_s``). Empty (``n/a``) when no group was seen to step or the run had no
     wall time: nothing was measured, which is not a capacity of 0.
 
-    >>> g = Group(0, (0,), steps=[(10.0, 0), (13.0, 1), (16.0, 2), (19.0, 3)])  # 3 s steps
-    >>> capacity([g], 0.0, 20.0)["capacity"], capacity([Group(1, (1,))], 0.0, 20.0)
+    >>> g = ReplicaGroup(0, (0,), steps=[(10.0, 0), (13.0, 1), (16.0, 2), (19.0, 3)])  # 3 s steps
+    >>> capacity([g], 0.0, 20.0)["capacity"], capacity([ReplicaGroup(1, (1,))], 0.0, 20.0)
     (0.45, {})
     """
     n = len(groups)

@@ -43,7 +43,14 @@ from trainguard.supervisor.config import ExitCode, SupervisorConfig
 from trainguard.supervisor.policy import Trouble, TroubleKind
 from trainguard.supervisor.record import JobRecorder, node_name
 from trainguard.supervisor.replicas.console import GroupConsole
-from trainguard.supervisor.replicas.judge import Group, GroupDecision, GroupsView, capacity, judge, thinned
+from trainguard.supervisor.replicas.judge import (
+    GroupDecision,
+    GroupsView,
+    ReplicaGroup,
+    capacity,
+    judge,
+    thinned,
+)
 from trainguard.supervisor.replicas.lighthouse import Lighthouse
 from trainguard.supervisor.replicas.result import GroupResult, GroupRun, ReplicaResult
 from trainguard.supervisor.replicas.start import (
@@ -89,7 +96,7 @@ class ReplicaSupervisor:
                 f"--replica-groups {replicas.groups} x --nproc-per-node {k} needs {k * replicas.groups} GPUs; "
                 f"--gpu-ids gives {len(all_gpus)}"
             )
-        self.groups = [Group(i, tuple(all_gpus[i * k : (i + 1) * k])) for i in range(replicas.groups)]
+        self.groups = [ReplicaGroup(i, tuple(all_gpus[i * k : (i + 1) * k])) for i in range(replicas.groups)]
         if config.chaos is not None:
             plan = load_plan(config.chaos)
             for g in self.groups:
@@ -164,14 +171,14 @@ class ReplicaSupervisor:
             steps[g.index] = step
         return GroupsView(now, exits, lost, steps, self.lighthouse.exited())
 
-    def _restarted(self, g: Group, attempt: int, now: float) -> None:
+    def _restarted(self, g: ReplicaGroup, attempt: int, now: float) -> None:
         """The group's own loop restarted its workers (a new attempt's heartbeat: torchft heals
         a restarted rank before its first commit, so its step need not fall): it heals."""
         g.attempt = attempt
         if g.state is RunState.RUNNING:
             g.state, g.healing_since = RunState.RECOVERING, now
 
-    def _stepped(self, g: Group, step: int, now: float) -> None:
+    def _stepped(self, g: ReplicaGroup, step: int, now: float) -> None:
         """A new furthest step of a group. A step below its last one: the group's workers were
         restarted (by its own loop) and heal; healed once it reaches the live groups' step."""
         if g.last_step is not None and step < g.last_step and g.state is RunState.RUNNING:
@@ -237,10 +244,10 @@ class ReplicaSupervisor:
 
     # -- groups ----------------------------------------------------------------------------------
 
-    def group_dir(self, g: Group) -> Path:
+    def group_dir(self, g: ReplicaGroup) -> Path:
         return self.run_dir / "groups" / self._group_job(g)
 
-    def _start(self, g: Group) -> None:
+    def _start(self, g: ReplicaGroup) -> None:
         g.starts += 1
         g.state = RunState.RECOVERING if g.starts > 1 else RunState.INIT
         g.started_at = self.clock()
@@ -260,7 +267,7 @@ class ReplicaSupervisor:
         self._emit("group_started", group=g.index, gpus=list(g.gpus), start=g.starts)
         log.info("replica group %d started (start %d) on GPUs %s", g.index, g.starts, g.gpus)
 
-    def _log_path(self, g: Group) -> Path:
+    def _log_path(self, g: ReplicaGroup) -> Path:
         return self.run_dir / "groups" / f"{g.name}.log"
 
     def _tee(self, final: bool = False) -> None:
@@ -268,10 +275,10 @@ class ReplicaSupervisor:
         if self.console is not None:
             self.console.poll({g.index: self._log_path(g) for g in self.groups}, final)
 
-    def _result_path(self, g: Group) -> Path:
+    def _result_path(self, g: ReplicaGroup) -> Path:
         return self.run_dir / "groups" / f"{g.name}.start{g.starts}.json"
 
-    def _group_run(self, g: Group) -> GroupRun:
+    def _group_run(self, g: ReplicaGroup) -> GroupRun:
         """How the group's last ``trainguard run`` ended: its result file, read back typed."""
         code = g.proc.poll() if g.proc is not None else None
         try:
@@ -280,7 +287,7 @@ class ReplicaSupervisor:
             result = None
         return GroupRun(g.index, g.starts, result.exit_code if result is not None else code, result)
 
-    def _progress(self, g: Group) -> tuple[int | None, int]:
+    def _progress(self, g: ReplicaGroup) -> tuple[int | None, int]:
         """The group's furthest step (None before its first) and its ranks' newest attempt."""
         best: int | None = None
         attempt = g.attempt
@@ -303,7 +310,7 @@ class ReplicaSupervisor:
             kind=TroubleKind.PROCESS_EXIT, category=category, summary=summary, evidence=evidence, **fields
         )
 
-    def _group_incident(self, g: Group, act: GroupDecision) -> None:
+    def _group_incident(self, g: ReplicaGroup, act: GroupDecision) -> None:
         """The group's failure in the job's record, named as the group's own loop named it: the
         rank, GPU and root cause of its last incident (unknown when it recorded none)."""
         evidence: tuple[str, ...] = (f"group {g.index} supervisor exit code {act.code}",)
@@ -328,7 +335,7 @@ class ReplicaSupervisor:
         self._incident(trouble, act, g, resolution)
 
     def _incident(
-        self, trouble: Trouble, act: GroupDecision, g: Group | None, resolution: str | None = None
+        self, trouble: Trouble, act: GroupDecision, g: ReplicaGroup | None, resolution: str | None = None
     ) -> None:
         attempt = g.starts if g is not None else None
         self.recorder.add(
@@ -342,10 +349,10 @@ class ReplicaSupervisor:
             self._emit("state", state=state.value, running=running, groups=len(self.groups))
             self.state = state
 
-    def _group_job(self, g: Group) -> str:
+    def _group_job(self, g: ReplicaGroup) -> str:
         return f"{self.job_id}.{g.name}"
 
-    def _discarded(self, g: Group) -> list[Interval]:
+    def _discarded(self, g: ReplicaGroup) -> list[Interval]:
         """The steps the group's rank 0 wrote it discarded (`trainguard.torch.ft`), as lost work."""
         return [
             Interval(self._group_job(g), IntervalKind.LOST, start, end, detail=f"{DISCARDED} {step}")
