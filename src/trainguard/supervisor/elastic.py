@@ -69,7 +69,9 @@ class GuardedAgent(LocalElasticAgent):
         self._spares = spares  # standbys the pool is filled with once an attempt has settled
         self.stop_grace_s: float = 0.0
         self._store_port: int | None = None  # this start's MASTER_PORT when not torch's
-        self._store: Any = None  # the TCPStore this agent hosts for this start's workers
+        # the TCPStore this agent hosts for this start's workers; never torch's own ``_store``
+        # (the rendezvous'), which its exit barrier waits on
+        self._worker_store: Any = None
         self._agent_store = False  # this start's workers use a store an agent hosts
 
     # -- torch's hooks -------------------------------------------------------------------------
@@ -91,7 +93,11 @@ class GuardedAgent(LocalElasticAgent):
         self._env_hook(local_rank, worker_env)  # type: ignore[arg-type]
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        self._store_port, self._store, self._agent_store = None, None, False  # the last start's is done
+        self._store_port, self._worker_store, self._agent_store = (
+            None,
+            None,
+            False,
+        )  # the last start's is done
         # Not with a rendezvous whose workers always use the agent's store (static: its TCPStore
         # on --master-port). Otherwise each start's workers get a fresh store, hosted here (node
         # 0's agent): no key of a dead attempt in it, and it is up before any worker, so a
@@ -105,7 +111,9 @@ class GuardedAgent(LocalElasticAgent):
             self._agent_store = True
             port = self._store_port or worker_group.master_port
             if worker_group.group_rank == 0 and worker_group.master_addr and port:
-                self._store = TCPStore(worker_group.master_addr, port, is_master=True, wait_for_workers=False)
+                self._worker_store = TCPStore(
+                    worker_group.master_addr, port, is_master=True, wait_for_workers=False
+                )
         with _swapped(local_elastic_agent, "start_processes", self._start_processes):
             return super()._start_workers(worker_group)
 
