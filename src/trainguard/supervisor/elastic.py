@@ -19,6 +19,12 @@ it builds is a `GuardedAgent`, a ``LocalElasticAgent`` with these hooks:
 - ``_stop_workers``: failed workers are killed at once (their state is rolled back to the last
   checkpoint anyway) instead of a 30 s SIGTERM grace that a rank stuck in a collective ignores;
   it returns only once they are reaped, so no worker of the stopped attempt outlives it.
+
+A hot spare (``trainguard run --spare``) is the same agent on a node that joins once the job's
+first round is complete: torch's c10d rendezvous then keeps it in the round's redundancy list
+(no join timeout, not counted by ``num_nodes_waiting``, so it triggers no restart), and admits it
+at the next round a participant is missing from. `GuardedAgent.start` waits for that first round
+and turns the job's end (a closed rendezvous, or its store gone) into `SpareReleased`.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -39,14 +46,21 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import start_processes
 from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousGracefulExitError,
+)
 from torch.distributed.launcher import api as launcher_api
 from torch.distributed.run import config_from_args, get_args_parser
 
 from trainguard.procs import DIE_WITH_PARENT_EXEC, stop_signals
+from trainguard.supervisor.launch import SpareReleased
 from trainguard.supervisor.ports import private_port
 
 log = logging.getLogger(__name__)
 
+SPARE_POLL_S = 1.0  # a spare's look at the rendezvous while the job's first round forms (torch polls 1 s)
 REAP_TIMEOUT_S = 30.0  # after torch's SIGKILL: how long a stopped worker may take to be reaped
 EXIT_BARRIER_TIMEOUT_S = 60.0
 
@@ -60,10 +74,18 @@ class Stopped(Exception):
 
 class GuardedAgent(LocalElasticAgent):
     def __init__(
-        self, *, monitor: Monitor, env_hook: EnvHook, pool: Any = None, spares: int = 0, **kwargs: Any
+        self,
+        *,
+        monitor: Monitor,
+        env_hook: EnvHook,
+        pool: Any = None,
+        spares: int = 0,
+        hot_spare: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self._monitor = monitor
+        self._hot_spare = hot_spare  # this node waits as a spare until the job needs it
         self._env_hook = env_hook
         self._pool = pool  # WarmPool or None
         self._spares = spares  # standbys the pool is filled with once an attempt has settled
@@ -156,7 +178,30 @@ class GuardedAgent(LocalElasticAgent):
         than torchrun's ``--nproc-per-node`` when the pre-flight excluded GPUs."""
         if local_world_size is not None:
             self._worker_group.spec.local_world_size = local_world_size
-        self._initialize_workers(self._worker_group)
+        if not self._hot_spare:
+            self._initialize_workers(self._worker_group)
+            return
+        try:
+            self._wait_for_first_round()
+            self._initialize_workers(self._worker_group)  # torch's redundancy list until admitted
+        except (RendezvousGracefulExitError, RendezvousClosedError) as exc:
+            raise SpareReleased(f"the job's rendezvous closed: {exc}") from None
+        except RendezvousConnectionError as exc:  # its host (node 0) is gone: the job ended with it
+            raise SpareReleased(f"the job's rendezvous store went away: {exc}") from None
+
+    def _wait_for_first_round(self) -> None:
+        """Until the job's first round is complete: a spare that joined a forming round would
+        take a node's place in it and leave that node waiting as the spare."""
+        holder: Any = cast(
+            Any, self._worker_group.spec.rdzv_handler
+        )._state_holder  # torch's c10d/etcd-v2 handler
+        while True:
+            holder.sync()
+            if holder.state.closed:
+                raise RendezvousClosedError
+            if holder.state.complete or holder.state.round > 0:
+                return
+            time.sleep(SPARE_POLL_S)
 
     def restart(self, counts_as_retry: bool, local_world_size: int) -> None:
         """Re-rendezvous and start again with ``local_world_size`` workers. Only counted retries
@@ -256,6 +301,7 @@ def launch(
     pool: Any = None,
     stop_grace_s: float = 0.0,
     spares: int = 0,
+    hot_spare: bool = False,
 ) -> str | None:
     """Run the job as ``torchrun TORCHRUN_ARGV`` would, with a `GuardedAgent`. Returns None when
     the agent's run ended (finished or stopped by the policy), else the signal that ended it."""
@@ -263,7 +309,9 @@ def launch(
     config.logs_specs = logs_specs
 
     def make_agent(**kwargs: Any) -> GuardedAgent:
-        agent = GuardedAgent(monitor=monitor, env_hook=env_hook, pool=pool, spares=spares, **kwargs)
+        agent = GuardedAgent(
+            monitor=monitor, env_hook=env_hook, pool=pool, spares=spares, hot_spare=hot_spare, **kwargs
+        )
         agent._exit_barrier_timeout = EXIT_BARRIER_TIMEOUT_S
         agent.stop_grace_s = stop_grace_s
         return agent

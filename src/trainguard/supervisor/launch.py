@@ -38,14 +38,29 @@ from trainguard.errors import ConfigError
 if TYPE_CHECKING:
     from trainguard.supervisor.config import SupervisorConfig
 
-__all__ = ["LAUNCHERS", "LaunchJob", "Launcher", "Monitor", "WorkerEnv", "Workers", "launcher_for"]
+__all__ = [
+    "LAUNCHERS",
+    "LaunchJob",
+    "Launcher",
+    "Monitor",
+    "SpareReleased",
+    "WorkerEnv",
+    "Workers",
+    "launcher_for",
+]
+
+
+class SpareReleased(Exception):
+    """A hot spare node (``--spare``) was never needed: the job ended (its rendezvous closed, or
+    the store that held it went away) while the spare waited to be admitted."""
 
 
 class Workers(Protocol):
     """The running workers of one node, as the monitor loop drives them."""
 
     def start(self, local_world_size: int | None = None) -> None:
-        """Start (after the rendezvous, if any) ``local_world_size`` workers (default: all)."""
+        """Start (after the rendezvous, if any) ``local_world_size`` workers (default: all). A hot
+        spare's start waits until the job needs it; `SpareReleased` when it never does."""
 
     def restart(self, counts_as_retry: bool, local_world_size: int) -> None:
         """Start the stopped workers again, ``local_world_size`` of them."""
