@@ -224,5 +224,5 @@ def test_every_start_of_a_group_uses_the_run_directory_the_replica_loop_reads(tm
 def test_a_spare_without_a_multi_node_rendezvous_is_refused_with_the_fix(extra):
     from trainguard.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="--spare: .* --rdzv-endpoint"):
+    with pytest.raises(ConfigError, match=r"--spare: .* --rdzv-endpoint"):
         config_of(["--spare", *extra, *COMMAND])
