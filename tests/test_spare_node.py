@@ -117,7 +117,10 @@ def test_a_spare_that_is_never_needed_runs_no_rank_and_exits_cleanly(tmp_path):
     ra, rs = result(tmp_path, "a"), result(tmp_path, "s")
     assert ra["world_sizes"] == [2] and ra["attempts"] == 1, ra
     assert (
-        rs["world_sizes"] == [] and rs["nodes"] == [] and rs["attempts"] == 0 and rs["reason"].startswith("spare node, never needed")
+        rs["world_sizes"] == []
+        and rs["nodes"] == []
+        and rs["attempts"] == 0
+        and rs["reason"].startswith("spare node, never needed")
     )
     assert rank_outputs(tmp_path, "s") == []
     assert "epoch 29 |" in "".join(rank_outputs(tmp_path, "a"))

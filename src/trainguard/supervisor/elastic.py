@@ -37,7 +37,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 from torch.distributed import TCPStore
@@ -51,6 +51,7 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousConnectionError,
     RendezvousGracefulExitError,
 )
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _remove_participant_epilogue
 from torch.distributed.launcher import api as launcher_api
 from torch.distributed.run import config_from_args, get_args_parser
 
@@ -61,6 +62,7 @@ from trainguard.supervisor.ports import private_port
 log = logging.getLogger(__name__)
 
 SPARE_POLL_S = 1.0  # a spare's look at the rendezvous while the job's first round forms (torch polls 1 s)
+DROP_TRIES = 5  # compare-and-set rounds to take a lost node out of the rendezvous
 REAP_TIMEOUT_S = 30.0  # after torch's SIGKILL: how long a stopped worker may take to be reaped
 EXIT_BARRIER_TIMEOUT_S = 60.0
 
@@ -277,6 +279,34 @@ class GuardedAgent(LocalElasticAgent):
         }
         out.pop(me, None)
         return me, out
+
+    def drop_peers(self, nodes: Sequence[str]) -> list[str]:
+        """Remove ``nodes`` from the rendezvous round, as torch's own sweep does once their
+        keep-alive heartbeats expire (``keep_alive_interval * keep_alive_max_attempt``, 15 s by
+        default), so the next round forms without waiting for that. Called with the peers this
+        node's failed ranks lost their connection to, just before this node re-joins: a node
+        taken out that is in fact alive re-joins the next round (or waits as a spare), as after a
+        keep-alive it missed. The write is the store's compare-and-set, retried on a race."""
+        try:
+            handler: Any = self._worker_group.spec.rdzv_handler
+            holder, settings = handler._state_holder, handler._settings
+            for _ in range(DROP_TRIES):
+                holder.sync()
+                state = holder.state
+                gone = [n for n in state.participants if str(n) in nodes and n != handler._this_node]
+                if not gone:
+                    return []
+                for n in gone:
+                    del state.participants[n]
+                    state.last_heartbeats.pop(n, None)
+                _remove_participant_epilogue(state, settings)
+                holder.mark_dirty()
+                if holder.sync():
+                    log.info("took lost node(s) %s out of the rendezvous", ", ".join(map(str, gone)))
+                    return [str(n) for n in gone]
+        except Exception as exc:  # a rendezvous that does not keep this state: its keep-alive decides
+            log.debug("could not take nodes out of the rendezvous: %s", exc)
+        return []
 
     def nodes_waiting(self) -> int:
         try:

@@ -28,7 +28,7 @@ launcher that is one process for all ranks, as mpirun and srun, on `MpiWorkers`)
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -86,6 +86,10 @@ class Workers(Protocol):
 
     def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
         """This node's rendezvous name and the other nodes' -> their global ranks."""
+
+    def drop_peers(self, nodes: Sequence[str]) -> list[str]:
+        """Take peer nodes this node saw fail out of the rendezvous now, rather than once their
+        keep-alive expires; the ones it took out ([] without a rendezvous)."""
 
     def interrupted(self) -> None:
         """Raise the stop signal the supervisor received, if a handler swallowed it."""

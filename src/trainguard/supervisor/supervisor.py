@@ -303,6 +303,8 @@ class Supervisor:
         self.attempt_number += 1
         if not self._preflight(attempt):
             return attempt
+        if lost_nodes := suspect_nodes or tuple(n for n in [trouble.extra.get("node")] if n):
+            workers.drop_peers([str(n) for n in lost_nodes])  # the next round need not wait for them
         workers.restart(decision.counts_as_retry, len(self.gpu_map.gpus))
         log.info(
             "restart: decided %.3fs after detection, group started in %.3fs",
