@@ -6,8 +6,9 @@ with and without a hot spare node against torchrun with and without one.
 A 2-node job on one host (each node a launcher with one rank, c10d rendezvous over 127.0.0.1, the
 same --rdzv-conf for every arm), the same plain DDP script in every arm
 (benchmarks/node_loss_ddp.py: gloo, its own snapshot every 10 steps, never imports trainguard).
-Once rank 0 reported --kill-step, node b's whole process group (its launcher and its rank) gets
-SIGKILL. Arms:
+Once rank 0 reported --kill-step, node b's launcher and every process below it get SIGKILL
+(torch starts its workers in sessions of their own: a kill of the launcher's process group alone
+leaves torchrun's rank training). Arms:
 
     spare           trainguard run --nnodes 2:2 on a and b, a third node with --spare (started
                     with them: it waits in torch's redundancy list, its warm pool up)
@@ -136,7 +137,9 @@ def one_run(arm: str, kill_step: int) -> dict[str, float]:
         old = {pid for pid, _, ph, _, _ in phases(work) if ph == "start"}
         survivors = old - b_pids
         killed = time.time()
-        os.killpg(procs["b"].pid, signal.SIGKILL)
+        for pid in b_pids:  # the node dies whole: torch starts its workers in sessions of their own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         gone: float | None = None
 
         def recovered() -> bool:

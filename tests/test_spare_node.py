@@ -79,7 +79,8 @@ def test_a_spare_takes_the_lost_nodes_place_and_the_job_finishes_at_full_size(tm
     try:
         wait_training(tmp_path, s)
         assert rank_outputs(tmp_path, "s") == []  # waiting, not training
-        os.killpg(b.pid, signal.SIGKILL)  # node b loses power: supervisor and workers at once
+        for pid in [b.pid, *_descendants(b.pid)]:  # node b loses power: supervisor and workers at once
+            os.kill(pid, signal.SIGKILL)
         assert a.wait(timeout=300) == 0, (tmp_path / "a.log").read_text()[-3000:]
         assert s.wait(timeout=120) == 0, (tmp_path / "s.log").read_text()[-3000:]
     finally:

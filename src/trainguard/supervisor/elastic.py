@@ -281,38 +281,43 @@ class GuardedAgent(LocalElasticAgent):
         return me, out
 
     def drop_peers(self, nodes: Sequence[str]) -> list[str]:
-        """Remove ``nodes`` from the rendezvous round, as torch's own sweep does once their
-        keep-alive heartbeats expire (``keep_alive_interval * keep_alive_max_attempt``, 15 s by
-        default), so the next round forms without waiting for that. Called with the peers this
-        node's failed ranks lost their connection to, just before this node re-joins: a node
-        taken out that is in fact alive re-joins the next round (or waits as a spare), as after a
-        keep-alive it missed. The write is the store's compare-and-set, retried on a race."""
-        try:
-            handler: Any = self._worker_group.spec.rdzv_handler
-            holder, settings = handler._state_holder, handler._settings
-            for _ in range(DROP_TRIES):
-                holder.sync()
-                state = holder.state
-                gone = [n for n in state.participants if str(n) in nodes and n != handler._this_node]
-                if not gone:
-                    return []
-                for n in gone:
-                    del state.participants[n]
-                    state.last_heartbeats.pop(n, None)
-                _remove_participant_epilogue(state, settings)
-                holder.mark_dirty()
-                if holder.sync():
-                    log.info("took lost node(s) %s out of the rendezvous", ", ".join(map(str, gone)))
-                    return [str(n) for n in gone]
-        except Exception as exc:  # a rendezvous that does not keep this state: its keep-alive decides
-            log.debug("could not take nodes out of the rendezvous: %s", exc)
-        return []
+        """`drop_from_rendezvous` on this agent's rendezvous: called with the peers this node's
+        failed ranks lost their connection to, just before this node re-joins."""
+        return drop_from_rendezvous(self._worker_group.spec.rdzv_handler, nodes)
 
     def nodes_waiting(self) -> int:
         try:
             return int(self._worker_group.spec.rdzv_handler.num_nodes_waiting())
         except Exception:  # the store may be gone while the job shuts down
             return 0
+
+
+def drop_from_rendezvous(handler: Any, nodes: Sequence[str]) -> list[str]:
+    """Remove ``nodes`` (``<host>_<pid>_<n>``) from the handler's rendezvous round, as torch's own
+    sweep does once their keep-alive heartbeats expire (``keep_alive_interval *
+    keep_alive_max_attempt``, 15 s by default), so the next round forms without waiting for that.
+    A node taken out that is in fact alive re-joins the next round (or waits as a spare), as after
+    a keep-alive it missed. The write is the store's compare-and-set, retried on a race. The nodes
+    it took out; [] for a rendezvous that does not keep this state (its keep-alive decides)."""
+    try:
+        holder, settings, me = handler._state_holder, handler._settings, handler._this_node
+        for _ in range(DROP_TRIES):
+            holder.sync()
+            state = holder.state
+            gone = [n for n in state.participants if str(n) in nodes and n != me]
+            if not gone:
+                return []
+            for n in gone:
+                del state.participants[n]
+                state.last_heartbeats.pop(n, None)
+            _remove_participant_epilogue(state, settings)
+            holder.mark_dirty()
+            if holder.sync():
+                log.info("took lost node(s) %s out of the rendezvous", ", ".join(map(str, gone)))
+                return [str(n) for n in gone]
+    except Exception as exc:
+        log.debug("could not take nodes out of the rendezvous: %s", exc)
+    return []
 
 
 def launch_config(torchrun_argv: list[str]) -> tuple[Any, Any, list[str]]:
