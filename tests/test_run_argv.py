@@ -27,6 +27,11 @@ CASES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "--rdzv-id": (["--rdzv-id", "job7"], COMMAND, []),
     "--rdzv-conf": (["--rdzv-conf", "join_timeout=60"], COMMAND, []),
     "--standalone": (["--standalone", "--nnodes", "2"], COMMAND, ["--nnodes", "2"]),
+    "--spare": (
+        ["--spare", "--nnodes", "2", "--rdzv-endpoint", "h:1"],
+        COMMAND,
+        ["--nnodes", "2", "--rdzv-endpoint", "h:1"],
+    ),
     "--monitor-interval": (["--monitor-interval", "0.25"], COMMAND, []),
     "--start-method": (["--start-method", "fork"], COMMAND, []),
     "--event-log-handler": (["--event-log-handler", "console"], COMMAND, []),
@@ -211,3 +216,14 @@ def test_every_start_of_a_group_uses_the_run_directory_the_replica_loop_reads(tm
     for g in sup.groups:
         group = group_config(sup.config, sup.replicas, g.name, g.gpus, sup.run_dir, tmp_path / "r.json", None)
         assert group.record.runs_root / group.record.job_id == sup.group_dir(g)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--standalone", "--nnodes", "2"], ["--launcher", "local"], ["--replica-groups", "2", "--nnodes", "2"]],
+)
+def test_a_spare_without_a_multi_node_rendezvous_is_refused_with_the_fix(extra):
+    from trainguard.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--spare: .* --rdzv-endpoint"):
+        config_of(["--spare", *extra, *COMMAND])

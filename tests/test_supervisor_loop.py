@@ -97,6 +97,9 @@ class FakeWorkers:
     def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
         return None, {}  # one node
 
+    def drop_peers(self, nodes) -> list[str]:
+        return []
+
     def interrupted(self) -> None:
         pass
 

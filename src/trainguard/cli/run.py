@@ -205,6 +205,13 @@ def register(subparsers: Any) -> None:
         "then import torch beside the first start's ranks, which start on them (default off: the pool "
         "fills after the first step, and the first start is torchrun's own, cold)",
     )
+    g.add_argument(
+        "--spare",
+        action="store_true",
+        help="a hot spare node: the job's command plus --spare; it waits warm (imports done) without "
+        "joining, and takes the place of a node the job loses at the next rendezvous round (restart "
+        "mode, --launcher torch, c10d rendezvous; docs/supervisor.md)",
+    )
     g.add_argument("--no-tee", action="store_true", help="do not copy worker output to the console")
     g.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the run result as JSON")
     m = p.add_argument_group(
@@ -260,6 +267,11 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
         raise ConfigError(
             f"--warm-standby-sets {args.warm_standby_sets}: give 1 or more (--no-warm-standby turns them off)"
         )
+    if args.spare and (args.launcher != "torch" or launch.standalone or args.replica_groups):
+        raise ConfigError(
+            "--spare: a spare node joins a multi-node job's c10d rendezvous: use it with --launcher torch "
+            "and --rdzv-endpoint (not --standalone, not --replica-groups)"
+        )
     if args.replica_groups < 0:
         raise ConfigError(f"--replica-groups {args.replica_groups}: give 1 or more groups")
     from trainguard.cli.mpi_args import resolve_mpi
@@ -282,6 +294,7 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
             launcher_args=launcher_args,
             gpus=gpus,
             kill_grace_s=args.kill_grace,
+            spare=args.spare,
         ),
         RecordConfig(
             job_id=args.job_id,

@@ -92,6 +92,7 @@ class History:
     injected: list[Injected] = field(default_factory=list)  # chaos drills fired
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     world_sizes: list[int] = field(default_factory=list)  # per attempt
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # spares admitted, nodes replaced
     state: RunState = RunState.INIT
     exit: tuple[int, str] | None = None  # (exit code, reason) once the policy stopped the run
 

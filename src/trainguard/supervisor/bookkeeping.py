@@ -306,4 +306,5 @@ class Bookkeeper:
             tuple(history.recoveries),
             tuple(history.world_sizes),
             diagnostics,
+            tuple(history.nodes),
         )

@@ -72,6 +72,7 @@ class LaunchConfig:
     launcher_args: tuple[str, ...] = ()  # mpirun's own options, as written (-np 4 --hostfile h ...)
     gpus: tuple[int, ...] = ()  # the physical GPUs local ranks use (default 0..nproc-1)
     kill_grace_s: float = 0.0  # SIGTERM grace before SIGKILL when stopping failed workers
+    spare: bool = False  # a hot spare node: waits, warm, until a round of the job lacks a node
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the workers
 
 
@@ -186,6 +187,8 @@ class SupervisorConfig:
         elif launch.launcher == "torch":
             argv += ["--rdzv-backend", launch.rdzv_backend]
             argv += ["--rdzv-endpoint", launch.rdzv_endpoint] if launch.rdzv_endpoint else []
+        if launch.spare:
+            argv.append("--spare")
         for flag, value in (("--rdzv-id", launch.rdzv_id), ("--rdzv-conf", launch.rdzv_conf)):
             if value and value != "none":  # torchrun's default id
                 argv += [flag, value]

@@ -19,6 +19,12 @@ it builds is a `GuardedAgent`, a ``LocalElasticAgent`` with these hooks:
 - ``_stop_workers``: failed workers are killed at once (their state is rolled back to the last
   checkpoint anyway) instead of a 30 s SIGTERM grace that a rank stuck in a collective ignores;
   it returns only once they are reaped, so no worker of the stopped attempt outlives it.
+
+A hot spare (``trainguard run --spare``) is the same agent on a node that joins once the job's
+first round is complete: torch's c10d rendezvous then keeps it in the round's redundancy list
+(no join timeout, not counted by ``num_nodes_waiting``, so it triggers no restart), and admits it
+at the next round a participant is missing from. `GuardedAgent.start` waits for that first round
+and turns the job's end (a closed rendezvous, or its store gone) into `SpareReleased`.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 from torch.distributed import TCPStore
@@ -39,14 +46,23 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import start_processes
 from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousGracefulExitError,
+)
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _remove_participant_epilogue
 from torch.distributed.launcher import api as launcher_api
 from torch.distributed.run import config_from_args, get_args_parser
 
 from trainguard.procs import DIE_WITH_PARENT_EXEC, stop_signals
+from trainguard.supervisor.launch import SpareReleased
 from trainguard.supervisor.ports import private_port
 
 log = logging.getLogger(__name__)
 
+SPARE_POLL_S = 1.0  # a spare's look at the rendezvous while the job's first round forms (torch polls 1 s)
+DROP_TRIES = 5  # compare-and-set rounds to take a lost node out of the rendezvous
 REAP_TIMEOUT_S = 30.0  # after torch's SIGKILL: how long a stopped worker may take to be reaped
 EXIT_BARRIER_TIMEOUT_S = 60.0
 
@@ -60,16 +76,26 @@ class Stopped(Exception):
 
 class GuardedAgent(LocalElasticAgent):
     def __init__(
-        self, *, monitor: Monitor, env_hook: EnvHook, pool: Any = None, spares: int = 0, **kwargs: Any
+        self,
+        *,
+        monitor: Monitor,
+        env_hook: EnvHook,
+        pool: Any = None,
+        spares: int = 0,
+        hot_spare: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self._monitor = monitor
+        self._hot_spare = hot_spare  # this node waits as a spare until the job needs it
         self._env_hook = env_hook
         self._pool = pool  # WarmPool or None
         self._spares = spares  # standbys the pool is filled with once an attempt has settled
         self.stop_grace_s: float = 0.0
         self._store_port: int | None = None  # this start's MASTER_PORT when not torch's
-        self._store: Any = None  # the TCPStore this agent hosts for this start's workers
+        # the TCPStore this agent hosts for this start's workers; never torch's own ``_store``
+        # (the rendezvous'), which its exit barrier waits on
+        self._worker_store: Any = None
         self._agent_store = False  # this start's workers use a store an agent hosts
 
     # -- torch's hooks -------------------------------------------------------------------------
@@ -91,7 +117,11 @@ class GuardedAgent(LocalElasticAgent):
         self._env_hook(local_rank, worker_env)  # type: ignore[arg-type]
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        self._store_port, self._store, self._agent_store = None, None, False  # the last start's is done
+        self._store_port, self._worker_store, self._agent_store = (
+            None,
+            None,
+            False,
+        )  # the last start's is done
         # Not with a rendezvous whose workers always use the agent's store (static: its TCPStore
         # on --master-port). Otherwise each start's workers get a fresh store, hosted here (node
         # 0's agent): no key of a dead attempt in it, and it is up before any worker, so a
@@ -105,7 +135,9 @@ class GuardedAgent(LocalElasticAgent):
             self._agent_store = True
             port = self._store_port or worker_group.master_port
             if worker_group.group_rank == 0 and worker_group.master_addr and port:
-                self._store = TCPStore(worker_group.master_addr, port, is_master=True, wait_for_workers=False)
+                self._worker_store = TCPStore(
+                    worker_group.master_addr, port, is_master=True, wait_for_workers=False
+                )
         with _swapped(local_elastic_agent, "start_processes", self._start_processes):
             return super()._start_workers(worker_group)
 
@@ -148,7 +180,30 @@ class GuardedAgent(LocalElasticAgent):
         than torchrun's ``--nproc-per-node`` when the pre-flight excluded GPUs."""
         if local_world_size is not None:
             self._worker_group.spec.local_world_size = local_world_size
-        self._initialize_workers(self._worker_group)
+        if not self._hot_spare:
+            self._initialize_workers(self._worker_group)
+            return
+        try:
+            self._wait_for_first_round()
+            self._initialize_workers(self._worker_group)  # torch's redundancy list until admitted
+        except (RendezvousGracefulExitError, RendezvousClosedError) as exc:
+            raise SpareReleased(f"the job's rendezvous closed: {exc}") from None
+        except RendezvousConnectionError as exc:  # its host (node 0) is gone: the job ended with it
+            raise SpareReleased(f"the job's rendezvous store went away: {exc}") from None
+
+    def _wait_for_first_round(self) -> None:
+        """Until the job's first round is complete: a spare that joined a forming round would
+        take a node's place in it and leave that node waiting as the spare."""
+        holder: Any = cast(
+            Any, self._worker_group.spec.rdzv_handler
+        )._state_holder  # torch's c10d/etcd-v2 handler
+        while True:
+            holder.sync()
+            if holder.state.closed:
+                raise RendezvousClosedError
+            if holder.state.complete or holder.state.round > 0:
+                return
+            time.sleep(SPARE_POLL_S)
 
     def restart(self, counts_as_retry: bool, local_world_size: int) -> None:
         """Re-rendezvous and start again with ``local_world_size`` workers. Only counted retries
@@ -225,11 +280,44 @@ class GuardedAgent(LocalElasticAgent):
         out.pop(me, None)
         return me, out
 
+    def drop_peers(self, nodes: Sequence[str]) -> list[str]:
+        """`drop_from_rendezvous` on this agent's rendezvous: called with the peers this node's
+        failed ranks lost their connection to, just before this node re-joins."""
+        return drop_from_rendezvous(self._worker_group.spec.rdzv_handler, nodes)
+
     def nodes_waiting(self) -> int:
         try:
             return int(self._worker_group.spec.rdzv_handler.num_nodes_waiting())
         except Exception:  # the store may be gone while the job shuts down
             return 0
+
+
+def drop_from_rendezvous(handler: Any, nodes: Sequence[str]) -> list[str]:
+    """Remove ``nodes`` (``<host>_<pid>_<n>``) from the handler's rendezvous round, as torch's own
+    sweep does once their keep-alive heartbeats expire (``keep_alive_interval *
+    keep_alive_max_attempt``, 15 s by default), so the next round forms without waiting for that.
+    A node taken out that is in fact alive re-joins the next round (or waits as a spare), as after
+    a keep-alive it missed. The write is the store's compare-and-set, retried on a race. The nodes
+    it took out; [] for a rendezvous that does not keep this state (its keep-alive decides)."""
+    try:
+        holder, settings, me = handler._state_holder, handler._settings, handler._this_node
+        for _ in range(DROP_TRIES):
+            holder.sync()
+            state = holder.state
+            gone = [n for n in state.participants if str(n) in nodes and n != me]
+            if not gone:
+                return []
+            for n in gone:
+                del state.participants[n]
+                state.last_heartbeats.pop(n, None)
+            _remove_participant_epilogue(state, settings)
+            holder.mark_dirty()
+            if holder.sync():
+                log.info("took lost node(s) %s out of the rendezvous", ", ".join(map(str, gone)))
+                return [str(n) for n in gone]
+    except Exception as exc:
+        log.debug("could not take nodes out of the rendezvous: %s", exc)
+    return []
 
 
 def launch_config(torchrun_argv: list[str]) -> tuple[Any, Any, list[str]]:
@@ -248,6 +336,7 @@ def launch(
     pool: Any = None,
     stop_grace_s: float = 0.0,
     spares: int = 0,
+    hot_spare: bool = False,
 ) -> str | None:
     """Run the job as ``torchrun TORCHRUN_ARGV`` would, with a `GuardedAgent`. Returns None when
     the agent's run ended (finished or stopped by the policy), else the signal that ended it."""
@@ -255,7 +344,9 @@ def launch(
     config.logs_specs = logs_specs
 
     def make_agent(**kwargs: Any) -> GuardedAgent:
-        agent = GuardedAgent(monitor=monitor, env_hook=env_hook, pool=pool, spares=spares, **kwargs)
+        agent = GuardedAgent(
+            monitor=monitor, env_hook=env_hook, pool=pool, spares=spares, hot_spare=hot_spare, **kwargs
+        )
         agent._exit_barrier_timeout = EXIT_BARRIER_TIMEOUT_S
         agent.stop_grace_s = stop_grace_s
         return agent

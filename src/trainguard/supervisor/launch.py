@@ -28,7 +28,7 @@ launcher that is one process for all ranks, as mpirun and srun, on `MpiWorkers`)
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -38,14 +38,29 @@ from trainguard.errors import ConfigError
 if TYPE_CHECKING:
     from trainguard.supervisor.config import SupervisorConfig
 
-__all__ = ["LAUNCHERS", "LaunchJob", "Launcher", "Monitor", "WorkerEnv", "Workers", "launcher_for"]
+__all__ = [
+    "LAUNCHERS",
+    "LaunchJob",
+    "Launcher",
+    "Monitor",
+    "SpareReleased",
+    "WorkerEnv",
+    "Workers",
+    "launcher_for",
+]
+
+
+class SpareReleased(Exception):
+    """A hot spare node (``--spare``) was never needed: the job ended (its rendezvous closed, or
+    the store that held it went away) while the spare waited to be admitted."""
 
 
 class Workers(Protocol):
     """The running workers of one node, as the monitor loop drives them."""
 
     def start(self, local_world_size: int | None = None) -> None:
-        """Start (after the rendezvous, if any) ``local_world_size`` workers (default: all)."""
+        """Start (after the rendezvous, if any) ``local_world_size`` workers (default: all). A hot
+        spare's start waits until the job needs it; `SpareReleased` when it never does."""
 
     def restart(self, counts_as_retry: bool, local_world_size: int) -> None:
         """Start the stopped workers again, ``local_world_size`` of them."""
@@ -71,6 +86,10 @@ class Workers(Protocol):
 
     def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
         """This node's rendezvous name and the other nodes' -> their global ranks."""
+
+    def drop_peers(self, nodes: Sequence[str]) -> list[str]:
+        """Take peer nodes this node saw fail out of the rendezvous now, rather than once their
+        keep-alive expires; the ones it took out ([] without a rendezvous)."""
 
     def interrupted(self) -> None:
         """Raise the stop signal the supervisor received, if a handler swallowed it."""

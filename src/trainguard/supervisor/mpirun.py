@@ -278,6 +278,9 @@ class MpiWorkers:
     def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
         return None, {}
 
+    def drop_peers(self, nodes: Sequence[str]) -> list[str]:
+        return []
+
     def interrupted(self) -> None:
         if self.received:
             raise Interrupted(self.received[-1])

@@ -50,6 +50,7 @@ class RunResult:
     recoveries: tuple[dict[str, Any], ...] = ()  # per restart: failure time, first step after, mttr
     world_sizes: tuple[int, ...] = ()  # per attempt: the job's world size after rendezvous
     diagnostics: tuple[dict[str, Any], ...] = ()  # per pre-flight / diagnosis: verdict, summary, file
+    nodes: tuple[dict[str, Any], ...] = ()  # multi-node changes: a spare admitted, a node replaced
 
     @property
     def lost_gpus(self) -> tuple[int, ...]:
@@ -68,6 +69,7 @@ class RunResult:
             f"{self.exit_code.name.lower()} (exit {int(self.exit_code)}): {self.reason}; "
             f"{len(self.incidents)} incident(s), {self.attempts} attempt(s), "
             f"ETTR {'n/a (no heartbeats: the Guard reports steps)' if ettr is None else f'{ettr:.2f}'}; "
+            f"{''.join(str(n['summary']) + '; ' for n in self.nodes if n.get('summary'))}"
             f"run dir {self.run_dir}"
         )
 
@@ -87,6 +89,7 @@ class RunResult:
             "recoveries": list(self.recoveries),
             "world_sizes": list(self.world_sizes),
             "diagnostics": list(self.diagnostics),
+            "nodes": list(self.nodes),
         }
 
     @classmethod
@@ -106,4 +109,5 @@ class RunResult:
             tuple(data.get("recoveries", ())),
             tuple(data.get("world_sizes", ())),
             tuple(data.get("diagnostics", ())),
+            tuple(data.get("nodes", ())),
         )

@@ -45,7 +45,7 @@ from trainguard.supervisor.decide import Decider, stop_code
 from trainguard.supervisor.hang import flight_recorder_env
 from trainguard.supervisor.health import Diagnose, GpuMap, NodeHealth
 from trainguard.supervisor.idle import IdleWatch
-from trainguard.supervisor.launch import Launcher, LaunchJob, Workers, launcher_for
+from trainguard.supervisor.launch import Launcher, LaunchJob, SpareReleased, Workers, launcher_for
 from trainguard.supervisor.logs import LogTail, default_classifier
 from trainguard.supervisor.lost import LostRun, find_lost_run, next_attempt
 from trainguard.supervisor.observe import Observation, Observer
@@ -123,6 +123,7 @@ class Supervisor:
         self.started = 0.0
         self._lost: LostRun | None = None  # this job id's previous run, killed with its supervisor
         self._heartbeats_announced = False
+        self._released: str | None = None  # why a spare node ended without being admitted
 
     # -- public --------------------------------------------------------------------------------
 
@@ -150,6 +151,8 @@ class Supervisor:
             signame = self.launcher.launch(job, self.monitor)
             if signame is not None:
                 code, reason = ExitCode.INTERRUPTED, f"supervisor received {signame}"
+            elif self._released is not None:
+                code, reason = ExitCode.OK, f"spare node, never needed ({self._released})"
             elif (stop := self.history.stopping) is not None:
                 code, reason = ExitCode(stop[0]), stop[1]
             else:
@@ -184,12 +187,19 @@ class Supervisor:
         """Watch the workers until they finish (True) or the policy stops the job (False)."""
         if not self._preflight(None):
             return False
-        workers.start(len(self.gpu_map.gpus))
+        try:
+            workers.start(len(self.gpu_map.gpus))
+        except SpareReleased as exc:
+            self._released = str(exc)
+            return False
         attempt = self._begin_attempt(workers)
         # The launcher's own start (rendezvous, pre-flight, starting the workers) is the job's
         # init as much as the workers' imports are; uncharged, a loaded host's slow start would
-        # show in the ledger as time no interval covers.
-        self.recorder.interval(IntervalKind.INIT, self.started, attempt.started, attempt.number, "launch")
+        # show in the ledger as time no interval covers. A spare's wait to be admitted is not.
+        if self.config.launch.spare:
+            self._spare_admitted(attempt)
+        else:
+            self.recorder.interval(IntervalKind.INIT, self.started, attempt.started, attempt.number, "launch")
         if self._lost is not None:
             lost = self.recorder.lost_run(self._lost, attempt.started, attempt.resume_step)
             self.history.pending.append(Pending(lost, self._lost.last_seen, self._lost.furthest_step))
@@ -293,6 +303,8 @@ class Supervisor:
         self.attempt_number += 1
         if not self._preflight(attempt):
             return attempt
+        if lost_nodes := suspect_nodes or tuple(n for n in [trouble.extra.get("node")] if n):
+            workers.drop_peers([str(n) for n in lost_nodes])  # the next round need not wait for them
         workers.restart(decision.counts_as_retry, len(self.gpu_map.gpus))
         log.info(
             "restart: decided %.3fs after detection, group started in %.3fs",
@@ -328,6 +340,26 @@ class Supervisor:
 
     # -- attempts, progress, recovery ------------------------------------------------------------
 
+    def _spare_admitted(self, attempt: Attempt) -> None:
+        waited = attempt.started - self.started
+        summary = f"spare node {attempt.node} admitted after waiting {waited:.0f}s (world size {attempt.world_size})"
+        entry = {"kind": "spare_admitted", "node": attempt.node, "attempt": attempt.number}
+        self.history.nodes.append({**entry, "waited_s": round(waited, 3), "summary": summary})
+        self._emit("spare_admitted", node=attempt.node, waited_s=waited, world_size=attempt.world_size)
+
+    def _replaced(self, before: Attempt | None, attempt: Attempt) -> None:
+        """A node of the last round is gone and another took its place (a spare, or one that
+        came back): the report names both."""
+        if before is None or before.node is None or attempt.node is None:
+            return
+        lost = sorted(p for p in before.peers if p not in attempt.peers and p != attempt.node)
+        joined = sorted(p for p in attempt.peers if p not in before.peers and p != before.node)
+        for gone, new in zip(lost, joined, strict=False):
+            summary = f"node {new} took the place of node {gone}, lost at attempt {before.number}"
+            entry = {"kind": "replaced", "lost": gone, "node": new, "attempt": attempt.number}
+            self.history.nodes.append({**entry, "summary": summary})
+            self._emit("node_replaced", lost=gone, node=new, attempt=attempt.number)
+
     def _begin_attempt(self, workers: Workers) -> Attempt:
         point = resume_point(self.checkpoint_dir)
         node, peers = workers.peers()
@@ -343,6 +375,7 @@ class Supervisor:
             oom_kills_at_start=oom_kills(),
             standbys=workers.standbys(),
         )
+        self._replaced(self.attempt, attempt)
         self.attempt = attempt
         self.history.state = RunState.RUNNING
         for step, reason in point.skipped:
@@ -395,7 +428,7 @@ class Supervisor:
             self.started,
             self.attempt,
             self.run_dir,
-            self.attempt_number + 1,
+            self.attempt_number + (self._released is None),  # a released spare started none
             self.decider.reports,
         )
         self.health.close()

@@ -47,7 +47,7 @@ class TorchElastic:
                 refill_delay_s=cfg.standby.refill_delay_s,
                 refill_nice=cfg.standby.refill_nice,
             )
-            if cfg.standby.fill_at_start:  # they import while the rendezvous runs
+            if cfg.standby.fill_at_start or cfg.launch.spare:  # they import while the rendezvous runs
                 pool.fill(spares)
                 spares = 0
         # Workers host a fresh TCPStore per attempt (torch's own opt-out of sharing the agent's):
@@ -63,6 +63,7 @@ class TorchElastic:
                 pool,
                 cfg.launch.kill_grace_s,
                 spares=spares if pool is not None else 0,
+                hot_spare=cfg.launch.spare,
             )
         finally:
             if pool is not None:
