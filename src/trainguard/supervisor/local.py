@@ -32,7 +32,7 @@ from trainguard.procs import DIE_WITH_PARENT_EXEC, parent_death, stop_signals
 from trainguard.supervisor.launch import LaunchJob, Monitor
 from trainguard.supervisor.ports import private_port
 
-__all__ = ["Command", "LocalLauncher", "LocalWorkers", "RankEnv", "rank_vars"]
+__all__ = ["Command", "LocalLauncher", "LocalWorkers", "NoRendezvous", "RankEnv", "rank_vars"]
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,31 @@ class LocalLauncher:
         return None
 
 
-class LocalWorkers:
+class NoRendezvous:
+    """What workers that no rendezvous joins answer (a process per rank, mpirun, srun): no node
+    waits and no peer is known or dropped, no standby takes a rank; a stop signal the launcher
+    received (``received``) ends the monitor loop, as torch's agent's does."""
+
+    received: list[int]
+
+    def nodes_waiting(self) -> int:
+        return 0
+
+    def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
+        return None, {}
+
+    def drop_peers(self, nodes: Sequence[str]) -> list[str]:
+        return []
+
+    def interrupted(self) -> None:
+        if self.received:
+            raise Interrupted(self.received[-1])
+
+    def standbys(self) -> dict[str, int] | None:
+        return None
+
+
+class LocalWorkers(NoRendezvous):
     """The `Workers` handle over one node's local processes (local rank = global rank)."""
 
     def __init__(self, job: LaunchJob, rank_env: RankEnv | None, command: Command | None) -> None:
@@ -175,22 +199,6 @@ class LocalWorkers:
 
     def pids(self) -> dict[int, int]:
         return {lr: p.pid for lr, p in self._procs.items()}
-
-    def nodes_waiting(self) -> int:
-        return 0
-
-    def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
-        return None, {}
-
-    def drop_peers(self, nodes: Sequence[str]) -> list[str]:
-        return []
-
-    def interrupted(self) -> None:
-        if self.received:
-            raise Interrupted(self.received[-1])
-
-    def standbys(self) -> dict[str, int] | None:
-        return None
 
     def settled(self) -> None:
         pass  # every start is cold: nothing to prepare

@@ -39,7 +39,7 @@ from trainguard.errors import ConfigError, MissingDependency
 from trainguard.mpi.rank import GPUS_ENV, HOST_GPUS_ENV, LOG_DIR_ENV
 from trainguard.procs import parent_death, stop_signals
 from trainguard.supervisor.launch import LaunchJob, Monitor
-from trainguard.supervisor.local import Interrupted
+from trainguard.supervisor.local import Interrupted, NoRendezvous
 from trainguard.supervisor.mpi_hosts import HostPlan, plan_hosts
 from trainguard.supervisor.mpi_procs import RankFiles
 
@@ -146,7 +146,7 @@ def here(name: str) -> bool:
     return name in ("localhost", "127.0.0.1", host, host.split(".", 1)[0], os.environ.get("TRAINGUARD_HOST"))
 
 
-class MpiWorkers:
+class MpiWorkers(NoRendezvous):
     """The `Workers` handle over one MPI launcher process (mpirun here; srun in `supervisor.srun`,
     which overrides `command` and `is_here`): its ranks, as the wrapper records them."""
 
@@ -271,22 +271,6 @@ class MpiWorkers:
 
     def pids(self) -> dict[int, int]:
         return {r: p.pid for r, p in self.files.procs().items()}
-
-    def nodes_waiting(self) -> int:
-        return 0
-
-    def peers(self) -> tuple[str | None, dict[str, tuple[int, ...]]]:
-        return None, {}
-
-    def drop_peers(self, nodes: Sequence[str]) -> list[str]:
-        return []
-
-    def interrupted(self) -> None:
-        if self.received:
-            raise Interrupted(self.received[-1])
-
-    def standbys(self) -> dict[str, int] | None:
-        return None
 
     def settled(self) -> None:
         pass  # mpirun starts every rank: nothing to prepare

@@ -37,7 +37,34 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from trainguard.errors import ConfigError
+
 log = logging.getLogger(__name__)
+
+
+def replica_of(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """(world size, rank) as torch's DistributedSampler takes them: the process group's where not
+    given (one replica without one); a rank outside the world is a ConfigError (a ValueError)."""
+    if num_replicas is None or rank is None:
+        initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if num_replicas is None:
+            num_replicas = torch.distributed.get_world_size() if initialized else 1
+        if rank is None:
+            rank = torch.distributed.get_rank() if initialized else 0
+    if not 0 <= rank < num_replicas:
+        raise ConfigError(f"invalid rank {rank}, should be in [0, {num_replicas - 1}]")
+    return num_replicas, rank
+
+
+def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
+    """The order of ``n`` samples in ``epoch``: DistributedSampler's (a permutation seeded by
+    ``seed + epoch`` from a generator of its own), or ``0..n-1`` without shuffling."""
+    if not shuffle:
+        return list(range(n))
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    order: list[int] = torch.randperm(n, generator=g).tolist()
+    return order
 
 
 class ResumableSampler(Sampler[int]):
@@ -50,14 +77,7 @@ class ResumableSampler(Sampler[int]):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        if num_replicas is None or rank is None:
-            initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
-            if num_replicas is None:
-                num_replicas = torch.distributed.get_world_size() if initialized else 1
-            if rank is None:
-                rank = torch.distributed.get_rank() if initialized else 0
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"invalid rank {rank}, should be in [0, {num_replicas - 1}]")
+        num_replicas, rank = replica_of(num_replicas, rank)
         self.dataset = dataset
         self.num_replicas, self.rank = num_replicas, rank
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
@@ -77,13 +97,7 @@ class ResumableSampler(Sampler[int]):
 
     def shard(self, epoch: int) -> list[int]:
         """This rank's indices for an epoch, exactly as DistributedSampler orders them."""
-        n = len(self.dataset)
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + epoch)
-            indices: list[int] = torch.randperm(n, generator=g).tolist()
-        else:
-            indices = list(range(n))
+        indices = epoch_order(len(self.dataset), self.shuffle, self.seed, epoch)
         if not self.drop_last:
             padding = self.total_size - len(indices)
             if padding <= len(indices):

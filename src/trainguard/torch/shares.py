@@ -34,11 +34,11 @@ import math
 from collections.abc import Iterator, Sequence, Sized
 from typing import Any
 
-import torch
 from torch.utils.data import Sampler
 
 from trainguard.balance.shares import loss_weight, uniform
 from trainguard.errors import ConfigError
+from trainguard.torch.data import epoch_order, replica_of
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +56,7 @@ class ShareSampler(Sampler[list[int]]):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        if num_replicas is None or rank is None:
-            initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
-            if num_replicas is None:
-                num_replicas = torch.distributed.get_world_size() if initialized else 1
-            if rank is None:
-                rank = torch.distributed.get_rank() if initialized else 0
-        if not 0 <= rank < num_replicas:
-            raise ConfigError(f"invalid rank {rank}, should be in [0, {num_replicas - 1}]")
+        num_replicas, rank = replica_of(num_replicas, rank)
         n = len(dataset)
         if global_batch < num_replicas:
             raise ConfigError(
@@ -125,13 +118,7 @@ class ShareSampler(Sampler[list[int]]):
         """The epoch's sample order, as many samples as its global batches hold."""
         if self._order is not None and self._order[0] == epoch:
             return self._order[1]
-        n = len(self.dataset)
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + epoch)
-            indices: list[int] = torch.randperm(n, generator=g).tolist()
-        else:
-            indices = list(range(n))
+        indices = epoch_order(len(self.dataset), self.shuffle, self.seed, epoch)
         size = self.batches_per_epoch * self.global_batch
         while len(indices) < size:  # fill the last global batch from the start of the order
             indices += indices[: size - len(indices)]
