@@ -25,8 +25,9 @@ class DemoFault:
     """One injected fault and the conclusion expected of trainguard.
 
     ``expected_causes`` are `RootCause` values; ``expected_actions`` the supervisor's decisions
-    (`supervisor.policy.JobAction` values, or "rollback" for the trainer's own NaN rollback; a torn
-    checkpoint's incident says "skip_torn_checkpoint": the resume went on from an older one).
+    (`actions.JobAction` values: a torn checkpoint's incident says "skip_torn_checkpoint", the
+    resume went on from an older one), or "rollback" (`actions.StepAction`: the trainer's own NaN
+    rollback).
     """
 
     id: str  # "F1".."F7": the key the report and the JSON use
