@@ -92,13 +92,15 @@ def test_a_sigkilled_rank_is_restarted_from_the_checkpoint_and_recorded(tmp_path
 def test_a_second_fault_before_the_pool_refilled_still_restarts_on_ready_standbys(tmp_path):
     # The second kill comes a few steps into the restarted attempt, before the standbys used by the
     # first restart can have been replaced (the refill waits 2 s, then imports torch): only the
-    # spare set, imported since launch (--warm-fill-at-start), can make this restart warm.
+    # spare set, imported since launch (--warm-fill-at-start), can make this restart warm. The
+    # standbys import at nice 19 (their session's autogroup too): they get the CPU the ranks leave,
+    # so the ranks sleep most of each step, as ranks waiting on their GPUs leave their host's cores.
     plan = '[[fault]]\nkind = "kill"\nrank = 1\nstep = 20\n\n[[fault]]\nkind = "kill"\nrank = 1\nstep = 26\n'
     code, result, _ = trainguard_run(
         tmp_path,
         "--warm-standby",
         "--warm-fill-at-start",
-        worker_args=("--steps", "34"),
+        worker_args=("--steps", "34", "--step-sleep", "0.5"),
         plan=plan,
         timeout=300,
     )

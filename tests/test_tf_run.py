@@ -148,7 +148,9 @@ def test_a_stopped_worker_of_a_foreign_job_is_caught_from_process_state(tmp_path
     # 0 then waits in the collective; every rank idle is the hang, both restart, BackupAndRestore resumes.
     need_tf()
     args = ("--epochs", "4", "--step-s", "0.1", "--backup-dir", str(tmp_path / "backup"), "--save-freq", "10")
-    short = ("--startup-timeout", "120", "--hang-timeout-floor", "3", "--idle-timeout", "6")
+    # Past TF's own wait at exit: both workers sat idle for over 6 s after their last step in a
+    # loaded CI run, which a 6 s timeout took for a hang (and the restart redid the whole job).
+    short = ("--startup-timeout", "120", "--hang-timeout-floor", "3", "--idle-timeout", "30")
     sup = run(tmp_path, "hang", *args, options=short)
     try:
         deadline = time.monotonic() + 400
