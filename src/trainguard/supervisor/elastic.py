@@ -117,11 +117,8 @@ class GuardedAgent(LocalElasticAgent):
         self._env_hook(local_rank, worker_env)  # type: ignore[arg-type]
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        self._store_port, self._worker_store, self._agent_store = (
-            None,
-            None,
-            False,
-        )  # the last start's is done
+        # the last start's is done
+        self._store_port, self._worker_store, self._agent_store = None, None, False
         # Not with a rendezvous whose workers always use the agent's store (static: its TCPStore
         # on --master-port). Otherwise each start's workers get a fresh store, hosted here (node
         # 0's agent): no key of a dead attempt in it, and it is up before any worker, so a
@@ -194,9 +191,8 @@ class GuardedAgent(LocalElasticAgent):
     def _wait_for_first_round(self) -> None:
         """Until the job's first round is complete: a spare that joined a forming round would
         take a node's place in it and leave that node waiting as the spare."""
-        holder: Any = cast(
-            Any, self._worker_group.spec.rdzv_handler
-        )._state_holder  # torch's c10d/etcd-v2 handler
+        handler: Any = self._worker_group.spec.rdzv_handler
+        holder = handler._state_holder  # torch's c10d/etcd-v2 handler
         while True:
             holder.sync()
             if holder.state.closed:
