@@ -17,23 +17,36 @@ import pytest
 from real_parts import require_real
 
 
-def run_in_standby(tmp_path: Path, script: str, *args: str) -> tuple[int, str]:
-    path = tmp_path / "script.py"
-    path.write_text(textwrap.dedent(script))
+def job_line(tmp_path: Path, *argv: str) -> str:
+    """The line the pool hands a standby: run ``argv`` in ``tmp_path``, output to out.txt, err.txt."""
     job = {
-        "argv": [str(path), *args],
+        "argv": list(argv),
         "env": {**os.environ},
         "cwd": str(tmp_path),
         "stdout": str(tmp_path / "out.txt"),
         "stderr": str(tmp_path / "err.txt"),
     }
+    return json.dumps(job) + "\n"
+
+
+def run_in_standby(tmp_path: Path, script: str, *args: str) -> tuple[int, str]:
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(script))
     proc = subprocess.run(
         [sys.executable, "-m", "trainguard.supervisor.standby"],
-        input=json.dumps(job) + "\n",
+        input=job_line(tmp_path, str(path), *args),
         text=True,
         timeout=60,
     )
     return proc.returncode, (tmp_path / "err.txt").read_text()
+
+
+def hand_job(proc: subprocess.Popen[bytes], script: Path, tmp_path: Path) -> None:
+    """Hand ``script`` to the waiting standby ``proc``, as the pool does, and wait for the rank."""
+    assert proc.stdin is not None
+    proc.stdin.write(job_line(tmp_path, str(script)).encode())
+    proc.stdin.close()
+    assert proc.wait(60) == 0, (tmp_path / "err.txt").read_text()
 
 
 def test_a_finished_script_exits_0_after_its_threads_and_atexit_handlers(tmp_path):
@@ -261,12 +274,7 @@ def test_a_standby_imports_at_low_priority_and_runs_its_job_at_the_priority_it_s
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         idle = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[16]
         assert int(idle) == 19  # importing (here: nothing) and waiting, at low priority
-        job = {"argv": [str(script)], "env": {**os.environ}, "cwd": str(tmp_path),
-               "stdout": str(tmp_path / "out.txt"), "stderr": str(tmp_path / "err.txt")}  # fmt: skip
-        assert proc.stdin is not None
-        proc.stdin.write((json.dumps(job) + "\n").encode())
-        proc.stdin.close()
-        assert proc.wait(60) == 0, (tmp_path / "err.txt").read_text()
+        hand_job(proc, script, tmp_path)
     finally:
         proc.kill()
         proc.wait()
@@ -319,12 +327,7 @@ def test_a_standby_in_its_own_session_lowers_its_autogroup_too_and_its_rank_runs
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         assert group_nice(proc.pid) == 19  # waiting, its session at low weight
-        job = {"argv": [str(script)], "env": {**os.environ}, "cwd": str(tmp_path),
-               "stdout": str(tmp_path / "out.txt"), "stderr": str(tmp_path / "err.txt")}  # fmt: skip
-        assert proc.stdin is not None
-        proc.stdin.write((json.dumps(job) + "\n").encode())
-        proc.stdin.close()
-        assert proc.wait(60) == 0, (tmp_path / "err.txt").read_text()
+        hand_job(proc, script, tmp_path)
     finally:
         proc.kill()
         proc.wait()
