@@ -16,6 +16,7 @@ import pytest
 from real_parts import require_module
 
 WORKER = Path(__file__).with_name("workers") / "tf_mwms.py"
+JOB = Path(__file__).resolve().parents[1] / "benchmarks" / "tf_job.py"  # bench_tf's job, Keras 2 Guard
 TRAINGUARD = [sys.executable, "-m", "trainguard.cli"]
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ def need_tf() -> None:
 
 
 def run(
-    tmp_path: Path, job: str, *worker_args: str, options: tuple[str, ...] = ()
+    tmp_path: Path, job: str, *worker_args: str, options: tuple[str, ...] = (), script: Path = WORKER
 ) -> subprocess.Popen[bytes]:
     argv = [
         *TRAINGUARD,
@@ -43,10 +44,21 @@ def run(
     argv += ["--runs-dir", str(tmp_path / "runs"), "--db", str(tmp_path / "tg.db")]
     argv += ["--json", str(tmp_path / f"{job}.json")]
     return subprocess.Popen(
-        [*argv, "--", sys.executable, str(WORKER), *worker_args],
+        [*argv, "--", sys.executable, str(script), *worker_args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
+
+
+def finish(sup: subprocess.Popen[bytes], timeout: float) -> str:
+    """The run's console output once it exits; a run past ``timeout`` is killed, never left behind."""
+    try:
+        out, _ = sup.communicate(timeout=timeout)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    return out.decode()
 
 
 def lines(tmp_path: Path, job: str, attempt: int, rank: int) -> str:
@@ -73,8 +85,8 @@ def worker_pid(run_dir: Path, index: int) -> int | None:
 def test_a_foreign_multiworker_script_runs_clean(tmp_path):
     need_tf()
     sup = run(tmp_path, "clean", "--epochs", "2")
-    out, _ = sup.communicate(timeout=600)
-    assert sup.returncode == 0, out.decode()[-3000:]
+    out = finish(sup, 600)
+    assert sup.returncode == 0, out[-3000:]
     result = json.loads((tmp_path / "clean.json").read_text())
     assert (result["exit_code"], result["attempts"], result["incidents"]) == (0, 1, [])
     assert all("done step 40" in lines(tmp_path, "clean", 0, r) for r in (0, 1))
@@ -112,22 +124,17 @@ def test_a_killed_worker_restarts_both_and_backup_and_restore_resumes(tmp_path):
         assert "done step 80" in again
 
 
-JOB = Path(__file__).resolve().parents[1] / "benchmarks" / "tf_job.py"  # bench_tf's job, Keras 2 Guard
-
-
 def test_an_xid_on_a_workers_gpu_restarts_the_job_without_that_gpu(tmp_path):
     # Worker 1's GPU falls off the bus at step 30 (the simulated node logs Xid 79, the worker dies of
     # the CUDA error): the job comes back as one worker on GPU 0 from the Guard's step-30 checkpoint.
     need_tf()
     plan = tmp_path / "xid.toml"
     plan.write_text('[[fault]]\nname = "fatal Xid 79"\nkind = "xid"\nrank = 1\nxid = 79\nstep = 30\n')
-    argv = [*TRAINGUARD, "run", "--framework", "tf", "--nproc-per-node", "2", "--backend", "sim"]
-    argv += ["--chaos", str(plan), "--job-id", "xid", "--no-tee", "--runs-dir", str(tmp_path / "runs")]
-    argv += ["--db", str(tmp_path / "tg.db"), "--json", str(tmp_path / "xid.json"), "--"]
-    argv += [sys.executable, str(JOB), "--trainguard", "--checkpoint-dir", str(tmp_path / "ckpt")]
-    argv += ["--epochs", "2", "--steps-per-epoch", "40", "--save-every", "10"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    args = ("--trainguard", "--checkpoint-dir", str(tmp_path / "ckpt"), "--epochs", "2")
+    args += ("--steps-per-epoch", "40", "--save-every", "10")
+    sup = run(tmp_path, "xid", *args, options=("--backend", "sim", "--chaos", str(plan)), script=JOB)
+    out = finish(sup, 600)
+    assert sup.returncode == 0, out[-3000:]
     result = json.loads((tmp_path / "xid.json").read_text())
     assert (result["attempts"], result["world_sizes"]) == (2, [2, 1])
     (incident,) = result["incidents"]  # no needless second action
@@ -156,30 +163,9 @@ def test_a_hung_worker_of_a_job_without_heartbeats_is_caught_from_process_state(
     # The idle timeout is longer than TensorFlow's own wait at exit: both workers of a finished job
     # sat idle for over 6 s in a loaded CI run, which a 6 s timeout took for a hang.
     short = ("--startup-timeout", "120", "--hang-timeout-floor", "3", "--idle-timeout", "30")
-    argv = [
-        *TRAINGUARD,
-        "run",
-        "--framework",
-        "tf",
-        "--nproc-per-node",
-        "2",
-        "--job-id",
-        "hang",
-        "--no-tee",
-        *short,
-    ]
-    argv += [
-        "--runs-dir",
-        str(tmp_path / "runs"),
-        "--db",
-        str(tmp_path / "tg.db"),
-        "--json",
-        str(tmp_path / "hang.json"),
-    ]
-    done = subprocess.run(
-        [*argv, "--", sys.executable, str(JOB), *args], capture_output=True, text=True, timeout=900
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    sup = run(tmp_path, "hang", *args, options=short, script=JOB)
+    out = finish(sup, 900)
+    assert sup.returncode == 0, out[-3000:]
     result = json.loads((tmp_path / "hang.json").read_text())
     assert result["attempts"] == 2
     (incident,) = result["incidents"]
