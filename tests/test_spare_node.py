@@ -64,6 +64,13 @@ def wait_training(tmp_path: Path, s: subprocess.Popen) -> None:
     assert _descendants(s.pid), (tmp_path / "s.log").read_text()[-3000:]
 
 
+def start_job(tmp_path: Path, epochs: int) -> tuple[subprocess.Popen, subprocess.Popen, subprocess.Popen]:
+    """Nodes a and b of a 2-node job and s, its spare, on one free port."""
+    port = free_port()
+    a, b = (start_node(tmp_path, name, port, epochs=epochs) for name in ("a", "b"))
+    return a, b, start_node(tmp_path, "s", port, epochs=epochs, spare=True)
+
+
 def end(*procs: subprocess.Popen) -> None:
     for p in procs:
         with contextlib.suppress(ProcessLookupError):
@@ -72,10 +79,7 @@ def end(*procs: subprocess.Popen) -> None:
 
 
 def test_a_spare_takes_the_lost_nodes_place_and_the_job_finishes_at_full_size(tmp_path):
-    port = free_port()
-    a = start_node(tmp_path, "a", port, epochs=60)
-    b = start_node(tmp_path, "b", port, epochs=60)
-    s = start_node(tmp_path, "s", port, epochs=60, spare=True)
+    a, b, s = start_job(tmp_path, epochs=60)
     try:
         wait_training(tmp_path, s)
         assert rank_outputs(tmp_path, "s") == []  # waiting, not training
@@ -105,10 +109,7 @@ def test_a_spare_takes_the_lost_nodes_place_and_the_job_finishes_at_full_size(tm
 
 
 def test_a_spare_that_is_never_needed_runs_no_rank_and_exits_cleanly(tmp_path):
-    port = free_port()
-    a = start_node(tmp_path, "a", port, epochs=30)
-    b = start_node(tmp_path, "b", port, epochs=30)
-    s = start_node(tmp_path, "s", port, epochs=30, spare=True)
+    a, b, s = start_job(tmp_path, epochs=30)
     try:
         assert a.wait(timeout=300) == 0, (tmp_path / "a.log").read_text()[-3000:]
         assert b.wait(timeout=60) == 0, (tmp_path / "b.log").read_text()[-3000:]
