@@ -1,5 +1,6 @@
-"""What the retry-loop benchmarks (bench_mpi, bench_tf) need of an arm's processes: its job's
-progress file, every process below the arm, and an end to the arm that leaves nothing behind.
+"""What the benchmarks that run jobs in arms (bench_mpi, bench_tf, bench_node_loss...) need of an
+arm's processes: free loopback ports, its job's progress file, every process below the arm, and
+an end to the arm that leaves nothing behind.
 
 The job writes one line per step it completed on rank 0, ``<time> <step> <pid>``, to ``progress``
 in the arm's folder; a step by a pid not seen before a time is a new attempt training.
@@ -10,8 +11,25 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports free now (bound together, so none is given twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
 
 
 def progress(work: Path) -> list[tuple[float, int, int]]:

@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arm_procs import descendants, progress, stop
+from arm_procs import descendants, free_port, progress, stop
 from paired import mean_ci, ratio_ci, rotate
 
 SCRIPT = Path(__file__).with_name("node_loss_ddp.py")
@@ -58,14 +58,6 @@ RDZV_CONF = "join_timeout=120,last_call_timeout=10,keep_alive_interval=1,keep_al
 ARMS = ("spare", "nospare", "torchrun_spare", "torchrun_1to2")
 START_CAP_S = 240.0
 RECOVER_CAP_S = 180.0
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def node_cmd(arm: str, name: str, port: int, work: Path, nnodes: str) -> list[str]:

@@ -51,7 +51,6 @@ import random
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arm_procs import descendants, progress, stop, trained_since
+from arm_procs import descendants, free_ports, progress, stop, trained_since
 from paired import interleave, mean_ci, ratio_ci
 from targets import Target, finish
 
@@ -81,17 +80,6 @@ class Run:
     faults: list[tuple[str, int, float]] = field(default_factory=list)  # (kind, rank, when)
     recoveries: list[float] = field(default_factory=list)  # a kill -> the next new process's first step
     hang_detect: float | None = None  # the hang -> the hung process gone
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def job_args(work: Path, args: argparse.Namespace, hang_at: int) -> list[str]:
