@@ -53,6 +53,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from arm_procs import free_port
 from targets import Target, finish
 from trainguard.procs import parent_death
 
@@ -79,12 +80,6 @@ def _child_setup(die_with_us: Callable[[], None]) -> Callable[[], None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # what a default service gets
 
     return setup
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_agent(tmp: Path, src: str | None) -> tuple[subprocess.Popen[bytes], int]:

@@ -245,6 +245,17 @@ class HeartbeatWriter:
             self._fd = -1
 
 
+def read_tail(path: Path, nbytes: int) -> str:
+    """The last ``nbytes`` of a log file as text (a rank's stderr, a launcher's log); "" when it
+    cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - nbytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 def read_last_heartbeat(path: Path) -> Heartbeat | None:
     """The last complete heartbeat in a file, or None if there is none (missing, empty, torn)."""
     try:

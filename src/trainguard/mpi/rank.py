@@ -34,7 +34,14 @@ from typing import Any
 
 from trainguard.mpi.identity import RankIdentity, gpu_list, identity
 from trainguard.procs import die_of, die_with_parent, install, parent_death
-from trainguard.rundir import ATTEMPT_ENV, ErrorRecord, atomic_write_bytes, run_dir_from_env, write_error
+from trainguard.rundir import (
+    ATTEMPT_ENV,
+    ErrorRecord,
+    atomic_write_bytes,
+    read_tail,
+    run_dir_from_env,
+    write_error,
+)
 
 __all__ = ["GPUS_ENV", "HOST_ENV", "HOST_GPUS_ENV", "LOG_DIR_ENV", "main", "rank_env", "traceback_of"]
 
@@ -81,15 +88,6 @@ def traceback_of(text: str) -> tuple[str, str, str] | None:
             return None
         return m.group(1), (m.group(2) or "").strip(), "\n".join(lines[: i + 1])
     return None
-
-
-def _tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 def _record(path: Path, data: dict[str, Any]) -> None:
@@ -152,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     code = child.wait()
     now = time.time()
     run_dir = run_dir_from_env(env)
-    found = traceback_of(_tail(err)) if code > 0 and run_dir is not None else None
+    found = traceback_of(read_tail(err, TAIL_BYTES)) if code > 0 and run_dir is not None else None
     if found is not None and run_dir is not None:
         attempt = int(env.get(ATTEMPT_ENV, "0") or 0)
         try:

@@ -29,9 +29,10 @@ peer node's loss died of, for `supervisor.peers` to judge.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
+
+from trainguard.rundir import read_tail
 
 __all__ = ["fingerprint", "last_error", "read_fingerprint", "read_last_error"]
 
@@ -57,12 +58,12 @@ _MASKS = (
 
 def read_fingerprint(code: int | None, elastic_error: Path, stderr: Path) -> str | None:
     """`fingerprint` of one rank from its files (a file that cannot be read counts as empty)."""
-    return fingerprint(code, _read(elastic_error), _tail(stderr))
+    return fingerprint(code, _read(elastic_error), read_tail(stderr, TAIL_BYTES))
 
 
 def read_last_error(elastic_error: Path, stderr: Path) -> str | None:
     """`last_error` of one rank from its files (a file that cannot be read counts as empty)."""
-    return last_error(_read(elastic_error), _tail(stderr))
+    return last_error(_read(elastic_error), read_tail(stderr, TAIL_BYTES))
 
 
 def last_error(elastic_error: str | None, stderr_tail: str) -> str | None:
@@ -150,12 +151,3 @@ def _mask(text: str) -> str:
     for pattern, repl in _MASKS:
         text = pattern.sub(repl, text)
     return text
-
-
-def _tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""

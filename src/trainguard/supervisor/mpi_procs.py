@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.detect.culprit import lost_node
+from trainguard.rundir import read_tail
 
 __all__ = ["RankFiles", "RankProcess"]
 
@@ -138,12 +139,7 @@ class RankFiles:
                 p.kill()
 
     def launcher_tail(self, lines: int = 20) -> str:
-        try:
-            with open(self.directory / self.log, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
-                text = f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
+        text = read_tail(self.directory / self.log, TAIL_BYTES)
         return "\n".join(text.splitlines()[-lines:])
 
     def lost_nodes(self) -> dict[str, str]:

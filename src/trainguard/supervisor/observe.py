@@ -11,7 +11,6 @@ is evidence, gathered here). It judges nothing: `supervisor.assess` does.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.records import Event, Finding, Health, NodeVerdict
-from trainguard.rundir import ErrorRecord, read_errors, read_findings
+from trainguard.rundir import ErrorRecord, read_errors, read_findings, read_tail
 from trainguard.supervisor.attempt import Attempt
 from trainguard.supervisor.exits import TEARDOWN_SIGNALS, aborted_after_finishing
 from trainguard.supervisor.fingerprint import read_fingerprint, read_last_error
@@ -178,7 +177,7 @@ class Observer:
             rank = attempt.rank_of[lr]
             beat = beats.get(rank)
             phase = beat.phase if beat is not None and beat.attempt == attempt.number else None
-            tail = _tail(self.attempt_dir(attempt.number) / f"rank{rank}.stderr")
+            tail = read_tail(self.attempt_dir(attempt.number) / f"rank{rank}.stderr", 4096)
             if aborted_after_finishing(codes[lr], phase, rank in errors, tail):
                 found.add(lr)
         return found
@@ -217,12 +216,3 @@ class Observer:
                 continue
             rows.append(((rank, step, f.rule, f.time), rank, step, f))
         return tuple(rows)
-
-
-def _tail(path: Path, nbytes: int = 4096) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - nbytes))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
