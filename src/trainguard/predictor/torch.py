@@ -43,18 +43,23 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _two_hidden(n_features: int, hidden: int, dropout: float, head: Any) -> Any:
+    """Two hidden ReLU layers with dropout, then ``head``: the body of both models."""
+    return nn.Sequential(
+        nn.Linear(n_features, hidden),
+        nn.ReLU(),
+        nn.Dropout(dropout),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Dropout(dropout),
+        head,
+    )
+
+
 class Mlp(nn.Module):
     def __init__(self, n_features: int, hidden: int = 64, dropout: float = 0.1) -> None:
         super().__init__()
-        self.body = nn.Sequential(
-            nn.Linear(n_features, hidden),
-            nn.ReLU(),
-            nn.Dropout(dropout),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Dropout(dropout),
-            nn.Linear(hidden, 2),
-        )
+        self.body = _two_hidden(n_features, hidden, dropout, nn.Linear(hidden, 2))
 
     def forward(self, x: Any) -> Any:
         return self.body(x)
@@ -162,15 +167,8 @@ def input_gradients(net: Any, x: Any) -> Any:
 class DeepSurv(nn.Module):
     def __init__(self, n_features: int, hidden: int = 32, dropout: float = 0.2) -> None:
         super().__init__()
-        self.body = nn.Sequential(
-            nn.Linear(n_features, hidden),
-            nn.ReLU(),
-            nn.Dropout(dropout),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Dropout(dropout),
-            nn.Linear(hidden, 1, bias=False),  # a log hazard ratio: the baseline hazard absorbs any bias
-        )
+        # a log hazard ratio: the baseline hazard absorbs any bias
+        self.body = _two_hidden(n_features, hidden, dropout, nn.Linear(hidden, 1, bias=False))
 
     def forward(self, x: Any) -> Any:
         return self.body(x).squeeze(1)
