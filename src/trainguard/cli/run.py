@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -161,6 +162,22 @@ def register(subparsers: Any) -> None:
         "group is replaced while the others keep training (docs/no-restart.md; needs trainguard[ft])",
     )
     g.add_argument(
+        "--replica-group-id",
+        type=int,
+        default=None,
+        metavar="G",
+        help="run this node's share of replica group G (0..N-1) that spans nodes: on each of the "
+        "group's nodes, with --replica-groups N, --lighthouse, --nnodes M and the group's own "
+        "--rdzv-endpoint (docs/no-restart.md)",
+    )
+    g.add_argument(
+        "--lighthouse",
+        default="",
+        metavar="URL",
+        help="with --replica-group-id: the job's torchft Lighthouse (http://HOST:PORT), started once "
+        "for the job with torchft_lighthouse",
+    )
+    g.add_argument(
         "--warm-standby",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -274,6 +291,8 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
         )
     if args.replica_groups < 0:
         raise ConfigError(f"--replica-groups {args.replica_groups}: give 1 or more groups")
+    if args.spare and args.replica_group_id is not None:
+        raise ConfigError("--spare with --replica-group-id: a replica group's nodes have no hot spare yet")
     from trainguard.cli.mpi_args import resolve_mpi
 
     launcher_args = tuple(args.launcher_args or ())
@@ -340,6 +359,16 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
     )
 
 
+def check_replica_node(args: argparse.Namespace, config: SupervisorConfig) -> None:
+    """Refuse (`ConfigError`) a replica-group option set that cannot work (`replicas.node`)."""
+    from trainguard.errors import ConfigError
+    from trainguard.supervisor.replicas.node import node_group_refusal
+
+    refusal = node_group_refusal(config, args.replica_group_id, args.lighthouse)
+    if refusal is not None:
+        raise ConfigError(refusal)
+
+
 def _gpus(text: str) -> tuple[int, ...]:
     from trainguard.errors import ConfigError
 
@@ -356,6 +385,17 @@ def run(args: argparse.Namespace) -> int:
     from trainguard.chaos.plan import for_this_group, step_triggered
 
     config = config_from_args(args)
+    check_replica_node(args, config)
+    if args.replica_group_id is not None:  # this node's share of a group that spans nodes
+        from trainguard.supervisor.replicas import ReplicaConfig
+        from trainguard.supervisor.replicas.node import node_group
+
+        config, env = node_group(
+            config, ReplicaConfig(groups=config.replica_groups), args.replica_group_id, args.lighthouse
+        )
+        # This process is the group's supervisor, as a one-node group's `trainguard run` is: its
+        # plan's faults, its warm standbys and its workers see the group's environment.
+        os.environ.update(env)
     plan = load_plan(config.chaos) if config.chaos is not None else None  # bad plan: usage error now
     if plan is not None:
         plan = for_this_group(plan)  # a replica group's supervisor: its faults
