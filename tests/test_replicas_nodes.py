@@ -161,6 +161,8 @@ def test_a_lost_node_of_one_group_rejoins_and_heals_while_the_other_group_commit
         "group 1 heals and trains with group 0",
         lambda: min(j.progress(2), j.progress(3)) > at_restart and j.progress(3) != -1,
     )
+    # The ranks stop once their next step is this one (a group already past it when it reads
+    # the file stops there: the groups then end a step apart, and the last common step counts).
     last = max(j.progress(s) for s in range(4)) + 3
     (tmp_path / "stop.tmp").write_text(str(last))
     os.replace(tmp_path / "stop.tmp", stop_file)
@@ -173,10 +175,12 @@ def test_a_lost_node_of_one_group_rejoins_and_heals_while_the_other_group_commit
     during = [s for s in g0[0]["steps"] if at_loss < s <= at_restart]
     assert len(during) >= 5, "group 0 did not commit while group 1 was down"
     common = set.intersection(*(set(r["steps"]) for r in ft))
-    assert max(common) >= last
     final = max(common)
+    assert final > at_restart, "group 1 never committed a step with group 0 after it healed"
     weights = [r["weights"][r["steps"].index(final)] for r in ft]
     for w in weights[1:]:
         for name, tensor in weights[0].items():
             assert torch.equal(w[name], tensor), f"ranks differ in {name} at step {final}"
-    assert g0[0]["steps"] == list(range(len(g0[0]["steps"]))), "group 0 skipped a step"
+    for r in g0:  # group 0 kept its own state through the loss (its first step may heal: it
+        # can start after group 1 committed alone)
+        assert not any(h for s, h in zip(r["steps"], r["healed"], strict=True) if s > at_loss)

@@ -128,11 +128,13 @@ def main() -> None:
         healed = mgr is not None and not mgr.is_participating()  # this step loads a peer's state
         if mgr is None or mgr.should_commit():
             sgd.opt.step()
-            record["steps"].append(step)
+            # a rank that healed in this step committed the peer's step, not its own count
+            done_step = step if mgr is None else mgr.current_step() - 1
+            record["steps"].append(done_step)
             record["losses"].append(loss.item())
             record["healed"].append(healed)
             record["weights"].append({n: t.clone() for n, t in sgd.model.state_dict().items()})
-            progress(args.out, shard, step)
+            progress(args.out, shard, done_step)
         step = step + 1 if mgr is None else mgr.current_step()
         time.sleep(args.step_sleep)
     torch.save(record, os.path.join(args.out, f"shard{shard}.pt"))
