@@ -291,13 +291,11 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
         )
     if args.replica_groups < 0:
         raise ConfigError(f"--replica-groups {args.replica_groups}: give 1 or more groups")
-    if args.spare and args.replica_group_id is not None:
-        raise ConfigError("--spare with --replica-group-id: a replica group's nodes have no hot spare yet")
     from trainguard.cli.mpi_args import resolve_mpi
 
     launcher_args = tuple(args.launcher_args or ())
     nproc, gpus = resolve_mpi(args.launcher, launcher_args, launch.nproc_per_node, _gpus(args.gpu_ids or ""))
-    return SupervisorConfig(
+    config = SupervisorConfig(
         LaunchConfig(
             cmd=launch.cmd,
             nproc_per_node=nproc,
@@ -356,17 +354,15 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
         ),
         chaos=args.chaos,
         replica_groups=args.replica_groups,
+        replica_group_id=args.replica_group_id,
+        lighthouse=args.lighthouse,
     )
-
-
-def check_replica_node(args: argparse.Namespace, config: SupervisorConfig) -> None:
-    """Refuse (`ConfigError`) a replica-group option set that cannot work (`replicas.node`)."""
-    from trainguard.errors import ConfigError
     from trainguard.supervisor.replicas.node import node_group_refusal
 
-    refusal = node_group_refusal(config, args.replica_group_id, args.lighthouse)
+    refusal = node_group_refusal(config)
     if refusal is not None:
         raise ConfigError(refusal)
+    return config
 
 
 def _gpus(text: str) -> tuple[int, ...]:
@@ -385,14 +381,11 @@ def run(args: argparse.Namespace) -> int:
     from trainguard.chaos.plan import for_this_group, step_triggered
 
     config = config_from_args(args)
-    check_replica_node(args, config)
-    if args.replica_group_id is not None:  # this node's share of a group that spans nodes
+    if config.replica_group_id is not None:  # this node's share of a group that spans nodes
         from trainguard.supervisor.replicas import ReplicaConfig
         from trainguard.supervisor.replicas.node import node_group
 
-        config, env = node_group(
-            config, ReplicaConfig(groups=config.replica_groups), args.replica_group_id, args.lighthouse
-        )
+        config, env = node_group(config, ReplicaConfig(groups=config.replica_groups))
         # This process is the group's supervisor, as a one-node group's `trainguard run` is: its
         # plan's faults, its warm standbys and its workers see the group's environment.
         os.environ.update(env)

@@ -42,10 +42,11 @@ def spans_nodes(nnodes: str) -> bool:
     return max(int(x) for x in nnodes.split(":")) > 1
 
 
-def node_group_refusal(config: SupervisorConfig, group: int | None, lighthouse: str) -> str | None:
+def node_group_refusal(config: SupervisorConfig) -> str | None:
     """Why this ``trainguard run`` cannot run its node's share of a replica group; None when it
     can (or when it is not one)."""
     groups, launch = config.replica_groups, config.launch
+    group, lighthouse = config.replica_group_id, config.lighthouse
     if group is None:
         if lighthouse:
             return (
@@ -92,14 +93,16 @@ def node_group_refusal(config: SupervisorConfig, group: int | None, lighthouse: 
     return None
 
 
-def node_group(
-    config: SupervisorConfig, replicas: ReplicaConfig, group: int, lighthouse: str
-) -> tuple[SupervisorConfig, dict[str, str]]:
-    """This node's config and environment as part of replica group ``group`` (raises
-    `ConfigError` where `node_group_refusal` says why not)."""
-    refusal = node_group_refusal(config, group, lighthouse)
+def node_group(config: SupervisorConfig, replicas: ReplicaConfig) -> tuple[SupervisorConfig, dict[str, str]]:
+    """This node's config (a plain job's: no replica options left) and environment as its share
+    of replica group ``config.replica_group_id`` (raises `ConfigError` where `node_group_refusal`
+    says why not)."""
+    refusal = node_group_refusal(config)
     if refusal is not None:
         raise ConfigError(refusal)
+    group, lighthouse = config.replica_group_id, config.lighthouse
+    if group is None:
+        raise ConfigError("node_group: not a node of a replica group (no --replica-group-id)")
     job = config.resolved_job_id()
     config = replace(config, record=replace(config.record, job_id=job))  # resolved once: the env's too
     launch = config.launch
@@ -113,5 +116,7 @@ def node_group(
         ),
         recovery=replace(config.recovery, min_nproc=launch.nproc_per_node),
         replica_groups=0,
+        replica_group_id=None,
+        lighthouse="",
     )
     return cfg, group_env(config, replicas, group, lighthouse)
