@@ -140,7 +140,11 @@ def test_two_groups_of_two_nodes_follow_a_plain_ddp_job_of_four(job, plain_ddp):
             torch.testing.assert_close(ft[0]["weights"][step][name], want, rtol=1e-5, atol=1e-6)
 
 
-def test_a_lost_node_of_one_group_rejoins_and_heals_while_the_other_group_commits(job, tmp_path):
+@pytest.mark.parametrize("lost", ["b", "a"])
+def test_a_lost_node_of_one_group_rejoins_and_heals_while_the_other_group_commits(job, tmp_path, lost):
+    """Node b joins group 1's rendezvous; node a hosts it: its loss takes the rendezvous store,
+    and with it node b's `trainguard run` (as any multi-node torchrun job's other nodes), so the
+    scheduler starts both again."""
     stop_file = tmp_path / "stop"
     j = job(["--min-replicas", "1", "--stop-file", str(stop_file), "--step-sleep", "0.1"])
     for group in (0, 1):
@@ -148,18 +152,23 @@ def test_a_lost_node_of_one_group_rejoins_and_heals_while_the_other_group_commit
             j.start(group, node)
     j.wait_for("both groups train", lambda: min(j.progress(s) for s in range(4)) >= 3)
 
-    lost = j.nodes[1, "b"]
-    os.killpg(lost.pid, signal.SIGKILL)  # the node: its supervisor, agent and worker
-    lost.wait(30)
-    del j.nodes[1, "b"]
+    gone = j.nodes.pop((1, lost))
+    os.killpg(gone.pid, signal.SIGKILL)  # the node: its supervisor, agent and worker
+    gone.wait(30)
     at_loss = j.progress(0)
+    restart = [lost]
+    if lost == "a":
+        peer = j.nodes.pop((1, "b"))
+        assert peer.wait(timeout=WAIT_S) != 0, "node b ran on without its group's rendezvous store"
+        restart = ["a", "b"]
     j.wait_for("group 0 commits without group 1", lambda: j.progress(0) >= at_loss + 5)
 
-    j.start(1, "b")  # the scheduler starts the lost node again
+    for node in restart:  # the scheduler starts the lost node again (and a failed one)
+        j.start(1, node)
     at_restart = j.progress(0)
     j.wait_for(
         "group 1 heals and trains with group 0",
-        lambda: min(j.progress(2), j.progress(3)) > at_restart and j.progress(3) != -1,
+        lambda: min(j.progress(2), j.progress(3)) > at_restart,
     )
     # The ranks stop once their next step is this one (a group already past it when it reads
     # the file stops there: the groups then end a step apart, and the last common step counts).
