@@ -27,6 +27,7 @@ require_module("torchft", install="pip install 'trainguard[ft]' (make install do
 torch = pytest.importorskip("torch")
 
 from test_replicas_dp import STEPS, WORKER, plain_ddp, same_weights, shards  # noqa: E402,F401
+from trainguard.incidents import IncidentStore  # noqa: E402
 from trainguard.supervisor.replicas import Lighthouse, LighthouseConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -190,6 +191,10 @@ def test_a_lost_node_of_one_group_rejoins_and_heals_while_the_other_group_commit
     for w in weights[1:]:
         for name, tensor in weights[0].items():
             assert torch.equal(w[name], tensor), f"ranks differ in {name} at step {final}"
+    # group 1's incident names the node it lost (its agent's node id holds the supervisor's pid)
+    incidents = IncidentStore(tmp_path / "tg.db").incidents(job="mnr.g1")
+    named = [i for i in incidents if f"_{gone.pid}_0" in f"{i.node} {i.summary}"]
+    assert named and all(i.action == "restart" for i in named), incidents
     for r in g0:  # group 0 kept its own state through the loss (its first step may heal: it
         # can start after group 1 committed alone)
         assert not any(h for s, h in zip(r["steps"], r["healed"], strict=True) if s > at_loss)
