@@ -39,6 +39,7 @@ def config_of(argv: list[str]) -> SupervisorConfig:
             ["--replica-groups", "2", "--lighthouse", "http://lh:1", "--standalone"],
             r"give --replica-group-id",
         ),
+        (["--replica-groups", "2", "--replica-group-id", "0", "--lighthouse", "lh:1"], r"e.g. http://lh:1"),
         ([*NODE, "--nnodes", "1:2", *RDZV], r"keeps its size .* --nnodes 2"),
         ([*NODE, "--nnodes", "2", "--master-addr", "10.0.0.7"], r"rendezvous through c10d"),
         ([*NODE, "--launcher", "local", "--nproc-per-node", "2"], r"--launcher torch"),

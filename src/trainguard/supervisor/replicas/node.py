@@ -38,8 +38,12 @@ __all__ = ["node_group", "node_group_refusal", "spans_nodes"]
 
 
 def spans_nodes(nnodes: str) -> bool:
-    """True when ``--nnodes`` (N or MIN:MAX) allows more than one node."""
-    return max(int(x) for x in nnodes.split(":")) > 1
+    """True when ``--nnodes`` (N or MIN:MAX) allows more than one node (torchrun's parser
+    reads the value; one it cannot read is its error, not this one)."""
+    try:
+        return max(int(x) for x in nnodes.split(":")) > 1
+    except ValueError:
+        return False
 
 
 def node_group_refusal(config: SupervisorConfig) -> str | None:
@@ -70,6 +74,10 @@ def node_group_refusal(config: SupervisorConfig) -> str | None:
             f"--replica-group-id {group}: the groups find each other through torchft's Lighthouse: start "
             "one for the job (torchft_lighthouse --min_replicas 1 --bind [::]:29510) and give its "
             "address on every node: --lighthouse http://HOST:29510"
+        )
+    if not lighthouse.startswith(("http://", "https://")):
+        return (
+            f"--lighthouse {lighthouse}: give the Lighthouse's URL, e.g. http://{lighthouse or 'HOST:29510'}"
         )
     if launch.launcher != "torch":
         return f"--replica-group-id with --launcher {launch.launcher}: a group's nodes rendezvous through torch's agent (--launcher torch)"
