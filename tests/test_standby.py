@@ -335,6 +335,4 @@ def test_a_standby_in_its_own_session_lowers_its_autogroup_too_and_its_rank_runs
         proc.wait()
     assert Path(AUTOGROUP).read_text() == own  # the supervisor's own session untouched
     text = (tmp_path / "group.txt").read_text()
-    assert int(text.rsplit("nice", 1)[1]) == 0, (
-        text
-    )  # the rank ran at its group's start weight (a new one's: 0)
+    assert int(text.rsplit("nice", 1)[1]) == 0, text  # the rank ran at its group's start weight (a new one's: 0)
