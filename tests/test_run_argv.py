@@ -78,6 +78,16 @@ CASES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "--min-nproc": (["--min-nproc", "2"], COMMAND, []),
     "--gpu-ids": (["--gpu-ids", "2,3"], COMMAND, []),
     "--replica-groups": (["--replica-groups", "2"], COMMAND, []),
+    "--replica-group-id": (
+        ["--replica-groups", "2", "--replica-group-id", "1", "--lighthouse", "http://lh:29510"],
+        COMMAND,
+        ["--replica-groups", "2"],
+    ),
+    "--lighthouse": (
+        ["--replica-groups", "2", "--replica-group-id", "0", "--lighthouse", "http://lh:29510"],
+        COMMAND,
+        ["--replica-groups", "2", "--replica-group-id", "0", "--lighthouse", "http://other:29510"],
+    ),
     "--warm-standby": (["--no-warm-standby"], COMMAND, []),
     "--warm-standby-sets": (["--warm-standby-sets", "1"], COMMAND, []),
     "--warm-standby-preload": (["--warm-standby-preload", "torch,numpy"], COMMAND, []),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -46,12 +47,44 @@ class Sgd:
         self.opt.load_state_dict(state["opt"])
 
 
+def done(args: argparse.Namespace, step: int, k: int) -> bool:
+    """Past the last step: --steps, or with --stop-file the step the file names once it exists.
+    The group's ranks agree (one may read the file a step before the other), so they stop at the
+    same step."""
+    if not args.stop_file:
+        return step >= args.steps
+    try:
+        with open(args.stop_file) as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = None
+    flag = torch.tensor([float(last is not None and step >= last)])
+    if k > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def progress(out: str, shard: int, step: int) -> None:
+    """The shard's last committed step, for a test to watch (written whole: temp file, rename)."""
+    path = os.path.join(out, f"progress{shard}")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(step))
+    os.replace(path + ".tmp", path)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--mode", choices=["ddp", "ft", "torchft"], required=True)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--out", required=True)
     p.add_argument("--init-sync", action="store_true", help="--mode ft: torchft heals at step 0")
+    p.add_argument("--min-replicas", type=int, default=2, help="--mode ft: groups a step needs")
+    p.add_argument(
+        "--stop-file",
+        default="",
+        help="--mode ft: train until this file exists and names a step reached (not --steps)",
+    )
+    p.add_argument("--step-sleep", type=float, default=0.0)
     args = p.parse_args()
     torch.set_num_threads(1)
     rank, k = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -67,7 +100,7 @@ def main() -> None:
         # Every step has both groups (none trains alone), and without --init-sync none heals at step
         # 0: the groups start from the same seed (a group that heals in a step leaves its batch out
         # of it, as torchft does).
-        mgr = manager(sgd, min_replica_size=2, init_sync=args.init_sync)
+        mgr = manager(sgd, min_replica_size=args.min_replicas, init_sync=args.init_sync)
         model = DistributedDataParallel(mgr, sgd.model)
     else:
         from torchft import Manager, ProcessGroupGloo
@@ -85,7 +118,7 @@ def main() -> None:
         model = FtDDP(mgr, sgd.model)
     record: dict[str, list[Any]] = {"steps": [], "losses": [], "weights": [], "healed": []}
     step = 0
-    while step < args.steps:
+    while not done(args, step, k):
         sgd.opt.zero_grad()
         if mgr is not None:
             mgr.start_quorum()
@@ -95,11 +128,15 @@ def main() -> None:
         healed = mgr is not None and not mgr.is_participating()  # this step loads a peer's state
         if mgr is None or mgr.should_commit():
             sgd.opt.step()
-            record["steps"].append(step)
+            # a rank that healed in this step committed the peer's step, not its own count
+            done_step = step if mgr is None else mgr.current_step() - 1
+            record["steps"].append(done_step)
             record["losses"].append(loss.item())
             record["healed"].append(healed)
             record["weights"].append({n: t.clone() for n, t in sgd.model.state_dict().items()})
+            progress(args.out, shard, done_step)
         step = step + 1 if mgr is None else mgr.current_step()
+        time.sleep(args.step_sleep)
     torch.save(record, os.path.join(args.out, f"shard{shard}.pt"))
     if mgr is not None:
         mgr.shutdown(wait=False)

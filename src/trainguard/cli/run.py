@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -161,6 +162,22 @@ def register(subparsers: Any) -> None:
         "group is replaced while the others keep training (docs/no-restart.md; needs trainguard[ft])",
     )
     g.add_argument(
+        "--replica-group-id",
+        type=int,
+        default=None,
+        metavar="G",
+        help="run this node's share of replica group G (0..N-1) that spans nodes: on each of the "
+        "group's nodes, with --replica-groups N, --lighthouse, --nnodes M and the group's own "
+        "--rdzv-endpoint (docs/no-restart.md)",
+    )
+    g.add_argument(
+        "--lighthouse",
+        default="",
+        metavar="URL",
+        help="with --replica-group-id: the job's torchft Lighthouse (http://HOST:PORT), started once "
+        "for the job with torchft_lighthouse",
+    )
+    g.add_argument(
         "--warm-standby",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -278,7 +295,7 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
 
     launcher_args = tuple(args.launcher_args or ())
     nproc, gpus = resolve_mpi(args.launcher, launcher_args, launch.nproc_per_node, _gpus(args.gpu_ids or ""))
-    return SupervisorConfig(
+    config = SupervisorConfig(
         LaunchConfig(
             cmd=launch.cmd,
             nproc_per_node=nproc,
@@ -337,7 +354,15 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
         ),
         chaos=args.chaos,
         replica_groups=args.replica_groups,
+        replica_group_id=args.replica_group_id,
+        lighthouse=args.lighthouse,
     )
+    from trainguard.supervisor.replicas.node import node_group_refusal
+
+    refusal = node_group_refusal(config)
+    if refusal is not None:
+        raise ConfigError(refusal)
+    return config
 
 
 def _gpus(text: str) -> tuple[int, ...]:
@@ -356,6 +381,14 @@ def run(args: argparse.Namespace) -> int:
     from trainguard.chaos.plan import for_this_group, step_triggered
 
     config = config_from_args(args)
+    if config.replica_group_id is not None:  # this node's share of a group that spans nodes
+        from trainguard.supervisor.replicas import ReplicaConfig
+        from trainguard.supervisor.replicas.node import node_group
+
+        config, env = node_group(config, ReplicaConfig(groups=config.replica_groups))
+        # This process is the group's supervisor, as a one-node group's `trainguard run` is: its
+        # plan's faults, its warm standbys and its workers see the group's environment.
+        os.environ.update(env)
     plan = load_plan(config.chaos) if config.chaos is not None else None  # bad plan: usage error now
     if plan is not None:
         plan = for_this_group(plan)  # a replica group's supervisor: its faults

@@ -151,6 +151,8 @@ class SupervisorConfig:
     standby: StandbyConfig = field(default_factory=StandbyConfig)
     chaos: Path | None = None  # chaos plan (TOML)
     replica_groups: int = 0  # N > 0: N torchft replica groups under one Lighthouse (supervisor.replicas)
+    replica_group_id: int | None = None  # this node runs its share of group G, which spans nodes
+    lighthouse: str = ""  # with replica_group_id: the job's torchft Lighthouse (http://HOST:PORT)
 
     def resolved_db(self) -> str | Path:
         from trainguard.incidents.store import default_db
@@ -226,6 +228,10 @@ class SupervisorConfig:
         argv += ["--warm-fill-at-start" if s.fill_at_start else "--no-warm-fill-at-start"]
         if c.replica_groups:
             argv += ["--replica-groups", str(c.replica_groups)]
+        if c.replica_group_id is not None:
+            argv += ["--replica-group-id", str(c.replica_group_id)]
+        if c.lighthouse:
+            argv += ["--lighthouse", c.lighthouse]
         # A first word that is a .py file would be read as torchrun's script: say it is a command.
         script_first = bool(launch.cmd) and launch.cmd[0].endswith(".py")
         return [*argv, *(["--no-python"] if script_first else []), "--", *launch.cmd]
