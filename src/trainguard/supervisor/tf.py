@@ -16,8 +16,9 @@ valid checkpoint.
 are exchanged on torch's c10d rendezvous before every start (`supervisor.tf_cluster`), and a
 worker lost on any node restarts every node's workers together.
 
-``--nproc-per-node 1``: one process over every GPU of the job (``MirroredStrategy``), with no
-TF_CONFIG (one in the supervisor's own environment describes another cluster and is dropped). A
+``--nproc-per-node 1``: one process over every GPU of the job (``MirroredStrategy``; across
+nodes, one ``MultiWorkerMirroredStrategy`` worker per node over its GPUs), with no TF_CONFIG on one
+node (one in the supervisor's own environment describes another cluster and is dropped). A
 GPU the policy excludes after a fault is left out of ``CUDA_VISIBLE_DEVICES`` (PCI order, NVML's
 numbering) at the next start; its findings name no GPU of their own (``TRAINGUARD_GPU`` is
 unset): the process runs on all of them.
@@ -101,7 +102,7 @@ class TfWorkers(LocalWorkers):
         if self.rdzv is not None:
             from trainguard.supervisor.tf_cluster import cluster_of
 
-            nodes = self.rdzv.join(self._pick, n)
+            nodes = self.rdzv.join(self._pick, 1 if self.one_process else n)
             self.cluster, firsts = cluster_of(nodes)
             self.first = firsts[self.rdzv.name]
             self.used.update(int(a.rsplit(":", 1)[1]) for a in self.cluster)
@@ -115,7 +116,7 @@ class TfWorkers(LocalWorkers):
         return fresh_ports(n, self.used)
 
     def _rank_env(self, local_rank: int, world_size: int, env: dict[str, str]) -> None:
-        if self.one_process:
+        if self.one_process and self.rdzv is None:
             env.pop(TF_CONFIG, None)
             return
         env[TF_CONFIG] = cluster_config(self.cluster, self.first + local_rank)
@@ -125,6 +126,9 @@ class TfWorkers(LocalWorkers):
 
     def ranks(self) -> dict[int, int]:
         return {lr: self.first + lr for lr in self._procs}
+
+    def world_size(self) -> int:
+        return len(self.cluster) if self.rdzv is not None else super().world_size()
 
     def nodes_waiting(self) -> int:
         return self.rdzv.nodes_waiting() if self.rdzv is not None else 0
