@@ -115,7 +115,10 @@ def test_two_nodes_exchange_their_addresses_and_a_rejoin_is_seen_by_the_other():
 def test_each_node_starts_its_workers_as_its_tasks_of_the_whole_cluster(tmp_path):
     seen = tmp_path / "seen"
     seen.mkdir()
-    dump = "import os, sys; open(sys.argv[1] + '/' + os.environ['LOCAL_RANK'], 'w').write(os.environ['TF_CONFIG'])"
+    dump = (
+        "import json, os, sys; keys = ('TF_CONFIG', 'RANK', 'WORLD_SIZE', 'GROUP_RANK');"
+        "json.dump({k: os.environ[k] for k in keys}, open(sys.argv[1] + '/' + os.environ['LOCAL_RANK'], 'w'))"
+    )
     config = SupervisorConfig(
         LaunchConfig(cmd=(sys.executable, "-c", dump, str(seen)), nproc_per_node=2, launcher="tf"),
         RecordConfig(job_id="tf", runs_root=tmp_path / "runs"),
@@ -138,7 +141,13 @@ def test_each_node_starts_its_workers_as_its_tasks_of_the_whole_cluster(tmp_path
     while any(c is None for c in workers.exit_codes().values()):
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    configs = [json.loads((seen / str(lr)).read_text()) for lr in (0, 1)]
+    seen_env = [json.loads((seen / str(lr)).read_text()) for lr in (0, 1)]
+    configs = [json.loads(e["TF_CONFIG"]) for e in seen_env]
+    # torchrun's variables for the whole cluster: its place by --node-rank, not the round's rank
+    assert [(e["RANK"], e["WORLD_SIZE"], e["GROUP_RANK"]) for e in seen_env] == [
+        ("2", "4", "1"),
+        ("3", "4", "1"),
+    ]
     cluster = configs[0]["cluster"]["worker"]
     assert cluster[:2] == ["10.0.0.1:7100", "10.0.0.1:7101"] and len(cluster) == 4
     assert [c["task"]["index"] for c in configs] == [2, 3]  # node_rank * K + local rank

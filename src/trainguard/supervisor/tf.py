@@ -92,6 +92,7 @@ class TfWorkers(LocalWorkers):
         self.used: set[int] = set()  # every port an earlier start gave out (or saw a peer node use)
         self.cluster: list[str] = []  # the last start's workers, every node's, in task order
         self.first = 0  # this node's first task in it
+        self.group = 0  # this node's place among the cluster's nodes (GROUP_RANK)
         self.rdzv = rendezvous(job)
         super().__init__(replace(job, worker_env=self._env(job)), self._rank_env, None)
 
@@ -105,6 +106,7 @@ class TfWorkers(LocalWorkers):
             nodes = self.rdzv.join(self._pick, 1 if self.one_process else n)
             self.cluster, firsts = cluster_of(nodes)
             self.first = firsts[self.rdzv.name]
+            self.group = [node.name for node in nodes].index(self.rdzv.name)  # its place in the cluster
             self.used.update(int(a.rsplit(":", 1)[1]) for a in self.cluster)
         elif not self.one_process:
             self.ports = fresh_ports(n, self.used)
@@ -122,7 +124,7 @@ class TfWorkers(LocalWorkers):
         env[TF_CONFIG] = cluster_config(self.cluster, self.first + local_rank)
         if self.rdzv is not None:  # torchrun's variables, for the whole cluster
             env.update(RANK=str(self.first + local_rank), WORLD_SIZE=str(len(self.cluster)),
-                       GROUP_RANK=str(self.rdzv.rank))  # fmt: skip
+                       GROUP_RANK=str(self.group))  # fmt: skip
 
     def ranks(self) -> dict[int, int]:
         return {lr: self.first + lr for lr in self._procs}
