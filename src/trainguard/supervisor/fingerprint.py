@@ -124,13 +124,14 @@ def _from_traceback(text: str) -> tuple[str, str | None] | None:
             return None
     block = lines[start:]
     # The exception line is the first line after the frames that is not indented (a frame's
-    # source line and carets are): any exception class, whatever its name. Not the line after
-    # the last frame: a message may list frames of its own (TensorFlow's "defined at").
-    end = next((i for i, ln in enumerate(block) if i and ln and not ln[0].isspace()), len(block))
-    last = max((i for i, ln in enumerate(block[:end]) if _FRAME.match(ln)), default=-1)
-    exc = block[end] if end < len(block) else None
-    if exc is None or not _EXC.match(exc):
+    # source line and carets are) and reads "ExcType[: message]": any exception class, whatever
+    # its name; a native log line written between the frames (TF's "W1128 ...") is not one. Not
+    # the line after the last frame: a message may list frames of its own (TF's "defined at").
+    end = next((i for i, ln in enumerate(block) if i and ln and not ln[0].isspace() and _EXC.match(ln)), None)
+    if end is None:
         return None
+    exc = block[end]
+    last = max((i for i, ln in enumerate(block[:end]) if _FRAME.match(ln)), default=-1)
     return exc.strip(), _innermost(block[: last + 1])
 
 
