@@ -60,7 +60,8 @@ def register(subparsers: Any) -> None:
         help="how workers start: torch (torch's elastic agent, as torchrun; default), local "
         "(N plain processes with torchrun's per-rank variables; no torch needed), tf (TensorFlow: "
         "N workers with TF_CONFIG each, or with --nproc-per-node 1 one MirroredStrategy process over "
-        "the --gpu-ids; docs/tensorflow.md), mpirun (Open MPI's mpirun with its options: -np N, "
+        "the --gpu-ids; across nodes with --nnodes N --node-rank R --rdzv-endpoint HOST:PORT --rdzv-id ID; "
+        "docs/tensorflow.md), mpirun (Open MPI's mpirun with its options: -np N, "
         "--host, --hostfile, -x, --mca...) or srun (Slurm's srun, one step per attempt, inside the "
         "allocation: -n N, --mpi, -w, -x...; docs/mpi.md)",
     )
@@ -288,6 +289,11 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
         raise ConfigError(
             "--spare: a spare node joins a multi-node job's c10d rendezvous: use it with --launcher torch "
             "and --rdzv-endpoint (not --standalone, not --replica-groups)"
+        )
+    if args.replica_groups and args.launcher == "tf":
+        raise ConfigError(
+            "--replica-groups: torchft's replica groups are torch jobs; --framework tf restarts the "
+            "whole TensorFlow cluster instead (drop --replica-groups, or use --launcher torch)"
         )
     if args.replica_groups < 0:
         raise ConfigError(f"--replica-groups {args.replica_groups}: give 1 or more groups")

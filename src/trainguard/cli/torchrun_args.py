@@ -213,8 +213,10 @@ def resolve_plain(
     tokens: list[str], words: list[str], full_command: bool, max_restarts: int | None, launcher: str
 ) -> Launch:
     """The options a launcher that is not torch's takes (one node: ``--nproc-per-node N``,
-    ``--nnodes 1``, ``--standalone``, ``--monitor-interval``, ``-m``, ``--no-python``), read
-    without torch; any other torchrun option is an error that names it."""
+    ``--nnodes 1``, ``--standalone``, ``--monitor-interval``, ``-m``, ``--no-python``; ``tf``
+    also spans nodes: ``--nnodes N``, ``--node-rank``, ``--rdzv-endpoint``, ``--rdzv-id``,
+    ``--rdzv-conf``, ``--rdzv-backend c10d``, ``--local-addr``), read without torch; any other
+    torchrun option is an error that names it."""
     if not words:
         raise ConfigError("no worker command: use `trainguard run [options] -- python train.py ...`")
     parser = argparse.ArgumentParser(
@@ -226,6 +228,10 @@ def resolve_plain(
     parser.add_argument("--monitor-interval", "--monitor_interval", type=float, default=0.1)
     parser.add_argument("-m", "--module", action="store_true")
     parser.add_argument("--no-python", "--no_python", action="store_true")
+    if launcher == "tf":  # a TensorFlow cluster across nodes (supervisor.tf_cluster)
+        for names, _metavar in TORCHRUN_OPTIONS:
+            if names[0] in _TF_NODE_OPTIONS:
+                parser.add_argument(*names, dest=names[-1].lstrip("-").replace("-", "_"), default=None)
     for names, _metavar in TORCHRUN_OPTIONS:  # accepted, and said not to apply (as under torch)
         if names[-1].lstrip("-").replace("-", "_") in LOG_OPTIONS:
             parser.add_argument(*names, dest=names[-1].lstrip("-").replace("-", "_"), default=None)
@@ -242,7 +248,8 @@ def resolve_plain(
         raise ConfigError(
             f"--nproc-per-node {ns.nproc_per_node}: --launcher {launcher} takes a number of processes"
         )
-    if ns.nnodes not in ("1", "1:1"):
+    nodes = _tf_nodes(ns) if launcher == "tf" else None
+    if nodes is None and ns.nnodes not in ("1", "1:1"):
         raise ConfigError(f"--nnodes {ns.nnodes}: --launcher {launcher} runs one node")
     if ns.module and ns.no_python:
         raise ConfigError("give either -m (a module) or --no-python (a command), as torchrun")
@@ -260,11 +267,59 @@ def resolve_plain(
         nnodes=ns.nnodes,
         standalone=ns.standalone,
         rdzv_backend="c10d",
-        rdzv_endpoint="",
-        rdzv_id="",
-        rdzv_conf="",
+        rdzv_endpoint=nodes.rdzv_endpoint if nodes else "",
+        rdzv_id=nodes.rdzv_id if nodes else "",
+        rdzv_conf=nodes.rdzv_conf if nodes else "",
         max_restarts=restarts,
         monitor_interval=ns.monitor_interval,
-        extra=(),
+        extra=nodes.extra if nodes else (),
         ignored=tuple(f"--{k.replace('_', '-')}" for k in LOG_OPTIONS if getattr(ns, k) is not None),
     )
+
+
+_TF_NODE_OPTIONS = (
+    "--node-rank",
+    "--rdzv-endpoint",
+    "--rdzv-id",
+    "--rdzv-conf",
+    "--rdzv-backend",
+    "--local-addr",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Nodes:
+    rdzv_endpoint: str
+    rdzv_id: str
+    rdzv_conf: str
+    extra: tuple[str, ...]  # --node-rank, --local-addr as given
+
+
+def _tf_nodes(ns: argparse.Namespace) -> _Nodes | None:
+    """``--framework tf``'s options for a cluster across nodes; None: one node (and none given)."""
+    given = [f for f in _TF_NODE_OPTIONS if getattr(ns, f[2:].replace("-", "_")) is not None]
+    if ns.nnodes in ("1", "1:1"):
+        if given:
+            raise ConfigError(f"{', '.join(given)}: --framework tf takes these with --nnodes N (N > 1)")
+        return None
+    low, _, high = ns.nnodes.partition(":")
+    if not low.isdigit() or (high and high != low) or int(low) < 2:
+        raise ConfigError(
+            f"--nnodes {ns.nnodes}: --framework tf takes a fixed number of nodes (--nnodes N): "
+            "a TensorFlow cluster restarts whole, it does not grow or shrink by nodes"
+        )
+    if ns.standalone or not ns.rdzv_endpoint:
+        raise ConfigError(
+            f"--nnodes {ns.nnodes}: give every node --rdzv-endpoint HOST:PORT (node 0's address; "
+            "not --standalone) and the same --rdzv-id"
+        )
+    if ns.rdzv_backend not in (None, "c10d"):
+        raise ConfigError(f"--rdzv-backend {ns.rdzv_backend}: --framework tf uses torch's c10d rendezvous")
+    if ns.node_rank is not None and (not ns.node_rank.isdigit() or int(ns.node_rank) >= int(low)):
+        raise ConfigError(
+            f"--node-rank {ns.node_rank}: give 0 to {int(low) - 1} (node 0 hosts the rendezvous)"
+        )
+    extra: tuple[str, ...] = ()
+    for flag, value in (("--node-rank", ns.node_rank), ("--local-addr", ns.local_addr)):
+        extra += (flag, value) if value is not None else ()
+    return _Nodes(ns.rdzv_endpoint, ns.rdzv_id or "", ns.rdzv_conf or "", extra)

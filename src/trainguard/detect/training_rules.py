@@ -155,6 +155,12 @@ RULES: tuple[Rule, ...] = (
          r"|remote process exited or there was a network error|peer process has unexpectedly disconnected"
          r"|PMIX ERROR: UNREACHABLE|Read error \[[^\]]*\]:\d",
          C.NCCL_NETWORK, S.ERROR, A.RESTART_APP, sympathetic=True),
+    # TensorFlow's gRPC runtime when a peer worker is gone: its collective aborts with UNAVAILABLE
+    # (Python's UnavailableError; the cause names the peer task it could not reach)
+    Rule(("UnavailableError", "Collective ops is aborted by"),
+         r"errors_impl\.UnavailableError|^UnavailableError\b|Collective ops is aborted by: .*(?:failed to connect"
+         r"|Connection (?:refused|reset)|Socket closed)",
+         C.NCCL_NETWORK, S.ERROR, A.RESTART_APP, sympathetic=True),
     Rule(("Got completion", "Got async event", "ncclSystemError", "unhandled system error", "network error", "NCCL WARN",
           "A process or daemon was unable", "The client socket has failed", "TCP client failed",
           "Gloo connectFullMesh failed", "NET/OFI", "mca_btl_tcp"),

@@ -189,6 +189,8 @@ class SupervisorConfig:
         elif launch.launcher == "torch":
             argv += ["--rdzv-backend", launch.rdzv_backend]
             argv += ["--rdzv-endpoint", launch.rdzv_endpoint] if launch.rdzv_endpoint else []
+        elif launch.rdzv_endpoint:  # --framework tf across nodes
+            argv += ["--rdzv-endpoint", launch.rdzv_endpoint]
         if launch.spare:
             argv.append("--spare")
         for flag, value in (("--rdzv-id", launch.rdzv_id), ("--rdzv-conf", launch.rdzv_conf)):

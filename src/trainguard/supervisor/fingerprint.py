@@ -45,7 +45,8 @@ _RANK_TAG = re.compile(r"^\[rank\d+\]: ?")  # torch's prefix on an uncaught exce
 # consequence, the same text on every try whoever failed, and not the script's own bug.
 _PEER_LOSS = re.compile(
     r"Connection (?:closed|reset) by peer|Connection refused|Broken pipe|ncclRemoteError|ncclSystemError"
-    r"|DistNetworkError|DistStoreError|Rendezvous\w*(?:Error|Timeout|Closed)|timed? ?out",
+    r"|DistNetworkError|DistStoreError|Rendezvous\w*(?:Error|Timeout|Closed)|timed? ?out"
+    r"|UnavailableError",  # TensorFlow's gRPC UNAVAILABLE: a peer task it cannot reach
     re.IGNORECASE,
 )
 _ERRORISH = re.compile(r"error|exception|can't|cannot|not found|no such|fatal|denied", re.IGNORECASE)
@@ -123,12 +124,15 @@ def _from_traceback(text: str) -> tuple[str, str | None] | None:
         if start < 0:
             return None
     block = lines[start:]
-    last = max((i for i, ln in enumerate(block) if _FRAME.match(ln)), default=-1)
-    # The exception line is the first one after the innermost frame that is not indented (the
-    # frame's source line and carets are): any exception class, whatever its name.
-    exc = next((ln for ln in block[last + 1 :] if ln and not ln[0].isspace()), None)
-    if exc is None or not _EXC.match(exc):
+    # The exception line is the first line after the frames that is not indented (a frame's
+    # source line and carets are) and reads "ExcType[: message]": any exception class, whatever
+    # its name; a native log line written between the frames (TF's "W1128 ...") is not one. Not
+    # the line after the last frame: a message may list frames of its own (TF's "defined at").
+    end = next((i for i, ln in enumerate(block) if i and ln and not ln[0].isspace() and _EXC.match(ln)), None)
+    if end is None:
         return None
+    exc = block[end]
+    last = max((i for i, ln in enumerate(block[:end]) if _FRAME.match(ln)), default=-1)
     return exc.strip(), _innermost(block[: last + 1])
 
 

@@ -35,7 +35,8 @@ NODE_FAILURE = "node_failure"  # the trouble's category when a peer node failed
 # What a surviving rank prints when a peer stops answering (symptoms of a peer, never causes).
 _PEER_LOSS = re.compile(
     r"Connection (?:closed|reset)|Broken pipe|remote process exited|failed : Connection|recvValue failed|"
-    r"timed out|[Tt]imeout|Watchdog caught|DistNetworkError|Detected dead node",
+    r"timed out|[Tt]imeout|Watchdog caught|DistNetworkError|Detected dead node"
+    r"|UnavailableError",  # TensorFlow's collectives when a peer task is gone
 )
 _DEAD = re.compile(r"Detected dead node '(?P<node>[^']+)'")
 # The causes a peer node's death shows as on the survivors: only these are judged again.
