@@ -175,3 +175,34 @@ def test_a_hung_worker_of_a_job_without_heartbeats_is_caught_from_process_state(
     first_pid = steps[0][2]
     resumed = next(int(step) for _, step, pid in steps if pid != first_pid)
     assert resumed > 20 and max(int(step) for _, step, _ in steps) == 80  # from the save, to the end
+
+
+def test_a_stopped_worker_seen_by_tfs_coordination_service_is_blamed_not_its_survivor(tmp_path):
+    # Worker 1 is SIGSTOPped in its second epoch: it stops sending TensorFlow's heartbeats, and TF's
+    # coordination service ends worker 0 first ("The following tasks are unhealthy (stopped sending
+    # heartbeats): /job:worker/replica:0/task:1"), well before trainguard's idle timeout. That line
+    # is a consequence naming task 1: the one incident names rank 1, never rank 0's own bug.
+    need_tf()
+    args = ("--epochs", "4", "--step-s", "0.1", "--backup-dir", str(tmp_path / "backup"), "--save-freq", "10")
+    sup = run(tmp_path, "stop", *args, options=("--idle-timeout", "120"))
+    run_dir = tmp_path / "runs" / "stop"
+    try:
+        deadline = time.monotonic() + 400
+        while "Epoch 2/" not in lines(tmp_path, "stop", 0, 0) and sup.poll() is None:
+            assert time.monotonic() < deadline, "the job never reached its second epoch"
+            time.sleep(0.2)
+        pid = worker_pid(run_dir, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        out = finish(sup, 600)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    assert sup.returncode == 0, out[-3000:]
+    result = json.loads((tmp_path / "stop.json").read_text())
+    (incident,) = result["incidents"]
+    assert incident["rank"] == 1, incident
+    assert incident["root_cause"] != "software_bug", incident
+    assert result["attempts"] == 2
+    assert all("done step 160" in lines(tmp_path, "stop", 1, r) for r in (0, 1))
