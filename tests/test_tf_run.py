@@ -207,3 +207,38 @@ def test_a_stopped_worker_seen_by_tfs_coordination_service_is_blamed_not_its_sur
     assert "rank 1 is stopped" in incident["summary"]
     assert result["attempts"] == 2
     assert all("done step 80" in lines(tmp_path, "stop", 1, r) for r in (0, 1))
+
+
+def test_a_preemption_handlers_save_and_exit_is_a_free_restart_not_a_crash(tmp_path):
+    # tests/workers/tf_preempt.py: TF's PreemptionCheckpointHandler in a custom loop, no trainguard
+    # in it. A SIGTERM to worker 1 (a scheduler's preemption) makes both workers save and exit 42.
+    # Declared with --preemption-exit-code, that is a preempted save: with no restart budget at all
+    # (--max-restarts 0) the job still comes back, from the handler's save, and finishes.
+    need_tf()
+    script = WORKER.with_name("tf_preempt.py")
+    options = ("--preemption-exit-code", "42", "--max-restarts", "0")
+    sup = run(tmp_path, "pre", str(tmp_path / "ckpt"), options=options, script=script)
+    run_dir = tmp_path / "runs" / "pre"
+    try:
+        deadline = time.monotonic() + 400
+        while "at step 40" not in lines(tmp_path, "pre", 0, 0) and sup.poll() is None:
+            assert time.monotonic() < deadline, "the job never reached step 40"
+            time.sleep(0.2)
+        pid = worker_pid(run_dir, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        out = finish(sup, 600)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    assert sup.returncode == 0, out[-3000:]
+    result = json.loads((tmp_path / "pre.json").read_text())
+    assert result["attempts"] == 2
+    (incident,) = result["incidents"]
+    assert (incident["category"], incident["action"]) == ("membership", "restart"), incident
+    assert any("preemption handler saved" in e for e in incident["evidence"])
+    for rank in (0, 1):
+        again = lines(tmp_path, "pre", 1, rank)
+        assert int(again.split("start step ")[1].split()[0]) >= 40, again[-500:]  # the handler's save
+        assert "done step 200" in again

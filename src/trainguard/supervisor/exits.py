@@ -57,13 +57,17 @@ def exit_trouble(
     classify: Any = None,
     oom_killed: bool = False,
     stopped: Sequence[int] = (),
+    preemption_exit_code: int | None = None,
 ) -> Trouble:
     """One or more local workers exited non-zero: what happened, and where it started.
 
     ``oom_killed``: the kernel's OOM killer fired meanwhile (the cgroup counter went up); only
     then is a SIGKILL the host's (host memory). An OOM-killer line in the logs says the same.
     ``stopped``: ranks alive but stopped (process state T) meanwhile: a failure of their own,
-    which their peers' reports of a lost task (TF's coordination service) only follow."""
+    which their peers' reports of a lost task (TF's coordination service) only follow.
+    ``preemption_exit_code``: the script's own save-on-SIGTERM exit (TF's
+    PreemptionCheckpointHandler exits 42 on every worker once they saved): read as the Guard's
+    PREEMPTED, a membership change restarted free, not a crash."""
     items: list[Any] = list(errors) + list(events) + list(findings)
     for rec in errors:  # an error file's CUDA message says more than "an exception"
         ev = classify(f"{rec.exc_type}: {rec.message}") if classify else None
@@ -125,8 +129,12 @@ def exit_trouble(
         kind = TroubleKind.HANG
     elif WorkerExit.NUMERICS_STOP.value in codes:
         kind = TroubleKind.NUMERICS
-    elif WorkerExit.PREEMPTED.value in codes:
+    elif WorkerExit.PREEMPTED.value in codes or (
+        preemption_exit_code is not None and preemption_exit_code in codes
+    ):
         kind = TroubleKind.MEMBERSHIP
+        if WorkerExit.PREEMPTED.value not in codes:
+            notes.append(f"exit {preemption_exit_code}: the script's preemption handler saved, then exited")
     category = first.category if first is not None else None
     hw = category in HARDWARE_CATEGORIES or (gpu is not None and gpu_health.get(gpu) is Health.FAILED)
     signature = None

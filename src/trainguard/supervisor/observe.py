@@ -71,6 +71,7 @@ class Observation:
     heartbeats_seen: bool = True  # a rank of this run wrote a heartbeat (else: no step is watched)
     idle_since: float | None = None  # no heartbeats: when every rank last showed work, if hung
     idle_timeout: float = 0.0
+    preemption_exit_code: int | None = None  # the script's save-on-SIGTERM exit (`LaunchConfig`)
     step_times: Mapping[int, list[float]] = field(default_factory=dict)  # rank -> steady step times
 
 
@@ -84,6 +85,7 @@ class Observer:
         attempt_dir: Callable[[int], Path],
         sleep: Callable[[float], None] = time.sleep,
         idle: IdleWatch | None = None,
+        preemption_exit_code: int | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.watch = watch
@@ -92,6 +94,7 @@ class Observer:
         self.attempt_dir = attempt_dir
         self._sleep = sleep
         self.idle = idle if idle is not None else IdleWatch(0.0)
+        self.preemption_exit_code = preemption_exit_code
         self._next_membership = 0.0
 
     def begin(self, attempt: Attempt) -> None:
@@ -172,6 +175,7 @@ class Observer:
             heartbeats_seen=self.watch.heartbeats_seen,
             idle_since=idle_since,
             idle_timeout=self.idle.timeout,
+            preemption_exit_code=self.preemption_exit_code,
             step_times=self.watch.steady_step_times(),
         )
 
