@@ -75,6 +75,7 @@ CASES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "--backoff-base": (["--backoff-base", "2.5"], COMMAND, []),
     "--backoff-max": (["--backoff-max", "30"], COMMAND, []),
     "--kill-grace": (["--kill-grace", "5"], COMMAND, []),
+    "--preemption-exit-code": (["--preemption-exit-code", "42"], COMMAND, []),
     "--min-nproc": (["--min-nproc", "2"], COMMAND, []),
     "--gpu-ids": (["--gpu-ids", "2,3"], COMMAND, []),
     "--replica-groups": (["--replica-groups", "2"], COMMAND, []),

@@ -6,6 +6,10 @@ repository, or the line names TensorFlow's source tree (``tensorflow/``), its er
 (``ResourceExhaustedError``), its allocator's OOM (``OOM when allocating tensor``) or its device
 names (``/job:``); the driver-probe sets (tf_probe_*) are TensorFlow's whole. Dev: the halves the
 rules were grown from; held out: the halves scored once, after. ``pytest -s`` prints each miss.
+
+The coordination-service sets (tf_coord_*) carry a fourth column, the task a line names as the failed
+one: a survivor's line names the lost task, which is the rank the incident must blame (the launcher
+gives worker R task index R, ``supervisor.tf``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from test_real_lines import _rows  # type: ignore[import-not-found]
+from trainguard.detect.culprit import line_rank
 from trainguard.detect.scan import classify_line
 
 DATA = Path(__file__).parent / "data" / "real"
@@ -48,4 +53,35 @@ def test_tensorflow_lines_are_classified(half: str, count: int, floor: float) ->
     for expected, got, line in misses:
         print(f"  expected {expected}, got {got}: {line[:120]}")
     assert len(rows) == count  # the selection itself is fixed: a new row changes the reported figure
+    assert (len(rows) - len(misses)) / len(rows) >= floor
+
+
+def coord_rows(name: str) -> list[tuple[str, str, str]]:
+    """(category, rank named or '-', line) of a tf_coord set."""
+    rows = []
+    for raw in (DATA / name).read_text(encoding="utf-8").splitlines():
+        if raw and not raw.startswith("#"):
+            category, rank, _source, line = raw.split("\t", 3)
+            rows.append((category, rank, line))
+    return rows
+
+
+@pytest.mark.parametrize(
+    "name,count,floor", [("tf_coord_dev.tsv", 14, 1.0), ("tf_coord_heldout.tsv", 5, 0.8)]
+)
+def test_coordination_service_lines_name_the_lost_task(name: str, count: int, floor: float) -> None:
+    rows = coord_rows(name)
+    misses = []
+    for expected, rank, line in rows:
+        event = classify_line(line)
+        got = event.category.value if event is not None else "none"
+        named = line_rank(line)
+        if (got, "-" if named is None else str(named)) != (expected, rank):
+            misses.append((expected, got, rank, named, line))
+        elif event is not None and expected == "node_host":
+            assert event.sympathetic, line  # a survivor's report of a lost task is a consequence
+    print(f"\n{name}: {len(rows) - len(misses)} of {len(rows)} right (category and rank)")
+    for expected, got, rank, named, line in misses:
+        print(f"  expected {expected} naming {rank}, got {got} naming {named}: {line[:120]}")
+    assert len(rows) == count
     assert (len(rows) - len(misses)) / len(rows) >= floor

@@ -175,3 +175,70 @@ def test_a_hung_worker_of_a_job_without_heartbeats_is_caught_from_process_state(
     first_pid = steps[0][2]
     resumed = next(int(step) for _, step, pid in steps if pid != first_pid)
     assert resumed > 20 and max(int(step) for _, step, _ in steps) == 80  # from the save, to the end
+
+
+def test_a_stopped_worker_seen_by_tfs_coordination_service_is_blamed_not_its_survivor(tmp_path):
+    # Worker 1 is SIGSTOPped in its second epoch: it stops sending TensorFlow's heartbeats, and TF's
+    # coordination service ends worker 0 first ("The following tasks are unhealthy (stopped sending
+    # heartbeats): /job:worker/replica:0/task:1"), well before trainguard's idle timeout. That line
+    # is a consequence naming task 1: the one incident names rank 1, never rank 0's own bug.
+    need_tf()
+    args = ("--epochs", "4", "--step-s", "0.1", "--backup-dir", str(tmp_path / "backup"), "--save-freq", "10")
+    sup = run(tmp_path, "stop", *args, options=("--idle-timeout", "120"))
+    run_dir = tmp_path / "runs" / "stop"
+    try:
+        deadline = time.monotonic() + 400
+        while "Epoch 2/" not in lines(tmp_path, "stop", 0, 0) and sup.poll() is None:
+            assert time.monotonic() < deadline, "the job never reached its second epoch"
+            time.sleep(0.2)
+        pid = worker_pid(run_dir, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        out = finish(sup, 600)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    assert sup.returncode == 0, out[-3000:]
+    result = json.loads((tmp_path / "stop.json").read_text())
+    (incident,) = result["incidents"]
+    assert (incident["rank"], incident["gpu"], incident["action"]) == (1, 1, "restart"), incident
+    assert incident["root_cause"] == "unknown", incident  # who stopped it is not in the evidence
+    assert "rank 1 is stopped" in incident["summary"]
+    assert result["attempts"] == 2
+    assert all("done step 80" in lines(tmp_path, "stop", 1, r) for r in (0, 1))
+
+
+def test_a_preemption_handlers_save_and_exit_is_a_free_restart_not_a_crash(tmp_path):
+    # tests/workers/tf_preempt.py: TF's PreemptionCheckpointHandler in a custom loop, no trainguard
+    # in it. A SIGTERM to worker 1 (a scheduler's preemption) makes both workers save and exit 42.
+    # Declared with --preemption-exit-code, that is a preempted save: with no restart budget at all
+    # (--max-restarts 0) the job still comes back, from the handler's save, and finishes.
+    need_tf()
+    script = WORKER.with_name("tf_preempt.py")
+    options = ("--preemption-exit-code", "42", "--max-restarts", "0")
+    sup = run(tmp_path, "pre", str(tmp_path / "ckpt"), options=options, script=script)
+    run_dir = tmp_path / "runs" / "pre"
+    try:
+        deadline = time.monotonic() + 400
+        while "at step 40" not in lines(tmp_path, "pre", 0, 0) and sup.poll() is None:
+            assert time.monotonic() < deadline, "the job never reached step 40"
+            time.sleep(0.2)
+        pid = worker_pid(run_dir, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        out = finish(sup, 600)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    assert sup.returncode == 0, out[-3000:]
+    result = json.loads((tmp_path / "pre.json").read_text())
+    assert result["attempts"] == 2
+    (incident,) = result["incidents"]
+    assert (incident["category"], incident["action"]) == ("membership", "restart"), incident
+    assert any("preemption handler saved" in e for e in incident["evidence"])
+    for rank in (0, 1):
+        again = lines(tmp_path, "pre", 1, rank)
+        assert int(again.split("start step ")[1].split()[0]) >= 40, again[-500:]  # the handler's save
+        assert "done step 200" in again

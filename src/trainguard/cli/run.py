@@ -152,6 +152,14 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="SIGTERM grace before SIGKILL when stopping failed workers (default 0: SIGKILL at once)",
     )
+    g.add_argument(
+        "--preemption-exit-code",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the script saves on SIGTERM and exits N (TF's PreemptionCheckpointHandler: 42): such an "
+        "exit is a preempted save, restarted free, not a crash",
+    )
     g.add_argument("--min-nproc", type=int, default=1, help="fewest local workers to continue with")
     add_gpu_ids(g, "physical GPUs the local ranks use, e.g. 2,3 (default 0..N-1)")
     g.add_argument(
@@ -317,6 +325,7 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
             launcher_args=launcher_args,
             gpus=gpus,
             kill_grace_s=args.kill_grace,
+            preemption_exit_code=args.preemption_exit_code,
             spare=args.spare,
         ),
         RecordConfig(

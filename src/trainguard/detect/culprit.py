@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["line_node", "line_rank", "lost_node"]
+__all__ = ["line_node", "line_rank", "lost_node", "named_rank"]
 
 # The failed rank a line names: mpirun/prterun, MPI_Abort (Open MPI, MPICH), Horovod's stall
 # inspector when one rank is missing, srun's task (Slurm's task id is the global rank), the
-# TF/XLA coordination service's task (JAX's process index)
+# TF/XLA coordination service's task (TF_CONFIG's task index, JAX's process index): the task that timed
+# out, was set to ERROR, is first of those that stopped sending heartbeats, or whose error a survivor's
+# collective reports ("Error reported from /job:worker/task:1")
+_TASK = r"/job:[\w-]+/(?:replica:\d+/)?task:(\d+)"
 _NAMED = re.compile(
     r"noticed that (?:process|job) rank (\d+)|MPI_ABORT was invoked on rank (\d+)"
     r"|called MPI_Abort\([^)]*\) - process (\d+)|\[missing ranks: (\d+)\]|srun: error: [^:\s]+: task (\d+): "
-    r"|/task:(\d+) heartbeat timeout"
+    rf"|/task:(\d+) heartbeat timeout|{_TASK} has been set to ERROR|Error reported from {_TASK}"
+    rf"|stopped sending heartbeats\):\s*{_TASK}"
 )
 _RANK_TAG = re.compile(r"\[rank(\d+)\]:")
 # Open MPI's --tag-output ("[1,3]<stderr>:") and horovodrun's ("[3]<stderr>:", behind a timestamp)
@@ -47,12 +51,23 @@ def _first(m: re.Match[str] | None) -> str | None:
     return next((g for g in m.groups() if g), None) if m else None
 
 
+def named_rank(text: str) -> int | None:
+    """The failed rank a line names (not the tag of the process that printed it), else None.
+
+    >>> named_rank("E0000 base_collective_executor.cc:252] BaseCollectiveExecutor::StartAbort UNAVAILABLE: "
+    ...            "Error reported from /job:worker/task:1: The following tasks are unhealthy")
+    1
+    """
+    named = _first(_NAMED.search(text))
+    return int(named) if named is not None else None
+
+
 def line_rank(text: str) -> int | None:
     """The rank a line speaks for: the failed rank it names, else its ``[rankN]:`` or stream tag
     (``[1,3]<stderr>:``), else a ``[Rank N]``/``[PG ... Rank N]`` tag."""
-    named = _first(_NAMED.search(text))
+    named = named_rank(text)
     if named is not None:
-        return int(named)
+        return named
     m = _RANK_TAG.search(text, 0, 200) or _STREAM_TAG.search(text, 0, 200) or _RANK_TEXT.search(text)
     return int(m.group(1)) if m else None
 

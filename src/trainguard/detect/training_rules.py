@@ -74,14 +74,21 @@ RULES: tuple[Rule, ...] = (
     Rule(("keep-alive heartbeat", "RendezvousConnectionError", "RendezvousClosedError", "Detected dead node",
           "C10d store has failed", "failed to shutdown the rendezvous", "ORTE has lost", "PRTE has lost", "Remote daemon",
           "The node with", "Exiting because this node manager", "Node failure on", "NODE FAILURE",
-          "This indicates that the remote task"),
+          ),
          r"failed to send a keep-alive heartbeat to the rendezvous|RendezvousConnectionError|RendezvousClosedError"
          r"|Detected dead node|connection to the C10d store has failed|has failed to shutdown the rendezvous"
          r"|(?:ORTE|PRTE|PRRTE) has lost communication with (?:a remote daemon|its daemon)|Remote daemon\s*: \S+ on node \S"
          r"|has been marked dead because the (?:detector|monitor) has missed too many heartbeats"
-         r"|mistakenly been marked (?:as )?dead|error: Node failure on \S|DUE TO NODE FAILURE"
-         r"|\S+ heartbeat timeout\. This indicates that the remote task",
+         r"|mistakenly been marked (?:as )?dead|error: Node failure on \S|DUE TO NODE FAILURE",
          C.NODE_HOST, S.ERROR, A.RESTART_APP),
+    # the TF/XLA coordination service (TensorFlow's multi-worker jobs, JAX's) on a task it lost: a task
+    # that stopped sending heartbeats, one set to ERROR, a cluster that never formed. A survivor prints
+    # these about the lost task (``culprit.line_rank`` reads which): a consequence of that task's loss
+    Rule(("stopped sending heartbeats", "This indicates that the remote task", "in coordination service",
+          "cluster registration failed"),
+         r"tasks are unhealthy \(stopped sending heartbeats\)|\S+ heartbeat timeout\. This indicates that the remote task"
+         r"|has been set to ERROR in coordination service|Stopping coordination service as cluster registration failed",
+         C.NODE_HOST, S.ERROR, A.RESTART_APP, sympathetic=True),
     # storage: a full or failing disk or file system (checkpoint writes, data reads)
     Rule(("No space left on device", "Input/output error", "Disk quota exceeded", "Read-only file system",
           "Stale file handle"),
@@ -141,9 +148,11 @@ RULES: tuple[Rule, ...] = (
     # Horovod's stall inspector (ranks that never submitted the tensor the others wait on), gloo's
     # read timeout, TensorFlow's collective executor aborting a collective that ran out of time
     Rule(("One or more tensors were submitted", "missing ranks:", "ready ranks:", "One or more rank",
-          "Read timeout [", "Collective has timed out", "StartAbort"),
+          "Read timeout [", "Collective has timed out", "StartAbort", "Barrier timed out"),
          r"One or more tensors were submitted to be reduced|\[(?:missing|ready) ranks: \d|is stalled for longer than \d"
-         r"|Read timeout \[[^\]]*\]:\d|Collective has timed out|StartAbort (?:DEADLINE_EXCEEDED|Deadline Exceeded)",
+         r"|Read timeout \[[^\]]*\]:\d|Collective has timed out|StartAbort (?:DEADLINE_EXCEEDED|Deadline Exceeded)"
+         # the coordination service's barrier: a task never arrived (crashed, slow, never scheduled)
+         r"|Barrier timed out\. (?:Barrier_id|Id):",
          C.NCCL_TIMEOUT_HANG, S.ERROR, A.RESTART_APP),
     # a peer that went away, as its survivors' transports report it (gloo, NCCL, c10d's TCPStore,
     # tensorpipe, Open MPI's TCP transport and PMIx): a consequence of the peer's loss
@@ -155,11 +164,10 @@ RULES: tuple[Rule, ...] = (
          r"|remote process exited or there was a network error|peer process has unexpectedly disconnected"
          r"|PMIX ERROR: UNREACHABLE|Read error \[[^\]]*\]:\d",
          C.NCCL_NETWORK, S.ERROR, A.RESTART_APP, sympathetic=True),
-    # TensorFlow's gRPC runtime when a peer worker is gone: its collective aborts with UNAVAILABLE
-    # (Python's UnavailableError; the cause names the peer task it could not reach)
-    Rule(("UnavailableError", "Collective ops is aborted by"),
-         r"errors_impl\.UnavailableError|^UnavailableError\b|Collective ops is aborted by: .*(?:failed to connect"
-         r"|Connection (?:refused|reset)|Socket closed)",
+    # TensorFlow's gRPC runtime when a peer worker is gone: its collective aborts, naming the peer
+    # task it could not reach (the UnavailableError that carries it is a restatement: below)
+    Rule(("Collective ops is aborted by",),
+         r"Collective ops is aborted by: .*(?:failed to connect|Connection (?:refused|reset)|Socket closed)",
          C.NCCL_NETWORK, S.ERROR, A.RESTART_APP, sympathetic=True),
     Rule(("Got completion", "Got async event", "ncclSystemError", "unhandled system error", "network error", "NCCL WARN",
           "A process or daemon was unable", "The client socket has failed", "TCP client failed",
@@ -191,6 +199,10 @@ RULES: tuple[Rule, ...] = (
          C.APPLICATION_BUG, S.ERROR, A.RESTART_APP),
     Rule(("Horovod has been shut down", "HorovodInternalError"), r"Horovod has been shut down|HorovodInternalError",
          C.UNKNOWN, S.ERROR, A.RESTART_APP, sympathetic=True),
+    # TensorFlow's UNAVAILABLE: a peer or the coordination service could not be reached; why is
+    # printed before it (the coordination service's lines above), the exception only restates it
+    Rule(("UnavailableError",), r"(?:^|[\]:.]\s?)UnavailableError(?::\s|\s*$)", C.UNKNOWN, S.ERROR, A.RESTART_APP,
+         sympathetic=True),
     # the host
     Rule(("Killed", "SIGKILL", "exitcode"), r"^\W*Killed\s*$|\d+\s+Killed\s+\S|\bSIGKILL\b|exitcode\s*:\s*-9\b"
          r"|tasks? [\d,-]+: Killed\b",  # srun: a task killed (the cgroup's OOM killer, a signal)

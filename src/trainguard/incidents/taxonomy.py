@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from trainguard.detect.culprit import named_rank
 from trainguard.detect.detector import PREDICTED_FAILURE
 from trainguard.detect.training_log import ambiguous_cuda
 from trainguard.detect.xid import xid_info
@@ -206,6 +207,8 @@ def _from_event(ev: Event) -> Evidence | None:
         return replace(base, symptom=ev.sympathetic, suspects=CUDA_SUSPECTS)
     if ev.sympathetic and ev.category is Category.NCCL_NETWORK:  # a survivor's transport lost its peer
         return replace(base, symptom=True, suspects=PEER_SUSPECTS)
+    if ev.sympathetic and ev.category is Category.NODE_HOST:  # a survivor names the task it lost
+        return replace(base, symptom=True, suspects=PEER_SUSPECTS, rank=named_rank(ev.text))
     if ev.sympathetic and ev.category is Category.UNKNOWN:
         return replace(base, symptom=True, suspects=CONSEQUENCE_SUSPECTS)
     cause = _category_cause(ev.category, ev.text)

@@ -61,6 +61,8 @@ def assess(obs: Observation, attempt: Attempt, history: History) -> Trouble | No
             dict(obs.gpu_health),
             default_classifier(),
             oom_killed=obs.oom_kills > 0,
+            stopped=sorted(obs.stopped),
+            preemption_exit_code=obs.preemption_exit_code,
         )
         lost = peer_node_trouble(
             trouble, attempt.node, attempt.ranks, attempt.peers, errors, attempt.events, obs.last_errors

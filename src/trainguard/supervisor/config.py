@@ -72,6 +72,9 @@ class LaunchConfig:
     launcher_args: tuple[str, ...] = ()  # mpirun's own options, as written (-np 4 --hostfile h ...)
     gpus: tuple[int, ...] = ()  # the physical GPUs local ranks use (default 0..nproc-1)
     kill_grace_s: float = 0.0  # SIGTERM grace before SIGKILL when stopping failed workers
+    # the exit code of the script's own save-on-SIGTERM (TF's PreemptionCheckpointHandler: 42 off GCP):
+    # an exit with it is a preempted save, restarted free, not a crash; None: no such handler
+    preemption_exit_code: int | None = None
     spare: bool = False  # a hot spare node: waits, warm, until a round of the job lacks a node
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the workers
 
@@ -197,6 +200,8 @@ class SupervisorConfig:
             if value and value != "none":  # torchrun's default id
                 argv += [flag, value]
         argv += [*launch.extra_torchrun_args, "--kill-grace", _num(launch.kill_grace_s)]
+        if launch.preemption_exit_code is not None:
+            argv += ["--preemption-exit-code", str(launch.preemption_exit_code)]
         if launch.gpus:
             argv += ["--gpu-ids", ",".join(map(str, launch.gpus))]
         argv += ["--job-id", record.job_id, "--runs-dir", str(record.runs_root)]

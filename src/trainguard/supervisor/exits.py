@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,12 @@ from trainguard.incidents import Evidence, RootCause, first_failure, suspects
 from trainguard.records import HARDWARE_CATEGORIES, Category, Event, Finding, Health, Severity
 from trainguard.rundir import ErrorRecord, WorkerExit
 from trainguard.supervisor.policy import Trouble, TroubleKind, error_signature
+
+# A process stopped by a signal never exits; whoever sent it is not in the evidence.
+STOPPED_SUSPECTS = (
+    (RootCause.DEPENDENCY, "the scheduler suspended it, or an operator stopped it (SIGSTOP, SIGTSTP)"),
+    (RootCause.HOST, "its host stopped it: a debugger attached, a frozen cgroup"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +56,18 @@ def exit_trouble(
     gpu_health: dict[int, Health | None],
     classify: Any = None,
     oom_killed: bool = False,
+    stopped: Sequence[int] = (),
+    preemption_exit_code: int | None = None,
 ) -> Trouble:
     """One or more local workers exited non-zero: what happened, and where it started.
 
     ``oom_killed``: the kernel's OOM killer fired meanwhile (the cgroup counter went up); only
-    then is a SIGKILL the host's (host memory). An OOM-killer line in the logs says the same."""
+    then is a SIGKILL the host's (host memory). An OOM-killer line in the logs says the same.
+    ``stopped``: ranks alive but stopped (process state T) meanwhile: a failure of their own,
+    which their peers' reports of a lost task (TF's coordination service) only follow.
+    ``preemption_exit_code``: the script's own save-on-SIGTERM exit (TF's
+    PreemptionCheckpointHandler exits 42 on every worker once they saved): read as the Guard's
+    PREEMPTED, a membership change restarted free, not a crash."""
     items: list[Any] = list(errors) + list(events) + list(findings)
     for rec in errors:  # an error file's CUDA message says more than "an exception"
         ev = classify(f"{rec.exc_type}: {rec.message}") if classify else None
@@ -80,6 +94,17 @@ def exit_trouble(
                     rank=ex.rank,
                 )
             )
+    for rank in stopped:
+        items.append(
+            Evidence(
+                RootCause.UNKNOWN,
+                None,  # seen now, not when it stopped: it counts after any timed failure
+                f"rank {rank} is stopped (process state T) while its peers failed",
+                source="process_state",
+                rank=rank,
+                suspects=STOPPED_SUSPECTS,
+            )
+        )
     first = first_failure(items)
     root_rank, gpu = culprit(first, exited, gpu_of_rank, gpu_health)
     root_err = next((r for r in errors if r.rank == root_rank), None)
@@ -104,8 +129,12 @@ def exit_trouble(
         kind = TroubleKind.HANG
     elif WorkerExit.NUMERICS_STOP.value in codes:
         kind = TroubleKind.NUMERICS
-    elif WorkerExit.PREEMPTED.value in codes:
+    elif WorkerExit.PREEMPTED.value in codes or (
+        preemption_exit_code is not None and preemption_exit_code in codes
+    ):
         kind = TroubleKind.MEMBERSHIP
+        if WorkerExit.PREEMPTED.value not in codes:
+            notes.append(f"exit {preemption_exit_code}: the script's preemption handler saved, then exited")
     category = first.category if first is not None else None
     hw = category in HARDWARE_CATEGORIES or (gpu is not None and gpu_health.get(gpu) is Health.FAILED)
     signature = None

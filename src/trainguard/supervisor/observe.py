@@ -24,7 +24,7 @@ from trainguard.supervisor.exits import TEARDOWN_SIGNALS, aborted_after_finishin
 from trainguard.supervisor.fingerprint import read_fingerprint, read_last_error
 from trainguard.supervisor.hang import HangReport, collect
 from trainguard.supervisor.health import NodeHealth
-from trainguard.supervisor.idle import IdleWatch
+from trainguard.supervisor.idle import IdleWatch, process_state
 from trainguard.supervisor.launch import Workers
 from trainguard.supervisor.logs import LogTail
 from trainguard.supervisor.oom import oom_kills
@@ -33,6 +33,7 @@ from trainguard.supervisor.watch import ProgressView, ProgressWatch
 log = logging.getLogger(__name__)
 
 MEMBERSHIP_EVERY_S = 1.0  # how often the rendezvous is asked whether a node waits to join
+STOPPED = ("T", "t")  # stopped by a signal (SIGSTOP, SIGTSTP, a scheduler's suspend), by a tracer
 LAST_WORDS_S = 0.05  # a failed worker's peers and its own error file may land just after it
 
 
@@ -58,6 +59,9 @@ class Observation:
     fingerprints: Mapping[int, str] = field(default_factory=dict)  # failed rank -> `fingerprint`
     # failed rank -> the exception it died of, from torchelastic's error file or its stderr
     last_errors: Mapping[int, str] = field(default_factory=dict)
+    # ranks still alive but stopped (state T or t) when a worker failed: a SIGSTOPped rank's peers
+    # fail on its silence (TF's coordination service, a collective's timeout) while it never exits
+    stopped: frozenset[int] = frozenset()
     findings: tuple[FindingRow, ...] = ()  # the Guard's numerics and balancing findings of this attempt
     hang: HangReport | None = None  # the ranks' stacks, when no rank progressed in time
     nodes_waiting: int = 0
@@ -66,6 +70,7 @@ class Observation:
     heartbeats_seen: bool = True  # a rank of this run wrote a heartbeat (else: no step is watched)
     idle_since: float | None = None  # no heartbeats: when every rank last showed work, if hung
     idle_timeout: float = 0.0
+    preemption_exit_code: int | None = None  # the script's save-on-SIGTERM exit (`LaunchConfig`)
     step_times: Mapping[int, list[float]] = field(default_factory=dict)  # rank -> steady step times
 
 
@@ -79,6 +84,7 @@ class Observer:
         attempt_dir: Callable[[int], Path],
         sleep: Callable[[float], None] = time.sleep,
         idle: IdleWatch | None = None,
+        preemption_exit_code: int | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.watch = watch
@@ -87,6 +93,7 @@ class Observer:
         self.attempt_dir = attempt_dir
         self._sleep = sleep
         self.idle = idle if idle is not None else IdleWatch(0.0)
+        self.preemption_exit_code = preemption_exit_code
         self._next_membership = 0.0
 
     def begin(self, attempt: Attempt) -> None:
@@ -109,6 +116,7 @@ class Observer:
         errors: list[ErrorRecord] = []
         fingerprints: dict[int, str] = {}
         last_errors: dict[int, str] = {}
+        stopped: frozenset[int] = frozenset()
         failed = any(c not in (None, 0) for c in codes.values())
         ooms = 0
         if failed:
@@ -117,6 +125,11 @@ class Observer:
             self.health.tick(now, force=True)
             errors = read_errors(self.run_dir)
             fingerprints, last_errors = self._last_words(codes, attempt)
+            stopped = frozenset(
+                attempt.rank_of[lr]
+                for lr, p in workers.procs().items()
+                if codes.get(lr) is None and process_state(p.pid) in STOPPED
+            )
             count = oom_kills()
             if count is not None and attempt.oom_kills_at_start is not None:
                 ooms = count - attempt.oom_kills_at_start
@@ -152,6 +165,7 @@ class Observer:
             errors=tuple(errors),
             fingerprints=fingerprints,
             last_errors=last_errors,
+            stopped=stopped,
             findings=self._findings(attempt),
             hang=hang,
             nodes_waiting=waiting,
@@ -160,6 +174,7 @@ class Observer:
             heartbeats_seen=self.watch.heartbeats_seen,
             idle_since=idle_since,
             idle_timeout=self.idle.timeout,
+            preemption_exit_code=self.preemption_exit_code,
             step_times=self.watch.steady_step_times(),
         )
 

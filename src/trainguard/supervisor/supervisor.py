@@ -109,6 +109,7 @@ class Supervisor:
             self.attempt_dir,
             sleep,
             IdleWatch(w.idle_timeout),
+            preemption_exit_code=config.launch.preemption_exit_code,
         )
         self.chaos: ChaosExecutor | None = None
         if config.chaos is not None:
