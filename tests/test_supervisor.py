@@ -89,27 +89,27 @@ def test_a_sigkilled_rank_is_restarted_from_the_checkpoint_and_recorded(tmp_path
     assert len(list(logs.glob("*/attempt1/rank*.stdout"))) == 2
 
 
-def test_a_second_fault_before_the_pool_refilled_still_restarts_on_ready_standbys(tmp_path):
-    # The second kill comes a few steps into the restarted attempt, before the standbys used by the
-    # first restart can have been replaced (the refill waits 2 s, then imports torch): only the
-    # spare set, imported since launch (--warm-fill-at-start), can make this restart warm. The
-    # standbys import at nice 19 (their session's autogroup too): they get the CPU the ranks leave,
-    # so the ranks sleep most of each step, as ranks waiting on their GPUs leave their host's cores.
+def test_a_second_fault_before_the_pool_refilled_still_restarts_on_standbys(tmp_path):
+    # Once the first attempt settles the pool fills two sets of standbys (--warm-standby-sets,
+    # default 2): the first restart takes one, and a second fault before the pool refilled
+    # restarts on the other. The refill is put off past the run, so a restart that found the
+    # pool empty would start its ranks fresh. Whether a standby had finished importing by then is
+    # the CPU its nice 19 left it (on a loaded host, none): timing, for benchmarks/bench_startup.py.
     plan = '[[fault]]\nkind = "kill"\nrank = 1\nstep = 20\n\n[[fault]]\nkind = "kill"\nrank = 1\nstep = 26\n'
     code, result, _ = trainguard_run(
         tmp_path,
         "--warm-standby",
-        "--warm-fill-at-start",
+        "--warm-refill-delay",
+        "3600",
         worker_args=("--steps", "34", "--step-sleep", "0.5"),
         plan=plan,
         timeout=300,
     )
     assert code == 0, result
     assert len(result["injected"]) == 2 and result["attempts"] == 3
-    first, second = result["recoveries"]
-    assert first["standbys"] == {"ready": 2, "importing": 0, "fresh": 0}
-    # The supervisor's own record of the restart: both ranks on standbys that had finished importing
-    assert second["standbys"] == {"ready": 2, "importing": 0, "fresh": 0}
+    for recovery in result["recoveries"]:  # the supervisor's own record of each restart
+        use = recovery["standbys"]
+        assert use["fresh"] == 0 and use["ready"] + use["importing"] == 2, use
 
 
 @pytest.mark.parametrize("standby", ["--warm-standby", "--no-warm-standby"])
