@@ -68,7 +68,7 @@ def main() -> None:
     for step in range(start, args.steps):
         optimizer.zero_grad(set_to_none=True)
         x, y = batch(step, rank, 0)
-        F.mse_loss(ddp(x), y).backward()
+        F.mse_loss(ddp(x), y).backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         if metrics is not None:
             metrics.write(json.dumps({"t": time.time(), "step": step, "pid": pid}) + "\n")

@@ -96,9 +96,9 @@ def redone(run: Run, t: float) -> int:
     """Plain DDP: steps trained again after the fault at ``t`` (its last step + 1 - the step the
     restarted job began at)."""
     steps = run.steps()
-    before = [x["step"] for x in steps if x["t"] <= t]
+    before: list[int] = [x["step"] for x in steps if x["t"] <= t]
     old = {x["pid"] for x in steps if x["t"] <= t}
-    after = [x["step"] for x in steps if x["t"] > t and x["pid"] not in old]
+    after: list[int] = [x["step"] for x in steps if x["t"] > t and x["pid"] not in old]
     if not before or not after:
         return 0
     return max(0, max(before) + 1 - after[0])

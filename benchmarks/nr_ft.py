@@ -5,8 +5,9 @@ the bench wants them: unchanged otherwise (the same file runs, through runpy).
         --work DIR --stop-between 180 --stop-in-allreduce 225 -- --steps 300 ...
 
 Every rank writes its pid to DIR/pid<group>.<rank> at its start (where the bench sends a kill).
-In replica group 1, rank 0, once each: at step --stop-between, before asking for the step's
-quorum (between steps: its last step is committed, the next not begun), and at step
+In replica group 1, rank 0, once each: at step --stop-between (or its first step beside the peer
+after it), before asking for the step's quorum (between steps: its last step is committed beside
+the peer, the next not begun), and at step
 --stop-in-allreduce, inside the cross-group all-reduce (the quorum is in with the peer, which
 is waiting on this rank's gradients), the rank writes ``<time> <pid>`` to DIR/stop-<where> and
 waits there; the bench SIGSTOPs it on seeing the file. So the in-collective stop lands inside the
@@ -60,12 +61,13 @@ def main() -> None:
         start_quorum, allreduce = mgr.start_quorum, mgr.allreduce
 
         def quorum(*qa: Any, **qk: Any) -> Any:
-            if mgr.current_step() == args.stop_between:
+            # >=: a group that healed past the step stops at its first step beside the peer
+            if 0 <= args.stop_between <= mgr.current_step() and mgr.num_participants() > 1:
                 hold(args.work, "between")
             return start_quorum(*qa, **qk)
 
         def reduce(*ra: Any, **rk: Any) -> Any:
-            if mgr.current_step() == args.stop_in_allreduce:
+            if 0 <= args.stop_in_allreduce <= mgr.current_step():
                 mgr.wait_quorum()
                 if mgr.num_participants() > 1:  # the peer is in this all-reduce with us
                     hold(args.work, "allreduce")
