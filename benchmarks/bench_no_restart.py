@@ -225,8 +225,11 @@ def one_run(arm: str, steps: int, delay: float, cap_s: float) -> tuple[Run, bool
 
 
 def commit() -> str:
+    """HEAD, with ``-dirty`` when the worktree has changes (read at launch: what ran)."""
     with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
+        head = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
+        dirty = subprocess.check_output(["git", "status", "--porcelain"], cwd=ROOT, text=True).strip()
+        return head + ("-dirty" if dirty else "")
     return "unknown"
 
 
@@ -302,7 +305,7 @@ def main() -> int:
     ap.add_argument("--cap-s", type=float, default=900.0, help="a run still going then is killed (counted)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    load_before = os.getloadavg()
+    load_before, ran = os.getloadavg(), commit()
     capped: dict[str, int] = {}
 
     def arm(name: str) -> Any:
@@ -320,7 +323,7 @@ def main() -> int:
         return go
 
     runs = dict(zip(ARMS, rotate(args.repeats, *(arm(a) for a in ARMS)), strict=True))
-    out: dict[str, Any] = {"commit": commit(), "repeats": args.repeats, "steps": args.steps}
+    out: dict[str, Any] = {"commit": ran, "repeats": args.repeats, "steps": args.steps}
     out["step_delay_s"] = args.step_delay
     out["faults"] = schedule(args.steps)
     out.update(summarize(runs, capped))
