@@ -29,9 +29,14 @@ so torchft's per-step cost counts; ``ettr_groups2_clean`` is that cost alone);
 geometric mean); ``steps_lost_per_failure`` (steps the healthy group discarded per fault) and
 ``steps_redone_per_failure_<arm>``; the healthy group's pause per fault kind
 (``pause_kill_s``, ``pause_stop_between_s``: target <= 2 s; ``pause_stop_allreduce_s``, reported
-against ``collective_timeout_s``); ``heal_s_<arm>`` per fault (a fault never healed counts its
-seconds to the exit; ``unhealed_<arm>`` counts them) and ``wall_s_<arm>``. Means with 95% CIs
-(Student's t) over the rounds; the arms' order rotates each round (paired.rotate); the commit and
+against ``collective_timeout_s``; ``healthy_group_pause_s`` all faults pooled, and
+``healthy_group_pause_clean_s``, a fault-free run's longest gap); every fault's recovery:
+``heal_s`` (groups2), ``restart_recovery_s``, ``torchrun_recovery_s`` (a fault never healed
+counts its seconds to the exit; ``unhealed_<arm>`` counts them), ``kill_heal_s_<arm>`` (kills
+alone); ``step_overhead_ms`` (groups2_clean's mean step over ddp's, paired per round) and
+``wall_s_<arm>``. Each value is ``{mean, ci95, n}`` (ci95: the t-interval's half-width, Student's
+t over the rounds; ratios: their interval's ends), the shape ``trainguard simulate
+--from-no-restart`` reads; the arms' order rotates each round (paired.rotate); the commit and
 the host's load are in the JSON. Exit 1 when a target is missed.
 """
 
@@ -84,9 +89,9 @@ def command(arm: str, steps: int, delay: float, work: Path) -> list[str]:
             at = dict(schedule(steps))
             hooks += [
                 "--stop-between",
-                str(at["stop_between"]),
+                str(at.get("stop_between", -1)),
                 "--stop-in-allreduce",
-                str(at["stop_allreduce"]),
+                str(at.get("stop_allreduce", -1)),
             ]
         script = [str(REPLICA), *hooks, "--", "--steps", str(steps), "--step-delay", str(delay)]
         script += ["--metrics", str(work / "m{group}.jsonl"), "--checkpoint-dir", str(work / "ckpt")]
