@@ -43,6 +43,7 @@ def config_of(argv: list[str]) -> SupervisorConfig:
         ([*NODE, "--nnodes", "1:2", *RDZV], r"keeps its size .* --nnodes 2"),
         ([*NODE, "--nnodes", "2", "--master-addr", "10.0.0.7"], r"rendezvous through c10d"),
         ([*NODE, "--launcher", "local", "--nproc-per-node", "2"], r"--launcher torch"),
+        ([*NODE, "--spare", "--nnodes", "1", *RDZV], r"--spare for group 1 .* --nnodes M > 1"),
     ],
 )
 def test_what_cannot_work_is_refused_with_the_fix(argv, says):
