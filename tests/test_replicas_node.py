@@ -43,6 +43,7 @@ def config_of(argv: list[str]) -> SupervisorConfig:
         ([*NODE, "--nnodes", "1:2", *RDZV], r"keeps its size .* --nnodes 2"),
         ([*NODE, "--nnodes", "2", "--master-addr", "10.0.0.7"], r"rendezvous through c10d"),
         ([*NODE, "--launcher", "local", "--nproc-per-node", "2"], r"--launcher torch"),
+        ([*NODE, "--spare", "--nnodes", "1", *RDZV], r"--spare for group 1 .* --nnodes M > 1"),
     ],
 )
 def test_what_cannot_work_is_refused_with_the_fix(argv, says):
@@ -68,3 +69,12 @@ def test_a_nodes_config_and_environment_make_it_part_of_its_group(monkeypatch):
 def test_a_group_of_one_node_on_a_machine_of_its_own_runs_standalone():
     node, env = node_group(config_of([*NODE, "--standalone", "--job-id", "j"]), ReplicaConfig(groups=2))
     assert node.launch.standalone and node.record.job_id == "j.g1" and env["REPLICA_GROUP_ID"] == "1"
+
+
+def test_a_spare_for_a_group_joins_that_groups_rendezvous():
+    config = config_of([*NODE, "--spare", "--nnodes", "2", *RDZV])
+    node, env = node_group(config, ReplicaConfig(groups=2))
+    assert node.launch.spare and node.launch.rdzv_id == "mnr.g1" and node.record.job_id == "mnr.g1"
+    assert env["REPLICA_GROUP_ID"] == "1"
+    with pytest.raises(ConfigError, match=r"--spare: .* --replica-group-id g"):  # groups on one node
+        config_of(["--replica-groups", "2", "--spare", "--nnodes", "2", *RDZV])

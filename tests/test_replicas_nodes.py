@@ -6,10 +6,13 @@ one rank per node, trainguard's torchft DDP over gloo (tests/workers/dp_equal.py
 Fault-free, the four ranks follow a plain DDP job of 4 ranks under torchrun step by step. With
 one node of group 1 SIGKILLed (its whole process group: supervisor, agent, worker), group 0 keeps
 committing; once the scheduler starts that node's ``trainguard run`` again, group 1 re-forms,
-heals from group 0 and trains with it, and all four ranks hold the same weights."""
+heals from group 0 and trains with it, and all four ranks hold the same weights. With a hot
+spare node for group 1 (its nodes' command plus ``--spare``), group 1 re-forms with the spare in
+the lost node's place, and the lost node is never started again."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -57,8 +61,9 @@ class Job:
         self.nodes: dict[tuple[int, str], subprocess.Popen[bytes]] = {}
         self.starts = 0
 
-    def start(self, group: int, node: str) -> subprocess.Popen[bytes]:
-        """Node ``node`` (a: hosts the group's rendezvous store; b: joins it) of group ``group``."""
+    def start(self, group: int, node: str, spare: bool = False) -> subprocess.Popen[bytes]:
+        """Node ``node`` (a: hosts the group's rendezvous store; b: joins it) of group ``group``;
+        ``spare``: the same command plus ``--spare``."""
         self.starts += 1
         host = str(node == "a").lower()
         args = [
@@ -68,7 +73,8 @@ class Job:
             "--rdzv-endpoint", f"127.0.0.1:{self.ports[group]}", "--rdzv-id", "mnr",
             "--rdzv-conf", f"{RDZV_CONF},is_host={host}", "--max-restarts", "3", "--backoff-base", "0.1",
             "--db", str(self.tmp / "tg.db"), "--runs-dir", str(self.tmp / f"g{group}{node}"),
-            "--no-tee", "--no-warm-standby", "--",
+            "--no-tee", "--no-warm-standby", "--json", str(self.tmp / f"g{group}{node}.json"),
+            *(["--spare"] if spare else []), "--",
             sys.executable, str(WORKER), "--mode", "ft", "--out", str(self.out), *self.worker_args,
         ]  # fmt: skip
         log = open(self.tmp / f"g{group}{node}.{self.starts}.log", "w")  # noqa: SIM115
@@ -78,10 +84,18 @@ class Job:
         self.nodes[group, node] = proc
         return proc
 
+    def logs_of(self, group: int, node: str) -> str:
+        """The node's last start's output."""
+        *_, last = sorted(self.tmp.glob(f"g{group}{node}.*.log"), key=lambda p: int(p.suffixes[0][1:]))
+        return last.read_text(errors="replace")
+
     def logs(self) -> str:
         return "\n".join(
             f"== {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in sorted(self.tmp.glob("g*.log"))
         )
+
+    def result(self, group: int, node: str) -> dict[str, Any]:
+        return cast(dict[str, Any], json.loads((self.tmp / f"g{group}{node}.json").read_text()))
 
     def wait_all(self) -> None:
         for (group, node), proc in self.nodes.items():
@@ -198,3 +212,63 @@ def test_a_lost_node_of_one_group_rejoins_and_heals_while_the_other_group_commit
     for r in g0:  # group 0 kept its own state through the loss (its first step may heal: it
         # can start after group 1 committed alone)
         assert not any(h for s, h in zip(r["steps"], r["healed"], strict=True) if s > at_loss)
+
+
+def test_a_spare_node_takes_the_lost_nodes_place_and_its_group_heals_while_the_other_commits(job, tmp_path):
+    """Group 1 has a hot spare s (its nodes' command plus ``--spare``). Node b of group 1 is
+    SIGKILLed and never started again: group 1 re-forms with a and s, heals from group 0 and
+    trains with it, while group 0 goes on without a restart."""
+    stop_file = tmp_path / "stop"
+    j = job(["--min-replicas", "1", "--stop-file", str(stop_file), "--step-sleep", "0.1"])
+    for group in (0, 1):
+        for node in ("a", "b"):
+            j.start(group, node)
+    spare = j.start(1, "s", spare=True)
+    spare_log = tmp_path / f"g1s.{j.starts}.log"
+    j.wait_for("both groups train", lambda: min(j.progress(s) for s in range(4)) >= 3)
+    j.wait_for("the spare's supervisor is up", lambda: "trainguard run:" in spare_log.read_text())
+    assert not list((tmp_path / "g1s").glob("*/logs/*/attempt*/rank*")), "the spare ran a rank"
+
+    gone = j.nodes.pop((1, "b"))
+    os.killpg(gone.pid, signal.SIGKILL)  # the node: its supervisor, agent and worker
+    gone.wait(30)
+    at_loss = max(j.progress(s) for s in range(4))
+    j.wait_for(  # node b is not started again: the spare takes its place
+        "group 1 heals and trains with group 0", lambda: min(j.progress(2), j.progress(3)) > at_loss + 2
+    )
+    last = max(j.progress(s) for s in range(4)) + 3  # as in the test above
+    (tmp_path / "stop.tmp").write_text(str(last))
+    os.replace(tmp_path / "stop.tmp", stop_file)
+    j.wait_all()
+
+    ft = shards(j.out)
+    g0, g1 = ft[:2], ft[2:]
+    assert any(True in r["healed"] for r in g1), "no rank of group 1 healed from group 0"
+    assert all(r["steps"][0] > at_loss for r in g1), "group 1's ranks did not start again"
+    for r in g0:  # one run each, every step from before the loss committed in order, its own
+        # state throughout (its first step may heal: it can start after group 1 committed alone)
+        first = r["steps"][0]
+        assert first <= at_loss and r["steps"] == list(range(first, r["steps"][-1] + 1)), r["steps"]
+        assert not any(h for s, h in zip(r["steps"], r["healed"], strict=True) if s > at_loss)
+    common = set.intersection(*(set(r["steps"]) for r in ft))
+    final = max(common)
+    assert final > at_loss, "group 1 never committed a step with group 0 after it healed"
+    weights = [r["weights"][r["steps"].index(final)] for r in ft]
+    for w in weights[1:]:
+        for name, tensor in weights[0].items():
+            assert torch.equal(w[name], tensor), f"ranks differ in {name} at step {final}"
+
+    lost = f"_{gone.pid}_0"  # torch's name for node b holds its supervisor's pid
+    ra, rs = j.result(1, "a"), j.result(1, "s")
+    assert ra["world_sizes"] == [2, 2] and rs["world_sizes"] == [2], (ra, rs)  # full size, never shrunk
+    [admitted] = [n for n in rs["nodes"] if n["kind"] == "spare_admitted"]
+    [replaced] = [n for n in ra["nodes"] if n["kind"] == "replaced"]
+    assert replaced["lost"].endswith(lost) and replaced["node"] == admitted["node"], ra["nodes"]
+    assert ra["attempts"] == 2 and len(ra["recoveries"]) == 1, ra  # a restart like any other
+    final_a = j.logs_of(1, "a").splitlines()[-1]
+    assert f"took the place of node {replaced['lost']}" in final_a, final_a
+    assert "spare node" in spare_log.read_text().splitlines()[-1]
+    assert spare.returncode == 0
+    incidents = IncidentStore(tmp_path / "tg.db").incidents(job="mnr.g1")
+    named = [i for i in incidents if lost in f"{i.node} {i.summary}"]
+    assert named and all(i.action == "restart" for i in named), incidents

@@ -235,8 +235,8 @@ def register(subparsers: Any) -> None:
         "--spare",
         action="store_true",
         help="a hot spare node: the job's command plus --spare; it waits warm (imports done) without "
-        "joining, and takes the place of a node the job loses at the next rendezvous round (restart "
-        "mode, --launcher torch, c10d rendezvous; docs/supervisor.md)",
+        "joining, and takes the place of a node the job loses at the next rendezvous round (--launcher "
+        "torch, c10d rendezvous; with --replica-group-id g: a node group g loses; docs/supervisor.md)",
     )
     g.add_argument("--no-tee", action="store_true", help="do not copy worker output to the console")
     g.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the run result as JSON")
@@ -293,10 +293,14 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
         raise ConfigError(
             f"--warm-standby-sets {args.warm_standby_sets}: give 1 or more (--no-warm-standby turns them off)"
         )
-    if args.spare and (args.launcher != "torch" or launch.standalone or args.replica_groups):
+    # A spare for a group that spans nodes joins that group's rendezvous; groups on one node
+    # (--replica-groups without --replica-group-id) have no rendezvous a node could join.
+    one_node_groups = args.replica_groups and args.replica_group_id is None
+    if args.spare and (args.launcher != "torch" or launch.standalone or one_node_groups):
         raise ConfigError(
             "--spare: a spare node joins a multi-node job's c10d rendezvous: use it with --launcher torch "
-            "and --rdzv-endpoint (not --standalone, not --replica-groups)"
+            "and --rdzv-endpoint (not --standalone; with --replica-groups, a spare for group g of groups "
+            "that span nodes: --replica-group-id g, docs/no-restart.md)"
         )
     if args.replica_groups and args.launcher == "tf":
         raise ConfigError(

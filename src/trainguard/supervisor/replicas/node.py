@@ -20,10 +20,15 @@ other nodes restart their workers into a rendezvous that waits for M nodes, so t
 re-forms once the lost node's ``trainguard run`` is started again (by the scheduler), and heals
 from a live group through torchft while the other groups keep committing.
 
+A node started with the group's command plus ``--spare`` is a hot spare for group ``g``: it is
+restart mode's spare (`elastic.GuardedAgent`) in the group's rendezvous, admitted in a lost node's
+place once the group's survivors re-join.
+
 `node_group` refuses (`ConfigError`) what cannot work: a group whose size could change (torchft
 pairs group rank r with group rank r of every other group, so every group keeps M x K ranks),
 a rendezvous other than c10d (a static one shares one store across starts, and torchft's
-Manager would read a dead start's address from it), a launcher other than torch's.
+Manager would read a dead start's address from it), a launcher other than torch's, a spare for
+a group of one node.
 """
 
 from __future__ import annotations
@@ -81,6 +86,12 @@ def node_group_refusal(config: SupervisorConfig) -> str | None:
         )
     if launch.launcher != "torch":
         return f"--replica-group-id with --launcher {launch.launcher}: a group's nodes rendezvous through torch's agent (--launcher torch)"
+    if launch.spare and not spans_nodes(launch.nnodes):
+        return (
+            f"--spare for group {group} with --nnodes {launch.nnodes}: a spare waits in the group's c10d "
+            "rendezvous, whose store lives on the group's node 0; a group of one node loses that store "
+            "with its node, so there is no round to admit the spare to: give the group --nnodes M > 1"
+        )
     if launch.standalone:
         return None  # a group of one node, on a machine of its own
     low, _, high = launch.nnodes.partition(":")
