@@ -269,8 +269,7 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
             "directory's log files (copied to the console unless --no-tee)",
             file=sys.stderr,
         )
-    from trainguard.incidents.backend import check_cli_target, check_scheme
-    from trainguard.incidents.store import default_db
+    from trainguard.incidents.backend import check_cli_target, check_scheme, default_db
 
     check_cli_target(args.db)  # a database password on the command line is refused
     check_scheme(args.db or default_db())  # $TRAINGUARD_DB too: the run must not start unrecorded
