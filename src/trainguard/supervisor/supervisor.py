@@ -107,8 +107,13 @@ class Supervisor:
         self._heartbeats_announced = False
         self._released: str | None = None  # why a spare node ended without being admitted
         self._opened = False  # the store's job row written, the job announced (`_open_job`)
-        if config.chaos is not None:
-            assert self.chaos is not None  # built now: a bad plan fails before anything starts
+        self.chaos: ChaosExecutor | None = None
+        if config.chaos is not None:  # a drill: its plan loads now, a bad one fails before any start
+            from trainguard.chaos import ChaosExecutor, load_plan
+            from trainguard.chaos.plan import for_this_group
+
+            plan = for_this_group(load_plan(config.chaos))
+            self.chaos = ChaosExecutor(plan, self.run_dir, 0.0, self.health.sim, self.checkpoint_dir)
 
     # -- the machinery, built on first use: after the workers' start unless it must come first --
 
@@ -142,16 +147,6 @@ class Supervisor:
             self.sleep,
             IdleWatch(w.idle_timeout),
         )
-
-    @cached_property
-    def chaos(self) -> ChaosExecutor | None:
-        if self.config.chaos is None:
-            return None
-        from trainguard.chaos import ChaosExecutor, load_plan
-        from trainguard.chaos.plan import for_this_group
-
-        plan = for_this_group(load_plan(self.config.chaos))
-        return ChaosExecutor(plan, self.run_dir, 0.0, self.health.sim, self.checkpoint_dir)
 
     @cached_property
     def history(self) -> History:
@@ -514,6 +509,7 @@ class Supervisor:
     def _finish(self, code: ExitCode, reason: str) -> RunResult:
         from trainguard.supervisor.state import RunState
 
+        self._open_job()  # a launcher that failed before its workers started: the job is recorded still
         if self.attempt is not None:
             self.book.close_attempt(self.attempt, self.clock(), code.name.lower())
         self.observer.logtail.poll(final=True)
