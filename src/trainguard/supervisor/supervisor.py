@@ -12,8 +12,10 @@ default, ``--launcher local`` for plain processes), which runs this loop over it
 
 State lives in two values: the `Attempt` of the current start (thrown away on restart) and the
 `History` of the run, whose ``state`` is a `RunState` (see supervisor.attempt, supervisor.state);
-what happened is written down by a `Bookkeeper` (supervisor.bookkeeping). Clock and sleep are parameters, so the loop runs
-on a virtual clock in tests. Usable as a library (the demo drives it with a live display)::
+what happened is written down by a `Bookkeeper` (supervisor.bookkeeping). The workers start
+before the loop's machinery (store, watchers, policy, bookkeeping) is imported and built, unless
+the start needs it (`_machinery_first`): it then costs the ranks' import time, not the launch's.
+Clock and sleep are parameters, so the loop runs on a virtual clock in tests. Usable as a library (the demo drives it with a live display)::
 
     launch = LaunchConfig(cmd=("python", "train.py"), nproc_per_node=2, standalone=True)
     sup = Supervisor(SupervisorConfig(launch), on_event=print)
