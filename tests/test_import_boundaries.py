@@ -60,7 +60,7 @@ def test_the_spine_imports_no_third_party_module(module):
 
 
 # What `trainguard run` imports before its workers start (besides torch's launcher), and what only
-# some runs need: the simulated node (--backend sim), the agent, the analytics, NVML, plotting,
+# some runs need or what loads only after the workers started: the simulated node (--backend sim), the agent, the analytics, NVML, plotting,
 # the flight-recorder judge (a hang).
 # Each is seconds of nothing on the first step's path (issue 36: a start no slower than torchrun's).
 START_PATH = ["trainguard.cli", "trainguard.cli.run", "trainguard.supervisor.supervisor",
@@ -68,7 +68,14 @@ START_PATH = ["trainguard.cli", "trainguard.cli.run", "trainguard.supervisor.sup
 NOT_ON_THE_START_PATH = ["trainguard.telemetry.sim", "trainguard.telemetry.nvml", "trainguard.agent",
                          "trainguard.reliability", "trainguard.predictor", "trainguard.remediate",
                          "trainguard.demo", "trainguard.incidents.flight",  # judged on a hang only
-                         "pynvml", "matplotlib", "sqlite3"]  # fmt: skip
+                         "pynvml", "matplotlib", "sqlite3",
+                         # the loop's machinery: loaded after the workers started (supervisor.supervisor)
+                         "trainguard.incidents.store", "trainguard.incidents.taxonomy",
+                         "trainguard.incidents.correlate", "trainguard.detect.detector",
+                         "trainguard.detect.merge", "trainguard.chaos", "trainguard.supervisor.result",
+                         "trainguard.supervisor.bookkeeping", "trainguard.supervisor.assess",
+                         "trainguard.supervisor.observe", "trainguard.supervisor.decide",
+                         "trainguard.supervisor.replicas"]  # fmt: skip
 
 
 def test_the_start_path_of_trainguard_run_imports_only_what_every_run_needs():
@@ -306,3 +313,36 @@ def test_each_shared_noun_is_defined_once():
         for name in _classes(p) & nouns
     }
     assert sorted(again - SAME_NAME) == []
+
+
+# Run as a user runs it: what `trainguard run` has loaded when it starts its first worker.
+SPAWN_PROBE = """
+import json, subprocess, sys
+out, argv = sys.argv[1], sys.argv[2:]
+start = subprocess.Popen.__init__
+def spawn(self, args, *a, **k):
+    if "worker.py" in " ".join(map(str, args)) and not open(out).read():
+        with open(out, "w") as f:
+            json.dump(sorted(sys.modules), f)
+    return start(self, args, *a, **k)
+subprocess.Popen.__init__ = spawn
+from trainguard.cli import main
+sys.exit(main(argv))
+"""
+
+
+def test_trainguard_run_starts_its_workers_before_it_loads_the_loops_machinery(tmp_path):
+    (tmp_path / "worker.py").write_text("")  # a rank that exits at once
+    out = tmp_path / "modules.json"
+    out.write_text("")
+    argv = ["run", "--launcher", "local", "--nproc-per-node", "2", "--no-tee", "--db", str(tmp_path / "tg.db"),
+            "--runs-dir", str(tmp_path / "runs"), str(tmp_path / "worker.py")]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", SPAWN_PROBE, str(out), *argv], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(out.read_text()))
+    assert "trainguard.supervisor.supervisor" in loaded  # the probe saw the supervisor's spawn
+    assert [m for m in NOT_ON_THE_START_PATH if m in loaded] == []
+    # ...and the machinery came after: the job is in the store, its attempt recorded
+    assert "all workers finished" in done.stderr and "1 attempt(s)" in done.stderr

@@ -22,9 +22,10 @@ from trainguard.supervisor import (
 )
 from trainguard.supervisor.assess import EXIT_GRACE_S, workers_done
 from trainguard.supervisor.attempt import Attempt
+from trainguard.supervisor.bookkeeping import HEALTHY_AFTER_S
 from trainguard.supervisor.health import GpuMap
 from trainguard.supervisor.observe import Observation
-from trainguard.supervisor.supervisor import HEALTHY_AFTER_S, Supervisor
+from trainguard.supervisor.supervisor import Supervisor
 from trainguard.supervisor.watch import ProgressView
 
 T0 = 1_000_000.0

@@ -277,8 +277,7 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
             "directory's log files (copied to the console unless --no-tee)",
             file=sys.stderr,
         )
-    from trainguard.incidents.backend import check_cli_target, check_scheme
-    from trainguard.incidents.store import default_db
+    from trainguard.incidents.backend import check_cli_target, check_scheme, default_db
 
     check_cli_target(args.db)  # a database password on the command line is refused
     check_scheme(args.db or default_db())  # $TRAINGUARD_DB too: the run must not start unrecorded
@@ -376,11 +375,13 @@ def config_from_args(args: argparse.Namespace) -> SupervisorConfig:
         replica_group_id=args.replica_group_id,
         lighthouse=args.lighthouse,
     )
-    from trainguard.supervisor.replicas.node import node_group_refusal
+    if config.replica_groups or config.replica_group_id is not None or config.lighthouse:
+        # only then: the replica package (its loop) is a tenth of a second before any start
+        from trainguard.supervisor.replicas.node import node_group_refusal
 
-    refusal = node_group_refusal(config)
-    if refusal is not None:
-        raise ConfigError(refusal)
+        refusal = node_group_refusal(config)
+        if refusal is not None:
+            raise ConfigError(refusal)
     return config
 
 
@@ -396,9 +397,6 @@ def _gpus(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainguard.chaos import load_plan
-    from trainguard.chaos.plan import for_this_group, step_triggered
-
     config = config_from_args(args)
     if config.replica_group_id is not None:  # this node's share of a group that spans nodes
         from trainguard.supervisor.replicas import ReplicaConfig
@@ -408,9 +406,12 @@ def run(args: argparse.Namespace) -> int:
         # This process is the group's supervisor, as a one-node group's `trainguard run` is: its
         # plan's faults, its warm standbys and its workers see the group's environment.
         os.environ.update(env)
-    plan = load_plan(config.chaos) if config.chaos is not None else None  # bad plan: usage error now
-    if plan is not None:
-        plan = for_this_group(plan)  # a replica group's supervisor: its faults
+    plan = None
+    if config.chaos is not None:
+        from trainguard.chaos import load_plan
+        from trainguard.chaos.plan import for_this_group, step_triggered
+
+        plan = for_this_group(load_plan(config.chaos))  # a bad plan: a usage error now
     if plan is not None and (steps := step_triggered(plan)):
         print(
             f"trainguard run: chaos fault(s) {', '.join(f'#{i + 1}' for i in steps)} fire at a training "

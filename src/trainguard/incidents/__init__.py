@@ -10,20 +10,16 @@
   `trainguard incidents` / `report` / `fleet` read (`incidents.fleet`, `incidents.fleet_read`).
 - `Interval`, `goodput()`: the per-job goodput ledger and ETTR (productive time / wall time).
 
-Stdlib only; the report's plot imports matplotlib inside `trainguard.incidents.plot`.
+Stdlib only, and each name loads its submodule on first use; the report's plot imports matplotlib inside `trainguard.incidents.plot`.
 """
 
 from __future__ import annotations
 
-from trainguard.incidents.correlate import (
-    Consequence,
-    Explanation,
-    JobFinding,
-    explain_job,
-    first_failure,
-    first_failure_index,
-    root_cause_for,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The ledger's nouns are stdlib-only and loaded now: ``goodput`` is also a submodule's name, which
+# importing that submodule would bind here in place of the function.
 from trainguard.incidents.goodput import (
     PRECEDENCE,
     GoodputSummary,
@@ -33,17 +29,52 @@ from trainguard.incidents.goodput import (
     ProgressPoint,
     goodput,
 )
-from trainguard.incidents.incident import Incident
-from trainguard.incidents.stats import IncidentStats, incident_stats
-from trainguard.incidents.store import DB_ENV, IncidentStore, default_db_path
-from trainguard.incidents.taxonomy import (
-    Evidence,
-    RootCause,
-    as_evidence,
-    numerics_root_cause,
-    suspects,
-    xid_root_cause,
-)
+
+# The rest is loaded on first use (PEP 562): `trainguard run` reads which database to use
+# (`incidents.backend`) before its workers start, and the store, the taxonomy and the ledger after.
+if TYPE_CHECKING:
+    from trainguard.incidents.correlate import (
+        Consequence,
+        Explanation,
+        JobFinding,
+        explain_job,
+        first_failure,
+        first_failure_index,
+        root_cause_for,
+    )
+    from trainguard.incidents.incident import Incident
+    from trainguard.incidents.stats import IncidentStats, incident_stats
+    from trainguard.incidents.store import DB_ENV, IncidentStore, default_db_path
+    from trainguard.incidents.taxonomy import (
+        Evidence,
+        RootCause,
+        as_evidence,
+        numerics_root_cause,
+        suspects,
+        xid_root_cause,
+    )
+
+_WHERE = {  # name -> the submodule that defines it
+    "Consequence": "correlate",
+    "DB_ENV": "store",
+    "Evidence": "taxonomy",
+    "Explanation": "correlate",
+    "Incident": "incident",
+    "IncidentStats": "stats",
+    "IncidentStore": "store",
+    "JobFinding": "correlate",
+    "RootCause": "taxonomy",
+    "as_evidence": "taxonomy",
+    "default_db_path": "store",
+    "explain_job": "correlate",
+    "first_failure": "correlate",
+    "first_failure_index": "correlate",
+    "incident_stats": "stats",
+    "numerics_root_cause": "taxonomy",
+    "root_cause_for": "correlate",
+    "suspects": "taxonomy",
+    "xid_root_cause": "taxonomy",
+}
 
 __all__ = [
     "DB_ENV",
@@ -73,3 +104,11 @@ __all__ = [
     "suspects",
     "xid_root_cause",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value  # once
+    return value

@@ -25,15 +25,32 @@ file name.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from trainguard.errors import ConfigError
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
+DB_ENV = "TRAINGUARD_DB"
+DEFAULT_DB = "trainguard.db"
+
+
+def default_db_path(environ: dict[str, str] | None = None) -> Path:
+    """``$TRAINGUARD_DB`` if set, else ``./trainguard.db`` (a URL there: see `default_db`)."""
+    value = (os.environ if environ is None else environ).get(DB_ENV)
+    return Path(value) if value else Path(DEFAULT_DB)
+
+
+def default_db(environ: dict[str, str] | None = None) -> str:
+    """``$TRAINGUARD_DB`` (a path or a ``postgresql://`` URL) if set, else ``./trainguard.db``."""
+    return (os.environ if environ is None else environ).get(DB_ENV) or DEFAULT_DB
+
+
 Row = dict[str, Any]
 
 

@@ -31,7 +31,11 @@ from typing import Any
 
 from trainguard.errors import StoreError, StoreUnavailable
 from trainguard.incidents import series as _series
+from trainguard.incidents.backend import DB_ENV as DB_ENV  # which database: read before any opens
+from trainguard.incidents.backend import DEFAULT_DB as DEFAULT_DB
 from trainguard.incidents.backend import Backend, Row, Tx, is_url, open_backend
+from trainguard.incidents.backend import default_db as default_db
+from trainguard.incidents.backend import default_db_path as default_db_path
 from trainguard.incidents.goodput import GoodputSummary, Interval, JobInfo, ProgressPoint, goodput
 from trainguard.incidents.identity import NodeIdentity, row_key
 from trainguard.incidents.incident import INCIDENT_FIELDS, Incident
@@ -43,8 +47,6 @@ from trainguard.telemetry.series import SeriesPoint
 
 log = logging.getLogger(__name__)
 
-DB_ENV = "TRAINGUARD_DB"
-DEFAULT_DB = "trainguard.db"
 # Aliases: inside the class, `list` is the method IncidentStore.list.
 _Incidents = list[Incident]
 _Jobs = list[JobInfo]
@@ -67,17 +69,6 @@ HARDWARE_CAUSES = frozenset(
 )
 _REPLAY_BATCH = 500
 BACKOFF_MAX_S = 10.0  # the longest wait between tries of a database that is away
-
-
-def default_db_path(environ: dict[str, str] | None = None) -> Path:
-    """``$TRAINGUARD_DB`` if set, else ``./trainguard.db`` (a URL there: see `default_db`)."""
-    value = (os.environ if environ is None else environ).get(DB_ENV)
-    return Path(value) if value else Path(DEFAULT_DB)
-
-
-def default_db(environ: dict[str, str] | None = None) -> str:
-    """``$TRAINGUARD_DB`` (a path or a ``postgresql://`` URL) if set, else ``./trainguard.db``."""
-    return (os.environ if environ is None else environ).get(DB_ENV) or DEFAULT_DB
 
 
 class IncidentStore:

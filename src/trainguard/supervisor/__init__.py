@@ -5,7 +5,10 @@ policy (`supervisor.policy`) what to do, acts, and records incidents and the goo
 ``--replica-groups N`` the replica loop (`supervisor.replicas`) runs N such jobs as torchft
 replica groups.
 
-Importing this package does not import torch; the torch launcher's `launch` does.
+Importing this package does not import torch; the torch launcher's `launch` does. Nor does it
+import the loop's machinery (the incident store, detection, the policy): `Supervisor`,
+`RunEvent` and `RunResult` load on first use, so `trainguard run` reads its configuration and
+starts its workers before it loads them.
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from trainguard.supervisor.config import (
     SupervisorConfig,
     WatchConfig,
 )
-from trainguard.supervisor.result import RunEvent, RunResult
 
 if TYPE_CHECKING:
+    from trainguard.supervisor.result import RunEvent, RunResult
     from trainguard.supervisor.supervisor import Supervisor
 
 __all__ = [
@@ -47,4 +50,8 @@ def __getattr__(name: str) -> Any:
         from trainguard.supervisor import supervisor
 
         return supervisor.Supervisor
+    if name in ("RunEvent", "RunResult"):
+        from trainguard.supervisor import result
+
+        return getattr(result, name)
     raise AttributeError(name)

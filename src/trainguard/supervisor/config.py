@@ -158,7 +158,7 @@ class SupervisorConfig:
     lighthouse: str = ""  # with replica_group_id: the job's torchft Lighthouse (http://HOST:PORT)
 
     def resolved_db(self) -> str | Path:
-        from trainguard.incidents.store import default_db
+        from trainguard.incidents.backend import default_db
 
         return self.record.db if self.record.db is not None else default_db()
 

@@ -32,6 +32,7 @@ Evidence, strongest first:
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import re
@@ -231,6 +232,7 @@ def flight_recorder_env(run_dir: Path, torch_version: str | None = None) -> dict
     }
 
 
+@functools.cache  # read once: every rank's environment asks, on the start path
 def installed_torch_version() -> str:
     """The version of the torch installed beside trainguard, read without importing it; "" when
     there is none."""

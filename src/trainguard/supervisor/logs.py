@@ -17,10 +17,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from trainguard.detect.merge import EventMerger
 from trainguard.records import Event
+
+if TYPE_CHECKING:  # detection loads with the first LogTail, after the workers' start
+    from trainguard.detect.merge import EventMerger
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,12 @@ def default_classifier() -> Classifier:
     from trainguard.detect.training_log import classify_training_line
 
     return classify_training_line
+
+
+def _merger() -> EventMerger:
+    from trainguard.detect.merge import EventMerger
+
+    return EventMerger()
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +63,7 @@ class LogTail:
         self._offsets: dict[tuple[int, str], int] = {}
         self._partial: dict[tuple[int, str], bytes] = {}
         self._line_no: dict[tuple[int, str], int] = {}
-        self._merger = EventMerger()
+        self._merger = _merger()
         self._classify = classify or default_classifier()
         self._console = console
         self._tee = tee
@@ -67,7 +75,7 @@ class LogTail:
         self._offsets = dict.fromkeys(files, 0)
         self._partial = dict.fromkeys(files, b"")
         self._line_no = dict.fromkeys(files, 0)
-        self._merger = EventMerger()
+        self._merger = _merger()
 
     def poll(self, final: bool = False) -> list[LogLine]:
         out: list[LogLine] = []

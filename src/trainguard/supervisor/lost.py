@@ -11,6 +11,9 @@ sign of life, or unmeasured without heartbeats), the time nobody supervised the 
 
 Supervisors of other hosts (several nodes, one job id) are never judged: their pids mean
 nothing here.
+
+Light on purpose: `next_attempt` and `node_name` are on `trainguard run`'s path to its workers'
+start, so the incident types load only when a lost run is recorded.
 """
 
 from __future__ import annotations
@@ -20,11 +23,16 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainguard.actions import JobAction
-from trainguard.incidents import Incident, Interval, IntervalKind, RootCause
-from trainguard.incidents.goodput import JobInfo
+if TYPE_CHECKING:
+    from trainguard.incidents import Incident, Interval
+    from trainguard.incidents.goodput import JobInfo
+
+
+def node_name() -> str:
+    """This supervisor's name, ``host:pid``; its logs go to ``logs/<host>-<pid>/``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +84,9 @@ def lost_run_record(
     """The interruption to record for it (pure): one incident and the previous run's intervals.
     ``resume_at``: when the previous run reported the step the new one resumes from; the work
     after it is lost (redone)."""
+    from trainguard.actions import JobAction
+    from trainguard.incidents import Incident, Interval, IntervalKind, RootCause
+
     attempt = max(0, lost.next_attempt - 1)
     ran = IntervalKind.PRODUCTIVE if lost.first_step_time is not None else IntervalKind.UNMEASURED
     intervals = [

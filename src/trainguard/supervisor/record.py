@@ -13,7 +13,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,10 +26,6 @@ from trainguard.records import NodeVerdict
 from trainguard.supervisor.lost import LostRun, lost_run_record, step_reached_at
 
 log = logging.getLogger(__name__)
-
-
-def node_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class JobRecorder:

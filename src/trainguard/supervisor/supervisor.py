@@ -12,8 +12,10 @@ default, ``--launcher local`` for plain processes), which runs this loop over it
 
 State lives in two values: the `Attempt` of the current start (thrown away on restart) and the
 `History` of the run, whose ``state`` is a `RunState` (see supervisor.attempt, supervisor.state);
-what happened is written down by a `Bookkeeper` (supervisor.bookkeeping). Clock and sleep are parameters, so the loop runs
-on a virtual clock in tests. Usable as a library (the demo drives it with a live display)::
+what happened is written down by a `Bookkeeper` (supervisor.bookkeeping). The workers start
+before the loop's machinery (store, watchers, policy, bookkeeping) is imported and built, unless
+the start needs it (`_machinery_first`): it then costs the ranks' import time, not the launch's.
+Clock and sleep are parameters, so the loop runs on a virtual clock in tests. Usable as a library (the demo drives it with a live display)::
 
     launch = LaunchConfig(cmd=("python", "train.py"), nproc_per_node=2, standalone=True)
     sup = Supervisor(SupervisorConfig(launch), on_event=print)
@@ -28,36 +30,34 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from trainguard.actions import JobAction
-from trainguard.chaos import ChaosExecutor, load_plan
-from trainguard.chaos.plan import for_this_group, refusal, step_triggered
 from trainguard.control import Control, read_control, write_control
-from trainguard.incidents import IntervalKind
 from trainguard.rundir import ATTEMPT_ENV, RUN_DIR_ENV
-from trainguard.supervisor.assess import assess, workers_done
-from trainguard.supervisor.attempt import Attempt, History, Pending
-from trainguard.supervisor.bookkeeping import HEALTHY_AFTER_S, RUNNING_S, Bookkeeper
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
-from trainguard.supervisor.decide import Decider, stop_code
 from trainguard.supervisor.hang import flight_recorder_env
 from trainguard.supervisor.health import Diagnose, GpuMap, NodeHealth
-from trainguard.supervisor.idle import IdleWatch
 from trainguard.supervisor.launch import Launcher, LaunchJob, SpareReleased, Workers, launcher_for
-from trainguard.supervisor.logs import LogTail, default_classifier
-from trainguard.supervisor.lost import LostRun, find_lost_run, next_attempt
-from trainguard.supervisor.observe import Observation, Observer
-from trainguard.supervisor.oom import oom_kills
-from trainguard.supervisor.policy import JobDecision, Trouble, TroubleKind
-from trainguard.supervisor.record import JobRecorder, node_name
-from trainguard.supervisor.result import RunEvent, RunResult
-from trainguard.supervisor.resume import resume_point
-from trainguard.supervisor.state import RunState
-from trainguard.supervisor.watch import ProgressWatch, watchers
+from trainguard.supervisor.lost import LostRun, find_lost_run, next_attempt, node_name
 
-__all__ = ["HEALTHY_AFTER_S", "RunEvent", "RunResult", "Supervisor"]
+# The loop's machinery (the incident store, detection, the policy, bookkeeping) is imported where
+# it is first used, after the workers started: its imports (a quarter second of CPU) then overlap
+# the ranks' own imports instead of preceding them. Each of these names is imported again inside
+# the functions that use it.
+if TYPE_CHECKING:
+    from trainguard.chaos import ChaosExecutor
+    from trainguard.supervisor.attempt import Attempt, History
+    from trainguard.supervisor.bookkeeping import Bookkeeper
+    from trainguard.supervisor.decide import Decider
+    from trainguard.supervisor.observe import Observation, Observer
+    from trainguard.supervisor.policy import JobDecision, Trouble
+    from trainguard.supervisor.record import JobRecorder
+    from trainguard.supervisor.result import RunEvent, RunResult
+    from trainguard.supervisor.watch import ProgressWatch
+
+__all__ = ["Supervisor"]
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +87,8 @@ class Supervisor:
         self.clock, self.sleep = clock, sleep
         self._on_event = on_event
         self.checkpoint_dir = config.resolved_checkpoint_dir()
-        self.recorder = JobRecorder(self.job_id, self.run_dir, config.resolved_db())
         gpus = config.launch.gpus or tuple(range(config.launch.nproc_per_node))
-        h, w = config.health, config.watch
+        h = config.health
         self.health = NodeHealth(
             h.backend,
             max(gpus) + 1,
@@ -100,24 +99,8 @@ class Supervisor:
             agent_url=h.agent_url,
             agent_token_file=h.agent_token_file,
         )
-        watch = ProgressWatch(self.run_dir, w.hang_timeout_floor, w.hang_step_factor, w.startup_timeout)
-        self.observer = Observer(
-            self.run_dir,
-            watch,
-            self.health,
-            LogTail(default_classifier(), console, w.tee),
-            self.attempt_dir,
-            sleep,
-            IdleWatch(w.idle_timeout),
-            preemption_exit_code=config.launch.preemption_exit_code,
-        )
-        self.chaos: ChaosExecutor | None = None
-        if config.chaos is not None:
-            plan = for_this_group(load_plan(config.chaos))
-            self.chaos = ChaosExecutor(plan, self.run_dir, 0.0, self.health.sim, self.checkpoint_dir)
-        self.history = History()
-        self.book = Bookkeeper(self.job_id, self.node, self.recorder, self.history, watch, self._emit, clock)
-        self.decider = Decider(config, self.history, self.health, self.book, self._emit, clock, diagnose)
+        self._console = console
+        self._diagnose = diagnose
         self.gpu_map = GpuMap(gpus)  # what the next start uses
         self.attempt_number = 0  # of the next (or current) start
         self.attempt: Attempt | None = None
@@ -125,6 +108,70 @@ class Supervisor:
         self._lost: LostRun | None = None  # this job id's previous run, killed with its supervisor
         self._heartbeats_announced = False
         self._released: str | None = None  # why a spare node ended without being admitted
+        self._opened = False  # the store's job row written, the job announced (`_open_job`)
+        self.chaos: ChaosExecutor | None = None
+        if config.chaos is not None:  # a drill: its plan loads now, a bad one fails before any start
+            from trainguard.chaos import ChaosExecutor, load_plan
+            from trainguard.chaos.plan import for_this_group
+
+            plan = for_this_group(load_plan(config.chaos))
+            self.chaos = ChaosExecutor(plan, self.run_dir, 0.0, self.health.sim, self.checkpoint_dir)
+
+    # -- the machinery, built on first use: after the workers' start unless it must come first --
+
+    @cached_property
+    def recorder(self) -> JobRecorder:
+        from trainguard.supervisor.record import JobRecorder
+
+        return JobRecorder(self.job_id, self.run_dir, self.config.resolved_db())
+
+    @cached_property
+    def watch(self) -> ProgressWatch:
+        from trainguard.supervisor.watch import ProgressWatch
+
+        w = self.config.watch
+        return ProgressWatch(self.run_dir, w.hang_timeout_floor, w.hang_step_factor, w.startup_timeout)
+
+    @cached_property
+    def observer(self) -> Observer:
+        from trainguard.supervisor.idle import IdleWatch
+        from trainguard.supervisor.logs import LogTail, default_classifier
+        from trainguard.supervisor.observe import Observer
+
+        w = self.config.watch
+        logtail = LogTail(default_classifier(), self._console, w.tee)
+        return Observer(
+            self.run_dir,
+            self.watch,
+            self.health,
+            logtail,
+            self.attempt_dir,
+            self.sleep,
+            IdleWatch(w.idle_timeout),
+            preemption_exit_code=self.config.launch.preemption_exit_code,
+        )
+
+    @cached_property
+    def history(self) -> History:
+        from trainguard.supervisor.attempt import History
+
+        return History()
+
+    @cached_property
+    def book(self) -> Bookkeeper:
+        from trainguard.supervisor.bookkeeping import Bookkeeper
+
+        return Bookkeeper(
+            self.job_id, self.node, self.recorder, self.history, self.watch, self._emit, self.clock
+        )
+
+    @cached_property
+    def decider(self) -> Decider:
+        from trainguard.supervisor.decide import Decider
+
+        return Decider(
+            self.config, self.history, self.health, self.book, self._emit, self.clock, self._diagnose
+        )
 
     # -- public --------------------------------------------------------------------------------
 
@@ -132,20 +179,10 @@ class Supervisor:
         """Launch the workers and watch them until the job finishes, is stopped or interrupted."""
         cfg = self.config
         self.started = self.clock()
-        self._lost = find_lost_run(self.recorder.job_info(), self.run_dir)
         self.attempt_number = next_attempt(self.run_dir)  # a re-run of a job id continues its attempts
-        started = self._lost.started if self._lost is not None else self.started
-        self.recorder.start_job(started, shlex.join(cfg.launch.cmd), cfg.launch.nproc_per_node)
-        if self.chaos is not None:
-            self.chaos.started = self.started
-            self.chaos.prepare()
-        self._emit(
-            "job_started",
-            job=self.job_id,
-            run_dir=str(self.run_dir),
-            gpus=list(self.gpu_map.gpus),
-            watchers=watchers(cfg, heartbeats=False, backend_open=self.health.active),
-        )
+        if self._machinery_first():
+            self._lost = find_lost_run(self.recorder.job_info(), self.run_dir)
+            self._open_job()
         job = LaunchJob(cfg, self.job_id, self._worker_env, lambda: self.attempt_dir(self.attempt_number))
         code, reason = ExitCode.FAILED, "launcher error"
         try:
@@ -164,6 +201,39 @@ class Supervisor:
             log.exception("supervisor failed")
             code, reason = ExitCode.FAILED, f"launcher error: {exc}"
         return self._finish(code, reason)
+
+    def _machinery_first(self) -> bool:
+        """Whether the workers' start needs the machinery before it: a pre-flight on the GPUs
+        (a GPU backend), a fault plan's preparations, or a previous run of this job id to judge
+        (the lost-run check reads its logs before this run adds its own). Otherwise the workers
+        start first and the rest is built while they import."""
+        return (
+            self.config.health.backend not in ("", "none")
+            or self.config.chaos is not None
+            or (self.run_dir / "logs").exists()
+        )
+
+    def _open_job(self) -> None:
+        """The job's row in the store (a crash after it leaves a "running" job that the next
+        supervisor of this job id finds lost), the fault plan armed, the job announced."""
+        if self._opened:
+            return
+        self._opened = True
+        from trainguard.supervisor.watch import watchers
+
+        cfg = self.config
+        started = self._lost.started if self._lost is not None else self.started
+        self.recorder.start_job(started, shlex.join(cfg.launch.cmd), cfg.launch.nproc_per_node)
+        if self.chaos is not None:
+            self.chaos.started = self.started
+            self.chaos.prepare()
+        self._emit(
+            "job_started",
+            job=self.job_id,
+            run_dir=str(self.run_dir),
+            gpus=list(self.gpu_map.gpus),
+            watchers=watchers(cfg, heartbeats=False, backend_open=self.health.active),
+        )
 
     def request_checkpoint(self, reason: str) -> Control | None:
         """Ask the running ranks for a checkpoint at their next step boundary, through the control
@@ -186,13 +256,19 @@ class Supervisor:
 
     def monitor(self, workers: Workers) -> bool:
         """Watch the workers until they finish (True) or the policy stops the job (False)."""
-        if not self._preflight(None):
+        if self._machinery_first() and not self._preflight(None):  # only then can a pre-flight run
             return False
         try:
             workers.start(len(self.gpu_map.gpus))
         except SpareReleased as exc:
             self._released = str(exc)
             return False
+        self._open_job()  # no-op when it came first
+        from trainguard.incidents import IntervalKind
+        from trainguard.supervisor.assess import assess, workers_done
+        from trainguard.supervisor.attempt import Pending
+        from trainguard.supervisor.state import RunState
+
         attempt = self._begin_attempt(workers)
         # The launcher's own start (rendezvous, pre-flight, starting the workers) is the job's
         # init as much as the workers' imports are; uncharged, a loaded host's slow start would
@@ -249,6 +325,8 @@ class Supervisor:
         the ranks' own start."""
         if attempt.settled:
             return
+        from trainguard.supervisor.bookkeeping import RUNNING_S
+
         running = not obs.heartbeats_seen and obs.time - attempt.started > RUNNING_S
         if obs.progress.first_step_time is not None or running:
             attempt.settled = True
@@ -269,6 +347,13 @@ class Supervisor:
         self, workers: Workers, attempt: Attempt, obs: Observation, trouble: Trouble, decision: JobDecision
     ) -> Attempt:
         history = self.history
+        from trainguard.actions import JobAction
+        from trainguard.incidents import IntervalKind
+        from trainguard.supervisor.attempt import Pending
+        from trainguard.supervisor.decide import stop_code
+        from trainguard.supervisor.policy import TroubleKind
+        from trainguard.supervisor.state import RunState
+
         incident = self.book.incident(trouble, decision, attempt.number)
         if trouble.kind is TroubleKind.STRAGGLER:
             attempt.straggler_reported = True
@@ -320,6 +405,8 @@ class Supervisor:
     def _drill(self, workers: Workers, obs: Observation, attempt: Attempt) -> None:
         if self.chaos is None:
             return
+        from trainguard.chaos.plan import refusal, step_triggered
+
         if (
             not obs.heartbeats_seen
             and not self.chaos.refused
@@ -362,6 +449,11 @@ class Supervisor:
             self._emit("node_replaced", lost=gone, node=new, attempt=attempt.number)
 
     def _begin_attempt(self, workers: Workers) -> Attempt:
+        from trainguard.supervisor.attempt import Attempt
+        from trainguard.supervisor.oom import oom_kills
+        from trainguard.supervisor.resume import resume_point
+        from trainguard.supervisor.state import RunState
+
         point = resume_point(self.checkpoint_dir)
         node, peers = workers.peers()
         attempt = Attempt(
@@ -412,10 +504,15 @@ class Supervisor:
 
     def _announce_heartbeats(self, obs: Observation) -> None:
         if obs.heartbeats_seen and not self._heartbeats_announced:
+            from trainguard.supervisor.watch import watchers
+
             self._heartbeats_announced = True
             self._emit("watchers", watchers=watchers(self.config, True, self.health.active))
 
     def _finish(self, code: ExitCode, reason: str) -> RunResult:
+        from trainguard.supervisor.state import RunState
+
+        self._open_job()  # a launcher that failed before its workers started: the job is recorded still
         if self.attempt is not None:
             self.book.close_attempt(self.attempt, self.clock(), code.name.lower())
         self.observer.logtail.poll(final=True)
@@ -446,6 +543,8 @@ class Supervisor:
     def _emit(self, what: str, /, **data: Any) -> None:
         if self._on_event is None:
             return
+        from trainguard.supervisor.result import RunEvent
+
         try:
             self._on_event(RunEvent(what, self.clock(), data))
         except Exception:

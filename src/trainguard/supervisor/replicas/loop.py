@@ -40,8 +40,9 @@ from trainguard.procs import stop_signals
 from trainguard.rundir import heartbeat_path, read_discarded, read_last_heartbeat
 from trainguard.supervisor.bookkeeping import incident_of
 from trainguard.supervisor.config import ExitCode, SupervisorConfig
+from trainguard.supervisor.lost import node_name
 from trainguard.supervisor.policy import Trouble, TroubleKind
-from trainguard.supervisor.record import JobRecorder, node_name
+from trainguard.supervisor.record import JobRecorder
 from trainguard.supervisor.replicas.console import GroupConsole
 from trainguard.supervisor.replicas.judge import (
     GroupDecision,
