@@ -82,6 +82,24 @@ def worker_pid(run_dir: Path, index: int) -> int | None:
     return None
 
 
+def signal_worker_1(sup: subprocess.Popen[bytes], tmp_path: Path, job: str, marker: str, sig: int) -> str:
+    """Once rank 0 of the first attempt printed ``marker``, send ``sig`` to TF worker 1; the run's
+    console output once it exits (`finish`)."""
+    try:
+        deadline = time.monotonic() + 400
+        while marker not in lines(tmp_path, job, 0, 0) and sup.poll() is None:
+            assert time.monotonic() < deadline, f"rank 0 never printed {marker!r}"
+            time.sleep(0.2)
+        pid = worker_pid(tmp_path / "runs" / job, 1)
+        assert pid is not None
+        os.kill(pid, sig)
+    except BaseException:
+        sup.kill()
+        sup.wait()
+        raise
+    return finish(sup, 600)
+
+
 def test_a_foreign_multiworker_script_runs_clean(tmp_path):
     need_tf()
     sup = run(tmp_path, "clean", "--epochs", "2")
@@ -97,21 +115,8 @@ def test_a_killed_worker_restarts_both_and_backup_and_restore_resumes(tmp_path):
     backup = tmp_path / "backup"
     args = ("--epochs", "4", "--step-s", "0.1", "--backup-dir", str(backup), "--save-freq", "10")
     sup = run(tmp_path, "kill", *args)
-    run_dir = tmp_path / "runs" / "kill"
-    try:
-        deadline = time.monotonic() + 400
-        while "Epoch 2/" not in lines(tmp_path, "kill", 0, 0) and sup.poll() is None:
-            assert time.monotonic() < deadline, "the job never reached its second epoch"
-            time.sleep(0.2)
-        pid = worker_pid(run_dir, 1)
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)  # rank 1 dies past the backup of step 20
-        out, _ = sup.communicate(timeout=600)
-    finally:
-        if sup.poll() is None:
-            sup.kill()
-            sup.wait()
-    assert sup.returncode == 0, out.decode()[-3000:]
+    out = signal_worker_1(sup, tmp_path, "kill", "Epoch 2/", signal.SIGKILL)  # past the backup of step 20
+    assert sup.returncode == 0, out[-3000:]
     result = json.loads((tmp_path / "kill.json").read_text())
     assert result["attempts"] == 2
     (incident,) = result["incidents"]
@@ -185,20 +190,7 @@ def test_a_stopped_worker_seen_by_tfs_coordination_service_is_blamed_not_its_sur
     need_tf()
     args = ("--epochs", "4", "--step-s", "0.1", "--backup-dir", str(tmp_path / "backup"), "--save-freq", "10")
     sup = run(tmp_path, "stop", *args, options=("--idle-timeout", "120"))
-    run_dir = tmp_path / "runs" / "stop"
-    try:
-        deadline = time.monotonic() + 400
-        while "Epoch 2/" not in lines(tmp_path, "stop", 0, 0) and sup.poll() is None:
-            assert time.monotonic() < deadline, "the job never reached its second epoch"
-            time.sleep(0.2)
-        pid = worker_pid(run_dir, 1)
-        assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
-        out = finish(sup, 600)
-    finally:
-        if sup.poll() is None:
-            sup.kill()
-            sup.wait()
+    out = signal_worker_1(sup, tmp_path, "stop", "Epoch 2/", signal.SIGSTOP)
     assert sup.returncode == 0, out[-3000:]
     result = json.loads((tmp_path / "stop.json").read_text())
     (incident,) = result["incidents"]
@@ -218,20 +210,7 @@ def test_a_preemption_handlers_save_and_exit_is_a_free_restart_not_a_crash(tmp_p
     script = WORKER.with_name("tf_preempt.py")
     options = ("--preemption-exit-code", "42", "--max-restarts", "0")
     sup = run(tmp_path, "pre", str(tmp_path / "ckpt"), options=options, script=script)
-    run_dir = tmp_path / "runs" / "pre"
-    try:
-        deadline = time.monotonic() + 400
-        while "at step 40" not in lines(tmp_path, "pre", 0, 0) and sup.poll() is None:
-            assert time.monotonic() < deadline, "the job never reached step 40"
-            time.sleep(0.2)
-        pid = worker_pid(run_dir, 1)
-        assert pid is not None
-        os.kill(pid, signal.SIGTERM)
-        out = finish(sup, 600)
-    finally:
-        if sup.poll() is None:
-            sup.kill()
-            sup.wait()
+    out = signal_worker_1(sup, tmp_path, "pre", "at step 40", signal.SIGTERM)
     assert sup.returncode == 0, out[-3000:]
     result = json.loads((tmp_path / "pre.json").read_text())
     assert result["attempts"] == 2
