@@ -205,12 +205,17 @@ class Supervisor:
     def _machinery_first(self) -> bool:
         """Whether the workers' start needs the machinery before it: a pre-flight on the GPUs
         (a GPU backend), a fault plan's preparations, or a previous run of this job id to judge
-        (the lost-run check reads its logs before this run adds its own). Otherwise the workers
-        start first and the rest is built while they import."""
+        (the lost-run check reads its logs before this run adds its own); or whether the start
+        waits on other nodes (a rendezvous, a spare's admission: minutes, hours), before which
+        the job is recorded and announced. Otherwise the workers start first and the rest is
+        built while they import."""
+        launch = self.config.launch
         return (
             self.config.health.backend not in ("", "none")
             or self.config.chaos is not None
             or (self.run_dir / "logs").exists()
+            or launch.spare
+            or (not launch.standalone and launch.nnodes.rpartition(":")[2] not in ("", "1"))
         )
 
     def _open_job(self) -> None:
