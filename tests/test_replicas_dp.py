@@ -56,10 +56,9 @@ def same_weights(records: list[dict], step: int) -> bool:
     return all(all(torch.equal(r["weights"][step][k], first[k]) for k in first) for r in records[1:])
 
 
-def test_two_groups_of_two_ranks_follow_a_plain_ddp_job_of_four(tmp_path, plain_ddp):
-    proc = groups(tmp_path, "ft")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ft = shards(tmp_path)
+def follows_plain_ddp(ft: list[dict], plain_ddp: list[dict]) -> None:
+    """Every shard committed every step with plain DDP's losses, and after every step the 4
+    ranks hold the same weights, plain DDP's."""
     for shard, (ours, ddp) in enumerate(zip(ft, plain_ddp, strict=True)):
         assert ours["steps"] == ddp["steps"] == list(range(STEPS)), shard  # every step committed
         assert ours["losses"] == pytest.approx(ddp["losses"], rel=1e-5, abs=1e-6), shard
@@ -67,6 +66,12 @@ def test_two_groups_of_two_ranks_follow_a_plain_ddp_job_of_four(tmp_path, plain_
         assert same_weights(ft, step), f"the 4 ranks' weights differ after step {step}"
         for name, want in plain_ddp[0]["weights"][step].items():
             torch.testing.assert_close(ft[0]["weights"][step][name], want, rtol=1e-5, atol=1e-6)
+
+
+def test_two_groups_of_two_ranks_follow_a_plain_ddp_job_of_four(tmp_path, plain_ddp):
+    proc = groups(tmp_path, "ft")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    follows_plain_ddp(shards(tmp_path), plain_ddp)
 
 
 def test_a_step_where_groups_heal_leaves_every_rank_with_the_same_weights(tmp_path):

@@ -30,7 +30,7 @@ from real_parts import require_module
 require_module("torchft", install="pip install 'trainguard[ft]' (make install does)")
 torch = pytest.importorskip("torch")
 
-from test_replicas_dp import STEPS, WORKER, plain_ddp, same_weights, shards  # noqa: E402,F401
+from test_replicas_dp import STEPS, WORKER, follows_plain_ddp, plain_ddp, same_weights, shards  # noqa: E402,F401
 from trainguard.incidents import IncidentStore  # noqa: E402
 from trainguard.supervisor.replicas import Lighthouse, LighthouseConfig  # noqa: E402
 
@@ -139,20 +139,39 @@ def job(tmp_path):
         j.stop()
 
 
+def stop_and_heal(j: Job, stop_file: Path, at_loss: int) -> list[dict]:
+    """Stop the ranks a few steps on and read their records (group 0's two, then group 1's), once
+    group 1's ranks are known to have started again after the loss and healed from group 0."""
+    # The ranks stop once their next step is this one (a group already past it when it reads
+    # the file stops there: the groups then end a step apart, and the last common step counts).
+    last = max(j.progress(s) for s in range(4)) + 3
+    stop_file.with_name("stop.tmp").write_text(str(last))
+    os.replace(stop_file.with_name("stop.tmp"), stop_file)
+    j.wait_all()
+    ft = shards(j.out)
+    g1 = ft[2:]
+    assert any(True in r["healed"] for r in g1), "no rank of group 1 healed from group 0"
+    assert all(r["steps"][0] > at_loss for r in g1), "group 1's ranks did not start again"
+    return ft
+
+
+def last_common_step(ft: list[dict]) -> int:
+    """The last step every rank committed, once their weights there are checked equal."""
+    final = max(set.intersection(*(set(r["steps"]) for r in ft)))
+    weights = [r["weights"][r["steps"].index(final)] for r in ft]
+    for w in weights[1:]:
+        for name, tensor in weights[0].items():
+            assert torch.equal(w[name], tensor), f"ranks differ in {name} at step {final}"
+    return final
+
+
 def test_two_groups_of_two_nodes_follow_a_plain_ddp_job_of_four(job, plain_ddp):  # noqa: F811
     j = job(["--steps", str(STEPS)])
     for group in (0, 1):
         for node in ("a", "b"):
             j.start(group, node)
     j.wait_all()
-    ft = shards(j.out)
-    for shard, (ours, ddp) in enumerate(zip(ft, plain_ddp, strict=True)):
-        assert ours["steps"] == ddp["steps"] == list(range(STEPS)), shard  # every step committed
-        assert ours["losses"] == pytest.approx(ddp["losses"], rel=1e-5, abs=1e-6), shard
-    for step in range(STEPS):
-        assert same_weights(ft, step), f"the 4 ranks' weights differ after step {step}"
-        for name, want in plain_ddp[0]["weights"][step].items():
-            torch.testing.assert_close(ft[0]["weights"][step][name], want, rtol=1e-5, atol=1e-6)
+    follows_plain_ddp(shards(j.out), plain_ddp)
 
 
 @pytest.mark.parametrize("lost", ["b", "a"])
@@ -185,26 +204,11 @@ def test_a_lost_node_of_one_group_rejoins_and_heals_while_the_other_group_commit
         "group 1 heals and trains with group 0",
         lambda: min(j.progress(2), j.progress(3)) > at_restart,
     )
-    # The ranks stop once their next step is this one (a group already past it when it reads
-    # the file stops there: the groups then end a step apart, and the last common step counts).
-    last = max(j.progress(s) for s in range(4)) + 3
-    (tmp_path / "stop.tmp").write_text(str(last))
-    os.replace(tmp_path / "stop.tmp", stop_file)
-    j.wait_all()
-
-    ft = shards(j.out)
-    g0, g1 = ft[:2], ft[2:]
-    assert any(True in r["healed"] for r in g1), "no rank of group 1 healed from group 0"
-    assert all(r["steps"][0] > at_loss for r in g1), "group 1's ranks did not restart"
+    ft = stop_and_heal(j, stop_file, at_loss)
+    g0 = ft[:2]
     during = [s for s in g0[0]["steps"] if at_loss < s <= at_restart]
     assert len(during) >= 5, "group 0 did not commit while group 1 was down"
-    common = set.intersection(*(set(r["steps"]) for r in ft))
-    final = max(common)
-    assert final > at_restart, "group 1 never committed a step with group 0 after it healed"
-    weights = [r["weights"][r["steps"].index(final)] for r in ft]
-    for w in weights[1:]:
-        for name, tensor in weights[0].items():
-            assert torch.equal(w[name], tensor), f"ranks differ in {name} at step {final}"
+    assert last_common_step(ft) > at_restart, "group 1 never committed a step with group 0 after it healed"
     # group 1's incident names the node it lost (its agent's node id holds the supervisor's pid)
     incidents = IncidentStore(tmp_path / "tg.db").incidents(job="mnr.g1")
     named = [i for i in incidents if f"_{gone.pid}_0" in f"{i.node} {i.summary}"]
@@ -236,27 +240,14 @@ def test_a_spare_node_takes_the_lost_nodes_place_and_its_group_heals_while_the_o
     j.wait_for(  # node b is not started again: the spare takes its place
         "group 1 heals and trains with group 0", lambda: min(j.progress(2), j.progress(3)) > at_loss + 2
     )
-    last = max(j.progress(s) for s in range(4)) + 3  # as in the test above
-    (tmp_path / "stop.tmp").write_text(str(last))
-    os.replace(tmp_path / "stop.tmp", stop_file)
-    j.wait_all()
-
-    ft = shards(j.out)
-    g0, g1 = ft[:2], ft[2:]
-    assert any(True in r["healed"] for r in g1), "no rank of group 1 healed from group 0"
-    assert all(r["steps"][0] > at_loss for r in g1), "group 1's ranks did not start again"
+    ft = stop_and_heal(j, stop_file, at_loss)
+    g0 = ft[:2]
     for r in g0:  # one run each, every step from before the loss committed in order, its own
         # state throughout (its first step may heal: it can start after group 1 committed alone)
         first = r["steps"][0]
         assert first <= at_loss and r["steps"] == list(range(first, r["steps"][-1] + 1)), r["steps"]
         assert not any(h for s, h in zip(r["steps"], r["healed"], strict=True) if s > at_loss)
-    common = set.intersection(*(set(r["steps"]) for r in ft))
-    final = max(common)
-    assert final > at_loss, "group 1 never committed a step with group 0 after it healed"
-    weights = [r["weights"][r["steps"].index(final)] for r in ft]
-    for w in weights[1:]:
-        for name, tensor in weights[0].items():
-            assert torch.equal(w[name], tensor), f"ranks differ in {name} at step {final}"
+    assert last_common_step(ft) > at_loss, "group 1 never committed a step with group 0 after it healed"
 
     lost = f"_{gone.pid}_0"  # torch's name for node b holds its supervisor's pid
     ra, rs = j.result(1, "a"), j.result(1, "s")
