@@ -17,7 +17,7 @@ from pathlib import Path
 from trainguard.detect.training_log import classify_training_line
 from trainguard.incidents import RootCause
 from trainguard.supervisor.exits import Exited, exit_trouble
-from trainguard.supervisor.idle import process_state
+from trainguard.supervisor.hang import proc_state
 
 DATA = Path(__file__).parent / "data" / "real" / "tf_coord_dev.tsv"
 
@@ -64,10 +64,10 @@ def test_the_survivors_own_earlier_error_is_still_its_own():
 def test_a_sigstopped_process_reads_as_stopped():
     proc = subprocess.Popen(["sleep", "60"])
     try:
-        assert process_state(proc.pid) in ("S", "R")
+        assert proc_state(proc.pid) in ("S", "R")
         os.kill(proc.pid, signal.SIGSTOP)
         deadline = time.monotonic() + 30
-        while process_state(proc.pid) != "T":
+        while proc_state(proc.pid) != "T":
             assert time.monotonic() < deadline
             time.sleep(0.01)
     finally:

@@ -94,11 +94,6 @@ def read_activity(pid: int, logs: list[Path], now: float) -> Activity:
     return Activity(now, cpu, out, state)
 
 
-def process_state(pid: int) -> str | None:
-    """The Linux state of ``pid`` (R, S, D, T: stopped, t: stopped by a tracer, Z), None if unknown."""
-    return _cpu_and_state(pid)[1]
-
-
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 

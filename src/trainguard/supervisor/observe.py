@@ -22,9 +22,9 @@ from trainguard.rundir import ErrorRecord, read_errors, read_findings, read_tail
 from trainguard.supervisor.attempt import Attempt
 from trainguard.supervisor.exits import TEARDOWN_SIGNALS, aborted_after_finishing
 from trainguard.supervisor.fingerprint import read_fingerprint, read_last_error
-from trainguard.supervisor.hang import HangReport, collect
+from trainguard.supervisor.hang import HangReport, collect, proc_state
 from trainguard.supervisor.health import NodeHealth
-from trainguard.supervisor.idle import IdleWatch, process_state
+from trainguard.supervisor.idle import IdleWatch
 from trainguard.supervisor.launch import Workers
 from trainguard.supervisor.logs import LogTail
 from trainguard.supervisor.oom import oom_kills
@@ -128,7 +128,7 @@ class Observer:
             stopped = frozenset(
                 attempt.rank_of[lr]
                 for lr, p in workers.procs().items()
-                if codes.get(lr) is None and process_state(p.pid) in STOPPED
+                if codes.get(lr) is None and proc_state(p.pid) in STOPPED
             )
             count = oom_kills()
             if count is not None and attempt.oom_kills_at_start is not None:
